@@ -1,0 +1,67 @@
+"""Device layout: the one place that turns a device list into a mesh.
+
+Every mesh in the project has the axes ``("data", "fsdp", "sp")`` (any may be 1). Meshes use
+``AxisType.Auto`` so that jitted code can mix GSPMD-propagated shardings with explicit
+``shard_map`` regions (attention) without annotating every intermediate.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "sp")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh shape. ``-1`` in at most one field means "whatever is left of the devices"."""
+
+    data: int = -1
+    fsdp: int = 1
+    sp: int = 1
+
+    def resolve(self, num_devices: int) -> tuple[int, int, int]:
+        dims = [self.data, self.fsdp, self.sp]
+        if sum(d == -1 for d in dims) > 1:
+            raise ValueError(f"at most one mesh axis may be -1, got data/fsdp/sp={dims}")
+        if any(d == 0 or d < -1 for d in dims):
+            raise ValueError(f"mesh axes must be positive or -1, got data/fsdp/sp={dims}")
+        known = math.prod(d for d in dims if d != -1)
+        if -1 in dims:
+            if num_devices % known:
+                raise ValueError(
+                    f"cannot fill mesh data/fsdp/sp={dims} with {num_devices} devices: "
+                    f"{num_devices} is not a multiple of {known}; change the mesh config")
+            dims[dims.index(-1)] = num_devices // known
+        if math.prod(dims) != num_devices:
+            raise ValueError(
+                f"mesh data*fsdp*sp = {dims[0]}*{dims[1]}*{dims[2]} = {math.prod(dims)} does not "
+                f"match {num_devices} devices; set one axis to -1 or fix the sizes")
+        return tuple(dims)
+
+
+def make_mesh(devices: Sequence[jax.Device] | None = None,
+              config: MeshConfig = MeshConfig()) -> Mesh:
+    """Builds the ``(data, fsdp, sp)`` mesh over ``devices`` (default: all devices).
+
+    Devices keep the given order, so an SP group is a run of consecutive devices: callers that
+    care about locality (one SP group per node) pass devices node by node.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = config.resolve(len(devices))
+    arr = np.asarray(devices, dtype=object).reshape(shape)
+    return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def device_key(mesh: Mesh) -> tuple[int, ...]:
+    """Identity of a mesh for executable caches: the exact device tuple plus the shape."""
+    return tuple(d.id for d in mesh.devices.flat) + tuple(mesh.devices.shape)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())

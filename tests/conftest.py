@@ -1,0 +1,19 @@
+"""Test set-up: 8 emulated CPU devices, set before any JAX backend use.
+
+Multi-device tests must run (never silently skip) on CPU CI, so the device count is forced here,
+at the very top, before anything imports jax.
+"""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+
+def pytest_configure(config):
+    assert len(jax.devices()) == 8, f"expected 8 emulated CPU devices, got {jax.devices()}"
