@@ -1,0 +1,100 @@
+"""Reward registry: `get(name)` returns a reward function, `register(name, fn)` adds one.
+
+Contract (DESIGN.md section 4): a reward is a callable
+`(images: float32 [B, H, W, 3] in [0, 1] (numpy or jax), prompts: list[str]) -> np.float32 [B]`.
+Rewards are host-side numpy so they can run while the accelerator samples the next batch.
+`get` wraps every function so that its output is checked (shape [B], finite) and converted to
+np.float32: a reward bug then fails loudly at the call instead of turning into a silent NaN
+advantage several layers down.
+
+Shipped (see each module for the exact definitions):
+  geneval_lite          fraction of the prompt's constraints met (color, count, shape, position,
+                        text), graded, read by the world's detector  (`rewards.geneval`)
+  ocr_lite              max(1 - edit_distance(read, target) / len(target), 0)  (`rewards.ocr`)
+  jpeg_compressibility  -(JPEG bytes at quality 95) / 1000 / 500  (`rewards.jpeg`)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from spotlight_jax.rewards.geneval import constraint_breakdown, geneval_lite, make_geneval_lite
+from spotlight_jax.rewards.jpeg import jpeg_compressibility
+from spotlight_jax.rewards.ocr import edit_distance, make_ocr_lite, ocr_lite, ocr_score
+
+RewardFn = Callable[[np.ndarray, Sequence[str]], np.ndarray]
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+def register(name: str, fn: RewardFn, *, overwrite: bool = False) -> None:
+    """Register `fn` under `name`; a taken name raises ValueError unless `overwrite=True`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise ValueError(f"reward {name!r} must be callable, got {type(fn).__name__}")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(
+            f"reward {name!r} is already registered; pass overwrite=True to replace it"
+        )
+    _REGISTRY[name] = fn
+
+
+def unregister(name: str) -> None:
+    """Remove a registered reward (ValueError if it is not registered)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(names())}")
+    del _REGISTRY[name]
+
+
+def names() -> list[str]:
+    """Registered reward names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> RewardFn:
+    """The reward registered as `name`, wrapped to check and convert its output."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(names())}")
+    fn = _REGISTRY[name]
+
+    def reward(images, prompts: Sequence[str]) -> np.ndarray:
+        if isinstance(prompts, str):
+            raise ValueError(f"reward {name!r} expects a list of prompts, got a single str")
+        n = len(prompts)
+        if np.shape(images)[0] != n:
+            raise ValueError(f"reward {name!r}: {np.shape(images)[0]} images but {n} prompts")
+        r = np.asarray(fn(images, list(prompts)), dtype=np.float32)
+        if r.shape != (n,):
+            raise ValueError(f"reward {name!r} returned shape {r.shape}, expected ({n},)")
+        if not np.isfinite(r).all():
+            raise ValueError(f"reward {name!r} returned non-finite values: {r}")
+        return r
+
+    reward.__name__ = name
+    reward.__doc__ = fn.__doc__
+    reward.__wrapped__ = fn
+    return reward
+
+
+register("geneval_lite", geneval_lite)
+register("ocr_lite", ocr_lite)
+register("jpeg_compressibility", jpeg_compressibility)
+
+__all__ = [
+    "RewardFn",
+    "constraint_breakdown",
+    "edit_distance",
+    "geneval_lite",
+    "get",
+    "jpeg_compressibility",
+    "make_geneval_lite",
+    "make_ocr_lite",
+    "names",
+    "ocr_lite",
+    "ocr_score",
+    "register",
+    "unregister",
+]

@@ -1,0 +1,73 @@
+"""The synthetic world: prompts, tokenizer, renderer and detector for CPU-scale Flow-GRPO.
+
+Real text-to-image rewards (GenEval's detector, an OCR model) need downloaded weights; this world
+needs none and keeps the same structure (DESIGN.md section 5). A finite prompt grammar
+(`grammar`), a word tokenizer (`tokenizer`), a renderer that draws matching images for pretraining
+the base model (`render`, with the digit font in `font`), and a deterministic detector that reads
+the same palette, shapes and font back (`detect`), which the rewards in `spotlight_jax.rewards`
+build on. Everything is plain numpy; `WorldConfig` (`config`) holds every knob.
+"""
+
+from spotlight_jax.world.config import (
+    COUNT_WORDS,
+    DEFAULT,
+    KINDS,
+    KNOWN_SHAPES,
+    PALETTE,
+    RELATIONS,
+    WorldConfig,
+)
+from spotlight_jax.world.detect import Detections, detect, read_text, segment
+from spotlight_jax.world.grammar import (
+    Group,
+    PromptSpec,
+    all_prompts,
+    format_prompt,
+    parse,
+    prompts_by_kind,
+    train_prompts,
+    val_prompts,
+)
+from spotlight_jax.world.render import data_stream, render, sample_batch, shape_mask
+from spotlight_jax.world.tokenizer import (
+    DEFAULT_MAX_LEN,
+    PAD_ID,
+    VOCAB,
+    VOCAB_SIZE,
+    decode,
+    encode,
+    tokenize,
+)
+
+__all__ = [
+    "COUNT_WORDS",
+    "DEFAULT",
+    "DEFAULT_MAX_LEN",
+    "KINDS",
+    "KNOWN_SHAPES",
+    "PALETTE",
+    "PAD_ID",
+    "RELATIONS",
+    "VOCAB",
+    "VOCAB_SIZE",
+    "Detections",
+    "Group",
+    "PromptSpec",
+    "WorldConfig",
+    "all_prompts",
+    "data_stream",
+    "decode",
+    "detect",
+    "encode",
+    "format_prompt",
+    "parse",
+    "prompts_by_kind",
+    "read_text",
+    "render",
+    "sample_batch",
+    "segment",
+    "shape_mask",
+    "tokenize",
+    "train_prompts",
+    "val_prompts",
+]

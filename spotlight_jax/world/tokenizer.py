@@ -1,0 +1,92 @@
+"""Word-level tokenizer for the world's prompts.
+
+The grammar is tiny and closed, so a fixed word vocabulary is exact and needs no training:
+every count word, every known color (the whole `PALETTE`, not only a config's subset, so token ids
+never depend on the config), every shape in singular and plural, the relation and text words, the
+ten digits as separate tokens and the quote character. Pad id is 0. Unknown words and prompts
+longer than `max_len` raise ValueError rather than being mapped to an unknown token or truncated:
+either would silently change what the model is conditioned on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from spotlight_jax.world.config import COUNT_WORDS, KNOWN_SHAPES, PALETTE
+from spotlight_jax.world.grammar import split_words
+
+PAD = "<pad>"
+PAD_ID = 0
+VOCAB: tuple[str, ...] = (
+    PAD,
+    *[w for w in COUNT_WORDS if w],
+    "an",
+    *PALETTE,
+    *KNOWN_SHAPES,
+    *[s + "s" for s in KNOWN_SHAPES],
+    "and",
+    "on",
+    "the",
+    "left",
+    "right",
+    "of",
+    "above",
+    "below",
+    "text",
+    '"',
+    *"0123456789",
+)
+TOKEN_ID: dict[str, int] = {w: i for i, w in enumerate(VOCAB)}
+assert len(TOKEN_ID) == len(VOCAB), "duplicate word in VOCAB"
+VOCAB_SIZE = len(VOCAB)
+# Longest prompt of the default grammar is 10 tokens ("a yellow triangle on the right of a green
+# square"); 12 leaves room without wasting attention on padding.
+DEFAULT_MAX_LEN = 12
+_QUOTED = re.compile(r'" ([0-9 ]*?) "')
+
+
+def encode(prompt: str) -> list[int]:
+    """Token ids of one prompt (no padding)."""
+    ids = []
+    for w in split_words(prompt):
+        if w not in TOKEN_ID:
+            raise ValueError(
+                f'unknown word "{w}" in prompt {prompt!r}; the vocabulary has {VOCAB_SIZE} words: '
+                f"{', '.join(VOCAB[1:])}"
+            )
+        ids.append(TOKEN_ID[w])
+    if not ids:
+        raise ValueError(f"prompt {prompt!r} has no tokens")
+    return ids
+
+
+def tokenize(
+    prompts: Sequence[str], max_len: int = DEFAULT_MAX_LEN
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize a batch.
+
+    Returns:
+      ids: int32 [B, max_len], right-padded with PAD_ID (0).
+      mask: bool [B, max_len], True on real tokens.
+    """
+    if isinstance(prompts, str):
+        raise ValueError("tokenize expects a list of prompts, got a single str")
+    ids = np.zeros((len(prompts), max_len), np.int32)
+    for i, p in enumerate(prompts):
+        t = encode(p)
+        if len(t) > max_len:
+            raise ValueError(f"prompt {p!r} has {len(t)} tokens > max_len={max_len}")
+        ids[i, : len(t)] = t
+    return ids, ids != PAD_ID
+
+
+def decode(ids: np.ndarray) -> list[str]:
+    """Inverse of `tokenize` up to spacing (for debugging and sample grids)."""
+    out = []
+    for row in np.asarray(ids).reshape(-1, np.shape(ids)[-1]):
+        words = " ".join(VOCAB[int(i)] for i in row if int(i) != PAD_ID)
+        out.append(_QUOTED.sub(lambda m: '"' + m.group(1).replace(" ", "") + '"', words))
+    return out
