@@ -74,7 +74,7 @@ def initial_noise(seeds, shape):
 
 
 def step_noise(seeds, step, shape):
-    """``[B, *shape]`` standard-normal noise of SDE step ``step``, a pure function of (seed, step)."""
+    """``[B, *shape]`` standard-normal noise of SDE step ``step``: a function of (seed, step)."""
     return jax.vmap(lambda s: jax.random.normal(
         jax.random.fold_in(seed_key(s), step + 1), shape))(seeds)
 

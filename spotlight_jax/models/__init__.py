@@ -1,7 +1,7 @@
 """Models: the MMDiT velocity model and its prompt encoder."""
 from spotlight_jax.models.mmdit import (
-    MMDiT,
     AttentionSpec,
+    MMDiT,
     MMDiTConfig,
     as_dtype,
     count_params,

@@ -79,6 +79,9 @@ def param_specs(state: nnx.State, mesh: Mesh,
     def spec_of(var):
         axes = var.get_metadata().get("logical_axes") if hasattr(var, "get_metadata") else None
         value = var.get_value() if hasattr(var, "get_value") else var
+        ndim = len(getattr(value, "shape", ()))
+        if axes is not None and ndim == len(axes) + 1:
+            axes = ("layers", *axes)  # stacked by a scan over blocks
         spec = logical_to_spec(axes, rules, mesh)
         return _fit(spec, tuple(getattr(value, "shape", ())), mesh)
 

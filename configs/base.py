@@ -1,0 +1,98 @@
+"""Base config shared by every variant: the tiny CPU model on the synthetic world.
+
+Variants import `get_config()` from here and override fields; they never copy it.
+Run:  python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/spotlight
+"""
+import ml_collections
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.mode = "flow_grpo"            # flow_grpo | explore_sync | spot_rollout | spotlight
+    c.num_cpu_devices = 8           # emulated devices when running on CPU (0 = leave as is)
+    c.base_checkpoint = "auto"      # 'auto' = shipped checkpoint for this config if present
+
+    # Model (spotlight_jax.models.MMDiTConfig)
+    m = c.model = ml_collections.ConfigDict()
+    m.image_size = 32
+    m.channels = 3
+    m.patch_size = 4
+    m.width = 128
+    m.depth = 4
+    m.num_heads = 4
+    m.mlp_ratio = 3.0
+    m.qk_norm = True
+    m.vocab_size = 64
+    m.text_len = 16
+    m.text_width = 64
+    m.text_layers = 2
+    m.text_heads = 2
+    m.text_embed_dim = 0
+    m.conv_stem = 16
+    m.conv_head = True
+    m.dtype = "float32"
+    m.param_dtype = "float32"
+    m.remat = False
+    m.scan_blocks = False
+
+    # Device layout (spotlight_jax.parallel.MeshConfig) and attention strategy.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sp=1))
+    c.attention = "dense"           # dense | ulysses | ring | usp
+
+    # Synthetic world.
+    c.world = ml_collections.ConfigDict(dict(image_size=32))
+
+    # Flow-matching pretraining of the base model.
+    p = c.pretrain = ml_collections.ConfigDict()
+    p.steps = 3000
+    p.batch_size = 64
+    p.lr = 1e-3
+    p.warmup = 200
+    p.end_lr_frac = 0.1
+    p.weight_decay = 0.0
+    p.t_sampling = "logit_normal"
+    p.t_shift = 3.0                 # push training weight toward high noise (layout regime)
+    p.prompt_dropout = 0.1
+    p.ema = 0.999
+    p.eval_every = 500
+    p.eval_prompts = 64
+    p.eval_seeds = 2
+    p.grad_clip = 1.0
+
+    # Sampler (spotlight_jax.diffusion.SamplerConfig).
+    s = c.sampler = ml_collections.ConfigDict()
+    s.num_steps = 10
+    s.shift = 3.0
+    s.noise_level = 0.7
+    s.sde_type = "sde"
+    s.guidance = 1.0
+    s.sde_window = ml_collections.config_dict.placeholder(tuple)
+    s.eval_steps = 20
+    s.eval_guidance = 2.0
+
+    # GRPO (spotlight_jax.rl.GRPOConfig).
+    r = c.rl = ml_collections.ConfigDict()
+    r.iterations = 100
+    r.prompts_per_iter = 8
+    r.group_size = 8
+    r.reward = "geneval_lite"
+    r.lr = 1e-4
+    r.beta = 0.02
+    r.clip_eps = 1e-3
+    r.adv_clip = 5.0
+    r.global_std = False
+    r.train_steps = 4               # timesteps trained per trajectory (subsampled)
+    r.inner_epochs = 1
+    r.minibatches = 2
+    r.grad_clip = 1.0
+    r.weight_decay = 1e-4
+    r.lora_rank = 0                 # 0 = full fine-tuning
+    r.lora_alpha = 0.0
+    r.ema = 0.0                     # EMA of the policy for evaluation (0 = off)
+    r.eval_every = 10
+    r.eval_prompts = 64
+    r.eval_seeds = 4
+
+    c.checkpoint = ml_collections.ConfigDict(dict(every=10, max_to_keep=3))
+    return c

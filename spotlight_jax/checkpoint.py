@@ -1,0 +1,127 @@
+"""Orbax checkpoints: the shipped base model and full training state.
+
+Base model: ``<dir>/params`` (Orbax StandardCheckpointer) + ``<dir>/meta.json`` (config, code
+version, pretraining log summary). Parameters restore onto whatever mesh exists now: the target
+is a tree of ``ShapeDtypeStruct`` with concrete shardings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+
+def code_version() -> str:
+    """``git describe`` of the source tree (or 'unknown' outside a checkout)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def restore_target(abstract_state, shardings=None):
+    """Abstract pure-dict target for Orbax, with concrete shardings (or single-device)."""
+    pure = nnx.to_pure_dict(abstract_state)
+    if shardings is None:
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), pure)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), pure,
+                        shardings)
+
+
+def save_params(path: str, state, meta: dict) -> None:
+    path = os.path.abspath(path)
+    os.makedirs(path, exist_ok=True)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(os.path.join(path, "params"), nnx.to_pure_dict(state), force=True)
+    ckptr.wait_until_finished()
+    with open(os.path.join(path, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True, default=str)
+
+
+def load_meta(path: str) -> dict:
+    with open(os.path.join(path, "meta.json")) as f:
+        return json.load(f)
+
+
+def load_params(path: str, abstract_state, shardings=None):
+    """Restores parameters saved by ``save_params`` into an NNX state shaped like
+    ``abstract_state``. Raises ValueError naming the path when it is missing or does not match."""
+    path = os.path.abspath(path)
+    if not os.path.isdir(os.path.join(path, "params")):
+        raise ValueError(f"no base checkpoint at {path} (expected {path}/params); run pretraining "
+                         "or set --config.base_checkpoint")
+    target = restore_target(abstract_state, shardings)
+    try:
+        pure = ocp.StandardCheckpointer().restore(os.path.join(path, "params"), target)
+    except Exception as e:  # Orbax raises several types for shape/structure mismatches
+        raise ValueError(f"base checkpoint at {path} does not match the model config: {e}") from e
+    state = jax.tree.map(lambda x: x, abstract_state)
+    nnx.replace_by_pure_dict(state, pure)
+    return state
+
+
+def tree_equal(a, b) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+class RunCheckpointer:
+    """Full training state in an Orbax ``CheckpointManager`` (async saves, latest-first restore).
+
+    ``save(step, tree, meta)`` writes ``Composite(state=StandardSave(tree), meta=JsonSave(meta))``.
+    ``restore(target)`` restores the newest readable checkpoint onto the shardings of ``target``
+    (a tree of arrays or ShapeDtypeStructs); a corrupt or half-written newest checkpoint makes it
+    fall back to the previous one with a warning, never silently start from scratch.
+    """
+
+    def __init__(self, directory: str, max_to_keep: int = 3):
+        self.directory = os.path.abspath(directory)
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                                                 create=True))
+
+    def save(self, step: int, tree, meta: dict) -> None:
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)))
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def steps(self) -> list[int]:
+        self.manager.reload()
+        return sorted(self.manager.all_steps())
+
+    def restore(self, target):
+        """``(step, tree, meta)`` of the newest good checkpoint, or ``None`` if there is none."""
+        from absl import logging  # noqa: PLC0415
+
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+            target)
+        steps = self.steps()
+        for step in reversed(steps):
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+                return step, out["state"], out["meta"]
+            except Exception as e:  # noqa: BLE001 - any failure means "this one is unreadable"
+                logging.warning("checkpoint %d in %s is unreadable (%s: %s); falling back to the "
+                                "previous one", step, self.directory, type(e).__name__, e)
+        if steps:
+            raise RuntimeError(f"no readable checkpoint in {self.directory} (tried {steps}); "
+                               "move the directory away to start from scratch")
+        return None
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

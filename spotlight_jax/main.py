@@ -1,0 +1,33 @@
+"""Command line: the only module that defines flags.
+
+  python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/spotlight
+  python -m spotlight_jax.main --config=configs/qwen_image_like.py --workdir=/tmp/q --dry_run
+  python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/s --config.mode=spotlight
+"""
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and plots.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print sizes and shardings; allocate nothing.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    import jax  # noqa: PLC0415 - the device count must be set before any backend use
+    if config.num_cpu_devices:
+        jax.config.update("jax_num_cpu_devices", int(config.num_cpu_devices))
+    from spotlight_jax import train  # noqa: PLC0415
+    if _DRY_RUN.value:
+        print(train.dry_run(config))
+        return
+    logging.info("config:\n%s", config)
+    train.train_and_evaluate(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,4 @@
+"""Flow-GRPO: advantages, clipped per-step loss with KL, LoRA, the jitted train step."""
+from spotlight_jax.rl.grpo import GRPOConfig, GRPOTrainer, advantages, grpo_loss, select_steps
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "advantages", "grpo_loss", "select_steps"]
