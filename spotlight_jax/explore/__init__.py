@@ -1,0 +1,37 @@
+"""Seed exploration: max-variance selection of candidate seeds and the budgeted bandit planner.
+
+* ``max_variance_subset`` (contract): which G of a prompt's explored seeds to train on.
+* ``Planner`` / ``PlannerConfig``: how many candidate seeds each prompt gets within an exploration
+  time budget (UCB / Thompson sampling / uniform), with JSON-exact state.
+* ``stats``: Kendall tau-b, Spearman rho and bootstrap CIs for the exploration studies.
+"""
+from spotlight_jax.explore.selection import (
+    max_subset_variance,
+    max_variance_subset,
+    subset_variance,
+)
+from spotlight_jax.explore.stats import bootstrap_mean_ci, kendall_tau_b, spearman_rho
+
+_LAZY = {"Planner", "PlannerConfig", "simulate"}
+
+__all__ = [
+    "Planner",
+    "PlannerConfig",
+    "bootstrap_mean_ci",
+    "kendall_tau_b",
+    "max_subset_variance",
+    "max_variance_subset",
+    "simulate",
+    "spearman_rho",
+    "subset_variance",
+]
+
+
+def __getattr__(name):
+    # The planner is imported lazily so that `python -m spotlight_jax.explore.planner` does not
+    # find the module already imported by its package (runpy's double-import warning).
+    if name in _LAZY:
+        from spotlight_jax.explore import planner
+
+        return getattr(planner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
