@@ -77,7 +77,7 @@ def make_train_step(graphdef, optimizer, cfg: PretrainConfig):
         updates, opt_state = optimizer.update(grads, opt_state, state)
         state = optax.apply_updates(state, updates)
         ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, state)
-        return state, opt_state, ema, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return state, opt_state, ema, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     return jax.jit(step, donate_argnums=(0, 1, 2))
 

@@ -170,7 +170,7 @@ class GRPOTrainer:
                 return grpo_loss(model, batch, idx, sampler, cfg, ref)
 
             (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
-            gnorm = optax.global_norm(grads)
+            gnorm = optax.tree.norm(grads)
             updates, opt_state = self.tx.update(grads, opt_state, trainable)
             trainable = optax.apply_updates(trainable, updates)
             if ema is not None:

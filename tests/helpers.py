@@ -1,0 +1,20 @@
+"""Shared test fixtures: a micro model that compiles in seconds."""
+import jax
+from flax import nnx
+
+from spotlight_jax.models import MMDiT, MMDiTConfig
+
+MICRO = MMDiTConfig(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_ratio=2.0,
+                    vocab_size=64, text_len=12, text_width=16, text_layers=1, text_heads=2,
+                    conv_stem=4, conv_head=True)
+
+
+def micro_model(seed=0, **overrides):
+    import dataclasses
+    cfg = dataclasses.replace(MICRO, **overrides)
+    model = MMDiT(cfg, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    # adaLN-Zero makes a fresh model output exactly 0; perturb so tests see real numerics.
+    state = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(seed + 1),
+                                                                x.shape, x.dtype), state)
+    return cfg, graphdef, state
