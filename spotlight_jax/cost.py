@@ -1,0 +1,815 @@
+"""Cost models: how long each operation takes, and what the devices cost.
+
+The controller charges every operation to a clock (``spotlight_jax.clock``); in emulation the
+durations come from a cost model, so the time and dollar axes of the report are those of a real
+deployment while the learning runs on a tiny model on the CPU. Two models share one interface
+(:class:`CostModel`):
+
+* ``profile`` (:class:`ProfileCost`): durations from the MMDiT's FLOP count divided by an assumed
+  achieved throughput of a named accelerator (peak bf16 x MFU), with a roofline floor for
+  reading the weights from HBM and a communication term per sequence-parallel (SP) degree. The
+  default deployment is the paper's: a Qwen-Image-like 20B MMDiT at 512x512 on H100 SXM.
+* ``measured`` (:class:`MeasuredCost`): durations calibrated from this machine's real timings
+  (:func:`calibrate` times the real rollout step / training step callables).
+
+Prices per device-hour (on-demand and spot) turn the clock's *alive* device-seconds into dollars
+(:meth:`CostModel.dollars`): a spot device is paid while it is alive, busy or idle; on-demand
+devices are paid all the time.
+
+Every number that is not derived is an assumption with a source: the config section
+(:func:`default_cost_config`) has a comment per field, and :meth:`CostModel.describe` returns
+``(name, value, unit, source)`` rows that the report prints.
+
+FLOP count of one MMDiT forward (per sample; matmuls only, 2 FLOPs per multiply-add -- the
+MFU convention, elementwise ops are not counted). With D = width, H = int(D * mlp_ratio),
+L = text_len, N = (image_size / patch)^2 image tokens, S = L + N, p = patch, C = channels,
+T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt encoder):
+
+    per block     = 2 S D (4D + 2H)        qkv (3D^2) + out (D^2) + fc1/fc2 (2DH), per token of
+                                           its stream (text and image streams have own weights)
+                  + 4 S^2 D                joint attention: Q K^T and A V
+                  + 2 * 2 D (6D)           adaLN-Zero modulation of both streams (per sample)
+    outside       = 2 N (p^2 C_in) D       patch embedding (C_in = conv_stem or C)
+                  + 2 L T D + 2 T D        text projection, pooled-text projection
+                  + 2 (256 D + D^2)        timestep MLP
+                  + 2 D (2D) + 2 N D p^2 C final adaLN and projection
+                  + 2 (h w) 9 C c_stem     optional 3x3 conv stem / head on the h x w image
+                  + 2 (h w) 9 C C
+    prompt enc.   = per layer 2 L Tw (12 Tw) + 4 L^2 Tw   (only with a synthetic prompt encoder)
+    forward       = depth * per block + outside + prompt encoder
+
+It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ml_collections
+
+from spotlight_jax.clock import ROLES, Clock
+from spotlight_jax.models.mmdit import MMDiTConfig
+
+COST_MODELS = ("profile", "measured")
+REGROUP_KINDS = ("shrink", "grow", "cold")
+
+
+# ------------------------------------------------------------------------------ device table
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """Peak numbers of one accelerator: dense bf16 TFLOP/s, HBM GB/s, NVLink GB/s (total,
+    both directions, per GPU)."""
+
+    label: str
+    bf16_tflops: float
+    hbm_gb_s: float
+    nvlink_gb_s: float
+    source: str
+
+
+DEVICES: dict[str, DeviceSpec] = {
+    "h100_sxm": DeviceSpec(
+        "NVIDIA H100 SXM5 80GB", 989.0, 3350.0, 900.0,
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with 2:4 sparsity "
+        "= 989 dense; HBM3 3.35 TB/s; NVLink 4 900 GB/s"),
+    "h200_sxm": DeviceSpec(
+        "NVIDIA H200 SXM 141GB", 989.0, 4800.0, 900.0,
+        "NVIDIA H200 Tensor Core GPU datasheet (SXM): same BF16 compute as H100 SXM "
+        "(1,979 sparse = 989 dense); HBM3e 4.8 TB/s; NVLink 900 GB/s"),
+    "a100_sxm": DeviceSpec(
+        "NVIDIA A100 SXM4 80GB", 312.0, 2039.0, 600.0,
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS dense "
+        "(624 sparse); HBM2e 2,039 GB/s; NVLink 3 600 GB/s"),
+}
+
+
+def device_spec(name: str) -> DeviceSpec:
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; choose one of {sorted(DEVICES)}")
+    return DEVICES[name]
+
+
+# ------------------------------------------------------------------------------- config
+
+# The paper-scale model whose FLOPs time the emulation: the same fields as
+# configs/qwen_image_like.py's model section (a test checks they agree), image_size in latent
+# cells (overridden from image_pixels / vae_factor when a profile is built).
+_PAPER_MODEL = dict(
+    image_size=160, channels=16, patch_size=2, width=3072, depth=60, num_heads=24,
+    mlp_ratio=4.0, qk_norm=True, vocab_size=64, text_len=256, text_width=0, text_layers=2,
+    text_heads=2, text_embed_dim=3584, conv_stem=0, conv_head=False, dtype="bfloat16",
+    param_dtype="bfloat16", remat=True, scan_blocks=True)
+
+
+def default_cost_config() -> ml_collections.ConfigDict:
+    """The ``config.cost`` section: cost model, deployment profile and prices, with sources."""
+    c = ml_collections.ConfigDict()
+    c.model = "profile"            # profile | measured (COST_MODELS)
+    # --- accelerator and achieved efficiency -------------------------------------------------
+    c.device = "h100_sxm"          # key of cost.DEVICES (peak numbers + datasheet sources);
+    #                                the paper reports 4 reserved + 8 spot H100 (REFERENCE.md)
+    c.mfu = 0.4                    # ASSUMPTION: achieved/peak bf16 FLOP/s of a large DiT step;
+    #                                typical of well-tuned large-transformer training (PaLM
+    #                                reports 46%, MegaScale 55%); not measured for this model
+    c.mbu = 0.7                    # ASSUMPTION: achieved/peak HBM bandwidth when streaming
+    #                                the weights (floor of a small-batch step)
+    c.nvlink_one_way = 0.5         # NVLink datasheet figures count both directions; one
+    #                                direction gets half (NVIDIA NVLink 4: 450 GB/s each way)
+    c.collective_latency_s = 20e-6  # ASSUMPTION: fixed cost per intra-node collective (order
+    #                                 of NCCL small-message latency on NVLink)
+    # --- paper workload -------------------------------------------------------------------
+    c.image_pixels = 512           # paper: Qwen-Image at 512^2 (and 1280^2), REFERENCE.md
+    c.vae_factor = 8               # Qwen-Image/SD3-style VAE downsamples by 8
+    #                                (configs/qwen_image_like.py: 1280 px -> 160 latent cells)
+    c.cfg_passes = 2               # forwards per denoising step: Flow-GRPO's presets use CFG
+    #                                4.5 in rollouts and training (REFERENCE.md) = cond+uncond;
+    #                                0 = follow the run's sampler.guidance
+    c.lora_rank = 32               # configs/qwen_image_like.py (Flow-GRPO: LoRA r=32);
+    #                                -1 = follow the run's rl.lora_rank
+    c.backward_factor_full = 2.0   # backward = 2x forward FLOPs with weight gradients
+    #                                (the 6N-per-token rule, Kaplan et al. 2020)
+    c.backward_factor_lora = 1.0   # frozen base weights: only activation gradients (~1x fwd)
+    c.rescore_forward = True       # GRPOTrainer.update re-scores old log-probs with one extra
+    #                                forward per trained step (spotlight_jax/rl/grpo.py)
+    c.param_bytes = 2              # bf16 weights (configs/qwen_image_like.py param_dtype)
+    c.adapter_bytes = 4            # LoRA factors are float32 (spotlight_jax/rl/lora.py)
+    c.act_bytes = 2                # bf16 activations moved by SP collectives
+    c.reward_s_per_image = 0.1     # ASSUMPTION: detector/OCR reward model on a GPU, per image
+    c.network_gbit_s = 100.0       # ASSUMPTION: node-to-node bandwidth for the weight broadcast
+    #                                (a common cloud NIC tier; GPU fabrics such as EFA are faster)
+    # --- SP regroup latencies -------------------------------------------------------------
+    c.regroup_shrink_s = 7.6e-3    # MEASURED: bench.regroup, warm regroup after losing 2 of 8
+    #                                devices, 50M params (commit 32721c0 message: 7.6 ms)
+    c.regroup_grow_measured_s = 0.644  # MEASURED: bench.regroup rejoin (device-to-device copy,
+    #                                    50M params, CPU): 644 ms; profile derives it from NVLink
+    c.regroup_cold_s = 120.0       # ASSUMPTION: reload from storage + recompile takes
+    #                                "minutes" (paper abstract: minutes -> sub-second)
+    # --- prices ---------------------------------------------------------------------------
+    c.on_demand_per_hour = 3.90    # $/GPU-h, REFERENCE.md: public H100 on-demand ~$3.90/GPU-h
+    c.spot_discount = 0.73         # paper: spot 69-77% cheaper (REFERENCE.md); 0.73 ->
+    #                                $1.05/GPU-h, inside the public $0.8-2.5 spot range
+    c.profile_model = ml_collections.ConfigDict(dict(_PAPER_MODEL))  # configs/qwen_image_like.py
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class CostConfig:
+    """Frozen form of :func:`default_cost_config`; fields are documented there."""
+
+    model: str = "profile"
+    device: str = "h100_sxm"
+    mfu: float = 0.4
+    mbu: float = 0.7
+    nvlink_one_way: float = 0.5
+    collective_latency_s: float = 20e-6
+    image_pixels: int = 512
+    vae_factor: int = 8
+    cfg_passes: int = 2
+    lora_rank: int = 32
+    backward_factor_full: float = 2.0
+    backward_factor_lora: float = 1.0
+    rescore_forward: bool = True
+    param_bytes: int = 2
+    adapter_bytes: int = 4
+    act_bytes: int = 2
+    reward_s_per_image: float = 0.1
+    network_gbit_s: float = 100.0
+    regroup_shrink_s: float = 7.6e-3
+    regroup_grow_measured_s: float = 0.644
+    regroup_cold_s: float = 120.0
+    on_demand_per_hour: float = 3.90
+    spot_discount: float = 0.73
+    profile_model: MMDiTConfig = MMDiTConfig(**_PAPER_MODEL)
+
+    def __post_init__(self):
+        if self.model not in COST_MODELS:
+            raise ValueError(f"unknown cost model {self.model!r}; choose one of {COST_MODELS}")
+        device_spec(self.device)
+        for name in ("mfu", "mbu", "nvlink_one_way"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ValueError(f"cost.{name} must be in (0, 1], got {v!r}")
+        if not 0 <= self.spot_discount < 1:
+            raise ValueError(f"cost.spot_discount must be in [0, 1), got {self.spot_discount!r}")
+        if self.cfg_passes not in (0, 1, 2):
+            raise ValueError(f"cost.cfg_passes must be 0 (follow the run), 1 or 2, "
+                             f"got {self.cfg_passes!r}")
+        for name in ("collective_latency_s", "reward_s_per_image", "regroup_shrink_s",
+                     "regroup_grow_measured_s", "regroup_cold_s", "on_demand_per_hour",
+                     "backward_factor_full", "backward_factor_lora"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"cost.{name} must be a finite number >= 0, got {v!r}")
+        for name in ("image_pixels", "vae_factor", "param_bytes", "adapter_bytes", "act_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"cost.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.network_gbit_s <= 0:
+            raise ValueError(f"cost.network_gbit_s must be > 0, got {self.network_gbit_s!r}")
+
+    @classmethod
+    def from_config(cls, section) -> CostConfig:
+        """Builds the dataclass from a ``config.cost`` section (a ConfigDict or dict)."""
+        values = dict(section)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown cost config fields {unknown}; valid fields are "
+                             f"{sorted(names)}")
+        if "profile_model" in values:
+            pm = dict(values["profile_model"])
+            mnames = {f.name for f in dataclasses.fields(MMDiTConfig)}
+            bad = sorted(set(pm) - mnames)
+            if bad:
+                raise ValueError(f"unknown cost.profile_model fields {bad}; valid fields are "
+                                 f"{sorted(mnames)}")
+            values["profile_model"] = MMDiTConfig(**pm).validate()
+        return cls(**values)
+
+    @property
+    def prices(self) -> Prices:
+        return Prices(self.on_demand_per_hour, self.spot_discount)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+    """$ per device-hour: on-demand, and spot = on-demand x (1 - discount)."""
+
+    on_demand_per_hour: float = 3.90
+    spot_discount: float = 0.73
+
+    @property
+    def spot_per_hour(self) -> float:
+        return self.on_demand_per_hour * (1.0 - self.spot_discount)
+
+    def per_hour(self, role: str) -> float:
+        if role == "on_demand":
+            return self.on_demand_per_hour
+        if role == "spot":
+            return self.spot_per_hour
+        raise ValueError(f"unknown role {role!r}; roles are {ROLES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one run does per rollout and per trained trajectory (from the run's config).
+
+    ``train_steps``: trained timesteps per trajectory (already resolved: 0 in the rl config means
+    every stochastic step). ``cfg_passes``: forwards per step of the run (2 with CFG).
+    """
+
+    num_steps: int = 10
+    train_steps: int = 4
+    inner_epochs: int = 1
+    kl: bool = True
+    cfg_passes: int = 1
+    lora_rank: int = 0
+
+
+def workload_from_config(config) -> Workload:
+    """The :class:`Workload` of a run config (reads ``config.sampler`` and ``config.rl``)."""
+    s, r = config.sampler, config.rl
+    window = s.get("sde_window")
+    stochastic = (window[1] - window[0]) if window is not None else s.num_steps
+    ts = int(r.train_steps)
+    return Workload(num_steps=int(s.num_steps),
+                    train_steps=ts if 0 < ts < stochastic else int(stochastic),
+                    inner_epochs=int(r.inner_epochs), kl=float(r.beta) > 0,
+                    cfg_passes=1 if float(s.guidance) == 1.0 else 2,
+                    lora_rank=int(r.get("lora_rank", 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumption:
+    """One row of the report's assumptions table."""
+
+    name: str
+    value: Any
+    unit: str
+    source: str
+
+
+# ------------------------------------------------------------------------------ FLOP count
+
+def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[str, int]:
+    """Matmul FLOPs of one forward of one sample, by part (formula in the module docstring)."""
+    d, p, c = cfg.width, cfg.patch_size, cfg.channels
+    h = int(cfg.width * cfg.mlp_ratio)
+    n = cfg.num_patches
+    lt = cfg.text_len if text_tokens is None else text_tokens
+    s = lt + n
+    tdim = cfg.text_width or cfg.text_embed_dim
+    pixels = cfg.image_size * cfg.image_size
+    out = {
+        "block_linear": cfg.depth * 2 * s * d * (4 * d + 2 * h),
+        "block_attention": cfg.depth * 4 * s * s * d,
+        "block_adaln": cfg.depth * 2 * 2 * d * 6 * d,
+        "embed": (2 * n * p * p * (cfg.conv_stem or c) * d + 2 * lt * tdim * d + 2 * tdim * d
+                  + 2 * (256 * d + d * d)),
+        "final": 2 * d * 2 * d + 2 * n * d * p * p * c,
+        "conv": (2 * pixels * 9 * c * cfg.conv_stem if cfg.conv_stem else 0)
+                + (2 * pixels * 9 * c * c if cfg.conv_head else 0),
+        "prompt_encoder": 0,
+    }
+    if cfg.text_width:
+        tw = cfg.text_width
+        out["prompt_encoder"] = cfg.text_layers * (2 * lt * tw * 12 * tw + 4 * lt * lt * tw)
+    return out
+
+
+def forward_flops(cfg: MMDiTConfig, batch: int = 1, text_tokens: int | None = None) -> int:
+    """Matmul FLOPs of one MMDiT forward over ``batch`` samples (see the module docstring)."""
+    return batch * sum(flops_breakdown(cfg, text_tokens).values())
+
+
+def param_count(cfg: MMDiTConfig) -> int:
+    """Exact parameter count of ``MMDiT(cfg)`` (weights, biases, QK-norm scales)."""
+    d, p, c = cfg.width, cfg.patch_size, cfg.channels
+    h = int(cfg.width * cfg.mlp_ratio)
+    tdim = cfg.text_width or cfg.text_embed_dim
+
+    def dense(i, o):
+        return i * o + o
+
+    stream = (dense(d, 6 * d) + dense(d, 3 * d) + dense(d, d) + dense(d, h) + dense(h, d)
+              + (2 * cfg.head_dim if cfg.qk_norm else 0))
+    total = cfg.depth * 2 * stream
+    total += dense(p * p * (cfg.conv_stem or c), d) + dense(tdim, d) + dense(256, d)
+    total += dense(d, d) + dense(tdim, d) + dense(d, 2 * d) + dense(d, p * p * c)
+    if cfg.conv_stem:
+        total += 9 * c * cfg.conv_stem + cfg.conv_stem
+    if cfg.conv_head:
+        total += 9 * c * c + c
+    if cfg.text_width:
+        tw = cfg.text_width
+        total += cfg.vocab_size * tw + cfg.text_layers * (dense(tw, 3 * tw) + dense(tw, tw)
+                                                          + dense(tw, 4 * tw) + dense(4 * tw, tw))
+    return total
+
+
+def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
+    """LoRA factors on the qkv and out kernels of both streams of every block (rl/lora.py)."""
+    d = cfg.width
+    per_stream = rank * (d + 3 * d) + rank * (d + d)
+    return cfg.depth * 2 * per_stream
+
+
+# ----------------------------------------------------------------------------- cost models
+
+def _check_count(value, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+class CostModel:
+    """Interface shared by :class:`ProfileCost` and :class:`MeasuredCost` (all in seconds).
+
+    ``batch`` counts trajectories (CFG's unconditional pass is inside the step);
+    ``sp`` is the SP degree of the group running it; ``num_devices`` the training mesh size.
+    """
+
+    name = ""
+
+    def __init__(self, prices: Prices, workload: Workload):
+        self.prices, self.workload = prices, workload
+
+    def rollout_step(self, batch: int, sp: int = 1) -> float:
+        """One denoising step (all CFG passes) for ``batch`` trajectories on an SP group."""
+        raise NotImplementedError
+
+    def rollout(self, batch: int, sp: int = 1, num_steps: int | None = None) -> float:
+        """A whole rollout (or ``num_steps`` of one, e.g. a resumed remainder)."""
+        steps = self.workload.num_steps if num_steps is None else num_steps
+        if not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"num_steps must be an integer >= 0, got {steps!r}")
+        return steps * self.rollout_step(batch, sp)
+
+    def train_sample(self, num_devices: int = 1) -> float:
+        """GRPO training of one trajectory (all its trained steps and inner epochs)."""
+        raise NotImplementedError
+
+    def train(self, num_samples: int, num_devices: int = 1) -> float:
+        _check_count(num_samples, "num_samples")
+        return num_samples * self.train_sample(num_devices)
+
+    def reward(self, num_images: int) -> float:
+        raise NotImplementedError
+
+    def broadcast(self) -> float:
+        """Sending the new policy weights to a spot node."""
+        raise NotImplementedError
+
+    def regroup(self, kind: str = "shrink") -> float:
+        """SP regroup latency: 'shrink' (survivors re-wrap), 'grow' (a joined device gets a
+        device-to-device copy), 'cold' (reload from storage + compile, the baseline path)."""
+        raise NotImplementedError
+
+    def describe(self) -> list[Assumption]:
+        raise NotImplementedError
+
+    # ---- prices --------------------------------------------------------------------------
+    def price_per_hour(self, role: str) -> float:
+        return self.prices.per_hour(role)
+
+    def dollars_per_hour(self, alive: dict[str, int]) -> float:
+        """$ per hour with ``alive[role]`` devices of each role alive."""
+        return sum(self.prices.per_hour(r) * n for r, n in alive.items())
+
+    def dollars(self, clock: Clock, until: float | None = None) -> float:
+        """Cost so far: alive device-hours of each role x its price (busy or idle alike)."""
+        return sum(clock.alive_device_seconds(r, until) / 3600.0 * self.prices.per_hour(r)
+                   for r in ROLES)
+
+    def _price_rows(self) -> list[Assumption]:
+        return [Assumption("on_demand_price", self.prices.on_demand_per_hour, "$/device-h",
+                           "REFERENCE.md: public H100 on-demand ~$3.90/GPU-h"),
+                Assumption("spot_discount", self.prices.spot_discount, "fraction",
+                           "paper: spot 69-77% cheaper (REFERENCE.md)"),
+                Assumption("spot_price", self.prices.spot_per_hour, "$/device-h",
+                           "derived: on-demand x (1 - discount); public spot $0.8-2.5")]
+
+    def _workload_rows(self) -> list[Assumption]:
+        w = self.workload
+        return [Assumption("sampler_steps", w.num_steps, "steps", "run config sampler.num_steps"),
+                Assumption("train_steps", w.train_steps, "steps/trajectory",
+                           "run config rl.train_steps (0 = every stochastic step)"),
+                Assumption("inner_epochs", w.inner_epochs, "", "run config rl.inner_epochs"),
+                Assumption("kl_reference_forward", w.kl, "", "run config rl.beta > 0")]
+
+
+class ProfileCost(CostModel):
+    """Durations of a deployment profile: a model config's FLOPs on a named accelerator.
+
+    * rollout step (batch b, SP degree k): ``max(cfg b F / (k peak mfu), W / (hbm mbu)) +
+      comm(k)`` -- compute split over the group, but every device streams the full weights W
+      (SP replicates weights), which bounds small batches at high SP;
+    * comm (per block): Ulysses (heads % k == 0) moves q, k, v and o through all-to-alls,
+      ``4 b_cfg (S/k) D bytes (k-1)/k`` per device; ring (otherwise) passes K and V around,
+      ``2 b_cfg (S/k) D bytes (k-1)``; over one NVLink direction, plus a fixed latency per
+      collective, not overlapped with compute (conservative);
+    * training one trajectory on ``n`` devices: ``train_steps x inner_epochs x cfg x
+      (1 + backward + remat + KL reference + re-score) x F / (n peak mfu)``;
+    * reward: a constant per image; broadcast: LoRA factors (or all weights) over the network;
+    * regroup: shrink measured, grow = weights over NVLink, cold an assumption.
+    """
+
+    name = "profile"
+
+    def __init__(self, cost: CostConfig, model: MMDiTConfig, workload: Workload = Workload()):
+        super().__init__(cost.prices, workload)
+        self.cost, self.model = cost, model.validate()
+        self.device = device_spec(cost.device)
+        self.cfg_passes = cost.cfg_passes or workload.cfg_passes
+        self.lora_rank = workload.lora_rank if cost.lora_rank < 0 else cost.lora_rank
+        self.flops = forward_flops(self.model)
+        self.params = param_count(self.model)
+        self.weight_bytes = self.params * cost.param_bytes
+        self.peak = self.device.bf16_tflops * 1e12
+        self.achieved = self.peak * cost.mfu
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        """(text tokens, image tokens) of one sample."""
+        return self.model.text_len, self.model.num_patches
+
+    def sp_strategy(self, sp: int) -> str:
+        if sp == 1:
+            return "dense"
+        return "ulysses" if self.model.num_heads % sp == 0 else "ring"
+
+    def sp_comm(self, batch: int, sp: int) -> float:
+        """Seconds of SP communication of one step (all blocks, all CFG passes)."""
+        _check_count(batch, "batch")
+        _check_count(sp, "sp")
+        if sp == 1:
+            return 0.0
+        m, c = self.model, self.cost
+        s = sum(self.tokens)
+        local = batch * self.cfg_passes * (s / sp) * m.width * c.act_bytes
+        if self.sp_strategy(sp) == "ulysses":
+            nbytes, ncoll = 4 * local * (sp - 1) / sp, 2
+        else:
+            nbytes, ncoll = 2 * local * (sp - 1), sp - 1
+        bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
+        return m.depth * (nbytes / bw + ncoll * c.collective_latency_s)
+
+    def rollout_step(self, batch: int, sp: int = 1) -> float:
+        _check_count(batch, "batch")
+        _check_count(sp, "sp")
+        compute = self.cfg_passes * batch * self.flops / (sp * self.achieved)
+        weights = self.weight_bytes / (self.device.hbm_gb_s * 1e9 * self.cost.mbu)
+        return max(compute, weights) + self.sp_comm(batch, sp)
+
+    def train_passes(self) -> float:
+        """Forward-equivalents per trained (trajectory, step) pair."""
+        c = self.cost
+        backward = c.backward_factor_lora if self.lora_rank > 0 else c.backward_factor_full
+        return self.cfg_passes * (1.0 + backward + float(self.model.remat)
+                                  + float(self.workload.kl) + float(c.rescore_forward))
+
+    def train_sample(self, num_devices: int = 1) -> float:
+        _check_count(num_devices, "num_devices")
+        w = self.workload
+        pairs = w.train_steps * w.inner_epochs
+        return pairs * self.train_passes() * self.flops / (num_devices * self.achieved)
+
+    def reward(self, num_images: int) -> float:
+        if not isinstance(num_images, int) or num_images < 0:
+            raise ValueError(f"num_images must be an integer >= 0, got {num_images!r}")
+        return num_images * self.cost.reward_s_per_image
+
+    def broadcast_bytes(self) -> int:
+        if self.lora_rank > 0:
+            return lora_param_count(self.model, self.lora_rank) * self.cost.adapter_bytes
+        return self.weight_bytes
+
+    def broadcast(self) -> float:
+        return self.broadcast_bytes() / (self.cost.network_gbit_s * 1e9 / 8)
+
+    def regroup(self, kind: str = "shrink") -> float:
+        c = self.cost
+        if kind == "shrink":
+            return c.regroup_shrink_s
+        if kind == "grow":
+            bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
+            return c.regroup_shrink_s + self.weight_bytes / bw
+        if kind == "cold":
+            return c.regroup_cold_s
+        raise ValueError(f"unknown regroup kind {kind!r}; choose one of {REGROUP_KINDS}")
+
+    def describe(self) -> list[Assumption]:
+        c, d, m = self.cost, self.device, self.model
+        lt, n = self.tokens
+        rows = [
+            Assumption("cost_model", self.name, "", "config cost.model"),
+            Assumption("device", c.device, "", d.label),
+            Assumption("peak_bf16", d.bf16_tflops, "TFLOP/s dense", d.source),
+            Assumption("hbm_bandwidth", d.hbm_gb_s, "GB/s", d.source),
+            Assumption("nvlink_bandwidth", d.nvlink_gb_s, "GB/s both directions",
+                       d.source + f"; one direction = x{c.nvlink_one_way}"),
+            Assumption("mfu", c.mfu, "fraction of peak",
+                       "assumption: typical of tuned large-transformer training "
+                       "(PaLM 46%, MegaScale 55%)"),
+            Assumption("mbu", c.mbu, "fraction of HBM peak", "assumption"),
+            Assumption("collective_latency", c.collective_latency_s, "s",
+                       "assumption: NCCL small-message latency order"),
+            Assumption("model", f"MMDiT d={m.width} depth={m.depth} heads={m.num_heads}",
+                       "", "configs/qwen_image_like.py (Qwen-Image-like)"),
+            Assumption("params", self.params, "parameters", "derived: cost.param_count"),
+            Assumption("image", f"{c.image_pixels}px -> {m.image_size}^2 latent, "
+                       f"patch {m.patch_size}", "",
+                       f"paper: 512^2 and 1280^2; VAE /{c.vae_factor}"),
+            Assumption("tokens", f"{n} image + {lt} text", "tokens", "derived"),
+            Assumption("forward_flops", self.flops, "FLOP/sample",
+                       "derived: cost.forward_flops (matmuls, 2 per MAC)"),
+            Assumption("cfg_passes", self.cfg_passes, "forwards/step",
+                       "Flow-GRPO presets: CFG 4.5 in rollouts and training"),
+            Assumption("lora_rank", self.lora_rank, "",
+                       "configs/qwen_image_like.py; 0 = full fine-tuning"),
+            Assumption("train_passes", self.train_passes(), "forwards per trained step",
+                       "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + remat fwd "
+                       "+ KL reference fwd + old-log-prob re-score fwd (rl/grpo.py)"),
+            Assumption("reward_per_image", c.reward_s_per_image, "s", "assumption"),
+            Assumption("network", c.network_gbit_s, "Gbit/s", "assumption: cloud NIC tier"),
+            Assumption("broadcast_bytes", self.broadcast_bytes(), "bytes",
+                       "derived: LoRA factors (float32) or all weights (bf16)"),
+            Assumption("regroup_shrink", c.regroup_shrink_s, "s",
+                       "measured: bench.regroup warm re-wrap, 50M params (commit 32721c0)"),
+            Assumption("regroup_grow", self.regroup("grow"), "s",
+                       "derived: weights over one NVLink direction + shrink"),
+            Assumption("regroup_cold", c.regroup_cold_s, "s",
+                       "assumption: paper abstract 'minutes'"),
+        ]
+        return rows + self._workload_rows() + self._price_rows()
+
+    def table(self, batches: Sequence[int], sps: Sequence[int] = (1, 2, 4),
+              train_devices: Sequence[int] = (1, 4)) -> dict[str, Any]:
+        """Derived per-operation seconds for the report."""
+        return {
+            "rollout_step_s": {f"b{b}": {f"sp{k}": self.rollout_step(b, k) for k in sps}
+                               for b in batches},
+            "train_sample_s": {f"n{n}": self.train_sample(n) for n in train_devices},
+            "reward_s_per_image": self.reward(1),
+            "broadcast_s": self.broadcast(),
+        }
+
+
+def profile_for(model_cfg: MMDiTConfig, image_pixels: int | None = 512,
+                cost: CostConfig | None = None, workload: Workload = Workload()) -> ProfileCost:
+    """A :class:`ProfileCost` for ``model_cfg`` at ``image_pixels`` (a latent model: image_size
+    becomes ``image_pixels / cost.vae_factor`` latent cells; None keeps the config's size).
+
+    E.g. the paper's deployment: ``profile_for(qwen_model_cfg, 512)`` -> 64x64 latent, patch 2,
+    1024 image tokens, whatever tiny model the learning runs on.
+    """
+    cost = cost or CostConfig()
+    if image_pixels is not None:
+        if image_pixels % cost.vae_factor:
+            raise ValueError(f"image_pixels {image_pixels} is not divisible by the VAE factor "
+                             f"{cost.vae_factor}")
+        model_cfg = dataclasses.replace(model_cfg, image_size=image_pixels // cost.vae_factor)
+    return ProfileCost(cost, model_cfg.validate(), workload)
+
+
+# ------------------------------------------------------------------------------ measured
+
+class MeasuredCost(CostModel):
+    """Durations calibrated on this machine (see :func:`calibrate`).
+
+    Rollout step: ``fixed + per_sample x batch / sp``. The SP split of the batch-proportional
+    term is an *assumption* (ideal scaling): emulated CPU devices share the host's cores, so an
+    SP group's speed-up cannot be measured here. Training on ``n`` devices: ``per_sample / n``
+    (ideal data parallelism, same caveat). Keep the calibration in the checkpoint
+    (:meth:`state_dict`): a resumed run must reuse it, not re-measure, to charge the same times.
+    """
+
+    name = "measured"
+
+    def __init__(self, *, rollout_fixed_s: float, rollout_per_sample_s: float,
+                 train_per_sample_s: float, reward_per_image_s: float, broadcast_s: float,
+                 prices: Prices = Prices(), workload: Workload = Workload(),
+                 regroup_shrink_s: float = 7.6e-3, regroup_grow_s: float = 0.644,
+                 regroup_cold_s: float = 120.0, timings: dict | None = None):
+        super().__init__(prices, workload)
+        self.rollout_fixed_s = float(rollout_fixed_s)
+        self.rollout_per_sample_s = float(rollout_per_sample_s)
+        self.train_per_sample_s = float(train_per_sample_s)
+        self.reward_per_image_s = float(reward_per_image_s)
+        self.broadcast_s = float(broadcast_s)
+        self.regroup_s = {"shrink": float(regroup_shrink_s), "grow": float(regroup_grow_s),
+                          "cold": float(regroup_cold_s)}
+        self.timings = dict(timings or {})
+        for k, v in self._numbers().items():
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"MeasuredCost.{k} must be finite and >= 0, got {v!r}")
+
+    def _numbers(self) -> dict[str, float]:
+        return {"rollout_fixed_s": self.rollout_fixed_s,
+                "rollout_per_sample_s": self.rollout_per_sample_s,
+                "train_per_sample_s": self.train_per_sample_s,
+                "reward_per_image_s": self.reward_per_image_s, "broadcast_s": self.broadcast_s,
+                **{f"regroup_{k}_s": v for k, v in self.regroup_s.items()}}
+
+    def rollout_step(self, batch: int, sp: int = 1) -> float:
+        _check_count(batch, "batch")
+        _check_count(sp, "sp")
+        return self.rollout_fixed_s + self.rollout_per_sample_s * batch / sp
+
+    def train_sample(self, num_devices: int = 1) -> float:
+        _check_count(num_devices, "num_devices")
+        return self.train_per_sample_s / num_devices
+
+    def reward(self, num_images: int) -> float:
+        if not isinstance(num_images, int) or num_images < 0:
+            raise ValueError(f"num_images must be an integer >= 0, got {num_images!r}")
+        return num_images * self.reward_per_image_s
+
+    def broadcast(self) -> float:
+        return self.broadcast_s
+
+    def regroup(self, kind: str = "shrink") -> float:
+        if kind not in self.regroup_s:
+            raise ValueError(f"unknown regroup kind {kind!r}; choose one of {REGROUP_KINDS}")
+        return self.regroup_s[kind]
+
+    def describe(self) -> list[Assumption]:
+        rows = [Assumption("cost_model", self.name, "", "config cost.model"),
+                Assumption("rollout_fixed", self.rollout_fixed_s, "s/step",
+                           "measured: intercept of a fit over batch sizes (median timings)"),
+                Assumption("rollout_per_sample", self.rollout_per_sample_s, "s/step/sample",
+                           "measured: slope of the same fit"),
+                Assumption("sp_scaling", "ideal (per-sample term / SP degree)", "",
+                           "assumption: CPU-emulated devices share cores, so not measurable"),
+                Assumption("train_per_sample", self.train_per_sample_s, "s/trajectory",
+                           "measured: median GRPO update time / trajectories"),
+                Assumption("reward_per_image", self.reward_per_image_s, "s",
+                           "measured" if "reward" in self.timings else "config cost"),
+                Assumption("broadcast", self.broadcast_s, "s",
+                           "measured" if "broadcast" in self.timings else "assumption: 0"),
+                Assumption("regroup_shrink", self.regroup_s["shrink"], "s",
+                           "measured: bench.regroup (CPU)"),
+                Assumption("regroup_grow", self.regroup_s["grow"], "s",
+                           "measured: bench.regroup (CPU)"),
+                Assumption("regroup_cold", self.regroup_s["cold"], "s", "assumption")]
+        return rows + self._workload_rows() + self._price_rows()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON types; :meth:`from_state_dict` rebuilds an identical model."""
+        return {"numbers": self._numbers(), "timings": json.loads(json.dumps(self.timings)),
+                "prices": dataclasses.asdict(self.prices),
+                "workload": dataclasses.asdict(self.workload)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> MeasuredCost:
+        n = state["numbers"]
+        return cls(rollout_fixed_s=n["rollout_fixed_s"],
+                   rollout_per_sample_s=n["rollout_per_sample_s"],
+                   train_per_sample_s=n["train_per_sample_s"],
+                   reward_per_image_s=n["reward_per_image_s"], broadcast_s=n["broadcast_s"],
+                   regroup_shrink_s=n["regroup_shrink_s"], regroup_grow_s=n["regroup_grow_s"],
+                   regroup_cold_s=n["regroup_cold_s"], prices=Prices(**state["prices"]),
+                   workload=Workload(**state["workload"]), timings=state["timings"])
+
+
+def median_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs.
+
+    ``fn`` must block until its work is done (``jax.block_until_ready``), or the time is
+    only JAX's dispatch time.
+    """
+    _check_count(repeats, "repeats")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with a, b >= 0 (timing noise can push either below 0)."""
+    if len(set(xs)) < 2:
+        x = xs[0]
+        return 0.0, statistics.mean(ys) / x
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    b = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+         / sum((x - mx) ** 2 for x in xs))
+    a = my - b * mx
+    if b < 0:
+        return my, 0.0
+    if a < 0:
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return a, b
+
+
+def calibrate(fn_rollout_step: Callable[[int], Any], fn_train_step: Callable[[], Any], *,
+              rollout_batches: Sequence[int] = (1, 2), train_batch: int = 1,
+              fn_reward: Callable[[], Any] | None = None, reward_batch: int = 1,
+              fn_broadcast: Callable[[], Any] | None = None, repeats: int = 3,
+              warmup: int = 1, cost: CostConfig | None = None,
+              workload: Workload = Workload()) -> MeasuredCost:
+    """Times the real operations of this machine and returns a :class:`MeasuredCost`.
+
+    Args:
+      fn_rollout_step: ``fn(batch)`` runs one denoising step for ``batch`` trajectories
+        (blocking); timed at each of ``rollout_batches`` to fit ``fixed + per_sample x batch``.
+      fn_train_step: ``fn()`` runs one GRPO update on ``train_batch`` trajectories (blocking).
+      fn_reward: optional ``fn()`` scoring ``reward_batch`` images; else
+        ``cost.reward_s_per_image``.
+      fn_broadcast: optional ``fn()`` moving the policy weights to another device set; else 0.
+      repeats, warmup: median of ``repeats`` runs after ``warmup`` untimed ones (compilation).
+      cost: supplies prices and the regroup constants (measured by ``bench.regroup``).
+    """
+    cost = cost or CostConfig(model="measured")
+    batches = [_check_count(b, "rollout batch") for b in rollout_batches]
+    if not batches:
+        raise ValueError("rollout_batches is empty; give at least one batch size")
+    _check_count(train_batch, "train_batch")
+    _check_count(reward_batch, "reward_batch")
+    roll = [median_time(lambda b=b: fn_rollout_step(b), repeats, warmup) for b in batches]
+    fixed, per_sample = _fit_line(batches, roll)
+    train = median_time(fn_train_step, repeats, warmup)
+    timings: dict[str, Any] = {"rollout_step": {str(b): t for b, t in zip(batches, roll)},
+                               "train_step": {"batch": train_batch, "s": train}}
+    reward = cost.reward_s_per_image
+    if fn_reward is not None:
+        t = median_time(fn_reward, repeats, warmup)
+        timings["reward"] = {"batch": reward_batch, "s": t}
+        reward = t / reward_batch
+    bcast = 0.0
+    if fn_broadcast is not None:
+        bcast = median_time(fn_broadcast, repeats, warmup)
+        timings["broadcast"] = bcast
+    return MeasuredCost(rollout_fixed_s=fixed, rollout_per_sample_s=per_sample,
+                        train_per_sample_s=train / train_batch, reward_per_image_s=reward,
+                        broadcast_s=bcast, prices=cost.prices, workload=workload,
+                        regroup_shrink_s=cost.regroup_shrink_s,
+                        regroup_grow_s=cost.regroup_grow_measured_s,
+                        regroup_cold_s=cost.regroup_cold_s, timings=timings)
+
+
+def make_cost_model(cost: CostConfig, workload: Workload = Workload(), *,
+                    model_cfg: MMDiTConfig | None = None,
+                    measured: MeasuredCost | None = None) -> CostModel:
+    """The cost model named by ``cost.model``.
+
+    ``profile``: ``model_cfg`` (default ``cost.profile_model``, the Qwen-Image-like 20B) at
+    ``cost.image_pixels``. ``measured``: the calibration ``measured`` from :func:`calibrate`
+    (or restored with :meth:`MeasuredCost.from_state_dict`).
+    """
+    if cost.model == "profile":
+        return profile_for(model_cfg or cost.profile_model, cost.image_pixels, cost, workload)
+    if cost.model == "measured":
+        if measured is None:
+            raise ValueError("cost.model='measured' needs a calibration: pass "
+                             "measured=cost.calibrate(...) (or MeasuredCost.from_state_dict)")
+        return measured
+    raise ValueError(f"unknown cost model {cost.model!r}; choose one of {COST_MODELS}")

@@ -1,0 +1,335 @@
+"""Clocks (composition, busy/alive accounting, exact state round-trip, events) and cost models
+(FLOP formula vs the real model's jaxpr, profile scaling, prices, calibration, bad inputs)."""
+import dataclasses
+import json
+import math
+import pathlib
+import runpy
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from spotlight_jax import clock as clock_lib
+from spotlight_jax import cost as cost_lib
+from spotlight_jax.clock import DeviceGroup, EventCursor, VirtualClock, WallClock
+from spotlight_jax.cost import CostConfig, Workload
+from spotlight_jax.models import MMDiT, MMDiTConfig
+
+OD = DeviceGroup("od0", "on_demand", 4)
+SPOT = DeviceGroup("spot0", "spot", 2)
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+# ----------------------------------------------------------------------------------- clocks
+
+def test_concurrent_is_max_sequential_is_sum_and_nesting():
+    c = VirtualClock()
+    with c.concurrent() as ph:
+        ph.run("train", OD, 3.0)
+        ph.run("explore", SPOT, 2.5)
+    assert c.now() == 3.0
+    with c.sequential() as ph:
+        ph.run("rollout", OD, 1.0)
+        ph.run("broadcast", SPOT, 0.25)
+    assert c.now() == 4.25
+    # concurrent of (train 2.0) and (explore 1.5 + explore 1.0): the explore chain is longer
+    with c.concurrent() as ph:
+        ph.run("train", OD, 2.0)
+        with ph.sequential() as s:
+            s.run("explore", SPOT, 1.5)
+            s.run("explore", SPOT, 1.0)
+    assert c.now() == 6.75
+    c.charge(OD, 0.25, "select")        # outside phases: advances directly
+    assert c.now() == 7.0
+    assert c.busy_device_seconds("on_demand", "train") == 4 * 5.0
+    assert c.busy_device_seconds("spot", "explore") == 2 * 5.0
+    assert c.busy_device_seconds(label="rollout") == 4.0
+    bd = c.breakdown()
+    # critical path: 3.0 train, 1.0 rollout, 0.25 broadcast, 2.5 explore, 0.25 select
+    assert bd["train"]["critical_s"] == 3.0 and bd["explore"]["critical_s"] == 2.5
+    assert sum(v["critical_s"] for v in bd.values()) == c.now()
+    assert bd["explore"]["charged_s"] == 5.0
+
+
+def test_run_calls_fn_and_returns_its_result():
+    c = VirtualClock()
+    with c.concurrent() as ph:
+        out = ph.run("train", OD, 2.0, lambda a, b=0: a + b, 1, b=2)
+        with ph.timed("explore", SPOT, 1.0):
+            pass
+    assert out == 3 and c.now() == 2.0
+
+
+def test_busy_alive_and_utilisation():
+    c = VirtualClock()
+    c.set_alive("on_demand", 4, at=0.0)
+    c.set_alive("spot", 8, at=0.0)
+    c.set_alive("spot", 6, at=5.0)          # a scheduled preemption at t=5
+    with c.concurrent() as ph:
+        ph.run("train", OD, 10.0)
+        ph.run("explore", SPOT, 4.0)
+    assert c.alive("spot") == 6 and c.alive("spot", at=4.9) == 8
+    assert c.alive_device_seconds("spot") == 8 * 5 + 6 * 5
+    assert c.alive_device_seconds("on_demand") == 40.0
+    c.set_alive("spot", 8, at=12.0)         # a join in the future
+    c.wait(4.0)
+    assert c.alive_device_seconds("spot") == 70 + 6 * 2 + 8 * 2
+    assert c.utilisation("spot") == pytest.approx(2 * 4.0 / 98)
+    assert c.utilisation("on_demand") == pytest.approx(40 / 56)
+    s = c.summary()
+    assert s["busy_spot_device_s"] == 8.0 and s["time_s"] == 14.0
+    with pytest.raises(ValueError, match="time order"):
+        c.set_alive("spot", 2, at=11.0)
+    assert VirtualClock().utilisation("spot") == 0.0
+
+
+def test_state_round_trip_is_exact_through_json():
+    a = VirtualClock()
+    a.set_alive("on_demand", 4, at=0.0)
+    a.set_alive("spot", 8, at=0.0)
+    with a.concurrent() as ph:
+        ph.run("train", OD, 1 / 3)
+        ph.run("explore", SPOT, math.pi / 10)
+    a.set_alive("spot", 5, at=0.1)
+    a.charge(SPOT, 0.7, "rollout")
+    state = a.state_dict()
+    b = VirtualClock()
+    b.load_state_dict(json.loads(json.dumps(state)))
+    assert b.state_dict() == state
+    for clk in (a, b):                       # and both continue identically
+        with clk.concurrent() as ph:
+            ph.run("train", OD, 0.1)
+            ph.run("explore", SPOT, 0.2)
+        clk.set_alive("spot", 7)
+    assert a.state_dict() == b.state_dict() and a.now() == b.now()
+    with pytest.raises(ValueError, match="kind"):
+        WallClock().load_state_dict(state)
+    with a.sequential(), pytest.raises(RuntimeError, match="open"):
+        a.state_dict()
+
+
+def test_wall_clock_measures_real_time():
+    c = WallClock(start=100.0)
+    with c.concurrent() as ph:
+        ph.run("train", OD, None, time.sleep, 0.05)
+        ph.run("explore", SPOT, 0.01)        # a duration the caller measured itself
+    t = c.busy_device_seconds("on_demand", "train") / 4
+    assert 0.045 <= t < 0.5
+    assert c.busy_device_seconds("spot") == pytest.approx(0.02)
+    assert 100.045 <= c.now() < 101.0
+    state = json.loads(json.dumps(c.state_dict()))
+    d = WallClock()
+    d.load_state_dict(state)
+    assert d.now() >= state["now"]
+
+
+def test_events_until_and_cursor_state():
+    @dataclasses.dataclass(frozen=True)
+    class E:
+        time: float
+        kind: str
+
+    events = [E(1.0, "notice"), E(3.0, "loss"), E(3.0, "join"), E(7.5, "loss")]
+    due, nxt = clock_lib.events_until(events, 3.0)
+    assert [e.kind for e in due] == ["notice", "loss", "join"] and nxt == 3
+    cur = EventCursor(events)
+    assert cur.events_until(0.5) == [] and cur.next_time() == 1.0
+    assert len(cur.events_until(3.0)) == 3
+    resumed = EventCursor(events)
+    resumed.load_state_dict(json.loads(json.dumps(cur.state_dict())))
+    assert resumed.events_until(100.0) == [events[3]] and resumed.next_time() is None
+    with pytest.raises(ValueError, match="sorted"):
+        EventCursor([E(2.0, "a"), E(1.0, "b")])
+
+
+def test_roles_match_the_device_pool():
+    from spotlight_jax.elastic.pool import ROLES
+    assert clock_lib.ROLES == ROLES
+
+
+# ------------------------------------------------------------------------------ FLOP count
+
+def _dot_flops(jaxpr, mult=1):
+    """Independent reference: FLOPs of every dot_general / conv in a jaxpr (recursing into
+    sub-jaxprs; scans multiply by their length)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("while", "cond"):
+            raise AssertionError(f"unexpected {name} in the model's jaxpr")
+        if name == "dot_general":
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            a, b = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+            batch = math.prod(a[i] for i in lb)
+            contract = math.prod(a[i] for i in lc)
+            m = math.prod(a[i] for i in range(len(a)) if i not in lc and i not in lb)
+            n = math.prod(b[i] for i in range(len(b)) if i not in rc and i not in rb)
+            total += 2 * batch * m * n * contract * mult
+        elif name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            cout = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+            out = eqn.outvars[0].aval.shape
+            total += 2 * math.prod(out) * (math.prod(rhs) // cout) * mult
+        inner = mult * (eqn.params["length"] if name == "scan" else 1)
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                if hasattr(sub, "eqns"):
+                    total += _dot_flops(sub, inner)
+                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                    total += _dot_flops(sub.jaxpr, inner)
+    return total
+
+
+TINY = [
+    MMDiTConfig(image_size=8, channels=3, patch_size=2, width=32, depth=2, num_heads=2,
+                mlp_ratio=3.0, vocab_size=11, text_len=5, text_width=16, text_layers=1,
+                text_heads=2, conv_stem=4, conv_head=True),
+    MMDiTConfig(image_size=8, channels=4, patch_size=2, width=32, depth=3, num_heads=4,
+                mlp_ratio=4.0, text_len=6, text_width=0, text_embed_dim=12, remat=True,
+                scan_blocks=True),
+]
+
+
+@pytest.mark.parametrize("cfg", TINY, ids=["encoder+conv", "embeddings+scan+remat"])
+def test_flop_formula_matches_the_model_jaxpr(cfg):
+    """The formula counts exactly the matmul/conv FLOPs of the real model (relative error 0:
+    both are integers and must agree); params too."""
+    # Abstract parameters (eval_shape): nothing is initialised or run, only traced.
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(0))))
+    b, f32 = 2, jnp.float32
+    x = jax.ShapeDtypeStruct((b, cfg.image_size, cfg.image_size, cfg.channels), f32)
+    t = jax.ShapeDtypeStruct((b,), f32)
+    tok = (jax.ShapeDtypeStruct((b, cfg.text_len), jnp.int32) if cfg.text_width
+           else jax.ShapeDtypeStruct((b, cfg.text_len, cfg.text_embed_dim), f32))
+    mask = jax.ShapeDtypeStruct((b, cfg.text_len), jnp.bool_)
+    jaxpr = jax.make_jaxpr(lambda st, *a: nnx.merge(graphdef, st)(*a))(state, x, t, tok, mask)
+    ref = _dot_flops(jaxpr.jaxpr)
+    assert cost_lib.forward_flops(cfg, batch=b) == ref
+    n_params = sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(state, nnx.Param)))
+    assert cost_lib.param_count(cfg) == n_params
+
+
+def test_paper_profile_tokens_params_and_flops():
+    p = cost_lib.profile_for(CostConfig().profile_model, 512)
+    assert p.tokens == (256, 1024)                       # 512 / 8 / 2 = 32 -> 1024 patches
+    assert 20.0e9 < p.params < 21.0e9                    # "20B"
+    m, s = p.model, 1280
+    per_block = 2 * s * 3072 * (4 * 3072 + 2 * 12288) + 4 * s * s * 3072
+    assert p.flops == pytest.approx(60 * per_block, rel=2e-3)   # embeddings/adaLN: 0.11%
+    assert m.image_size == 64
+
+
+def test_profile_model_matches_the_qwen_config():
+    from spotlight_jax.builders import model_config
+    cfg = runpy.run_path(str(CONFIGS / "qwen_image_like.py"))["get_config"]()
+    assert model_config(cfg) == CostConfig().profile_model
+
+
+# ---------------------------------------------------------------------------- profile model
+
+def test_profile_scales_with_batch_and_sp_degree():
+    p = cost_lib.make_cost_model(CostConfig(), Workload(lora_rank=32))
+    # compute-bound at batch 8: doubling the batch doubles the step (no comm at SP 1)
+    assert p.rollout_step(16, 1) == pytest.approx(2 * p.rollout_step(8, 1), rel=1e-12)
+    # SP k splits the compute; communication is added on top
+    for k in (2, 4):
+        comp = p.rollout_step(8, 1) / k
+        assert p.rollout_step(8, k) == pytest.approx(comp + p.sp_comm(8, k), rel=1e-12)
+        assert p.rollout_step(8, k) < p.rollout_step(8, k // 2)
+        assert 0 < p.sp_comm(8, k) < 0.1 * comp
+    assert p.sp_strategy(4) == "ulysses" and p.sp_strategy(5) == "ring"   # 24 heads
+    # the weight-streaming floor binds at tiny per-device work
+    floor = p.weight_bytes / (3350e9 * 0.7)
+    assert p.rollout_step(1, 8) == pytest.approx(floor + p.sp_comm(1, 8))
+    assert p.rollout(4, 2) == 10 * p.rollout_step(4, 2)
+    assert p.rollout(4, 2, num_steps=3) == 3 * p.rollout_step(4, 2)
+    # training: 4 steps x (1 fwd + 1 bwd(LoRA) + remat + KL + re-score) x CFG 2 = 40 forwards
+    assert p.train_passes() == 10.0
+    assert p.train_sample(1) == pytest.approx(40 * p.flops / (989e12 * 0.4))
+    assert p.train_sample(4) == pytest.approx(p.train_sample(1) / 4)
+    assert p.train(6, 4) == pytest.approx(6 * p.train_sample(4))
+    full = cost_lib.make_cost_model(CostConfig(lora_rank=0), Workload(kl=False))
+    assert full.train_passes() == 2 * (1 + 2 + 1 + 0 + 1)
+    assert full.broadcast() == pytest.approx(full.weight_bytes * 8 / 100e9)
+    h = cost_lib.make_cost_model(CostConfig(device="a100_sxm"), Workload())
+    assert h.rollout_step(8) == pytest.approx(p.rollout_step(8) * 989 / 312)
+    assert p.regroup("shrink") < p.regroup("grow") < 1.0 < p.regroup("cold")
+    names = {a.name for a in p.describe()}
+    assert {"mfu", "peak_bf16", "spot_price", "forward_flops", "cfg_passes"} <= names
+    assert all(a.source for a in p.describe())
+
+
+def test_cost_config_section_round_trip_and_workload():
+    section = cost_lib.default_cost_config()
+    assert CostConfig.from_config(section) == CostConfig()
+    section.mfu = 0.5
+    assert CostConfig.from_config(section).mfu == 0.5
+    base = runpy.run_path(str(CONFIGS / "base.py"))["get_config"]()
+    w = cost_lib.workload_from_config(base)
+    assert w == Workload(num_steps=10, train_steps=4, inner_epochs=1, kl=True, cfg_passes=1,
+                         lora_rank=0)
+
+
+# ------------------------------------------------------------------------------------ prices
+
+def test_prices_and_dollars_from_alive_time():
+    p = cost_lib.make_cost_model(CostConfig(), Workload())
+    assert p.price_per_hour("on_demand") == 3.90
+    assert p.price_per_hour("spot") == pytest.approx(3.90 * 0.27)       # $1.053
+    assert p.dollars_per_hour({"on_demand": 4, "spot": 8}) == pytest.approx(15.6 + 8 * 1.053)
+    c = VirtualClock()
+    c.set_alive("on_demand", 4, at=0.0)
+    c.set_alive("spot", 8, at=0.0)
+    c.set_alive("spot", 4, at=1800.0)
+    c.run("train", OD, 3600.0)          # spot idle all the time: still paid while alive
+    assert p.dollars(c) == pytest.approx(4 * 3.90 + (8 * 0.5 + 4 * 0.5) * 1.053)
+    cheap = CostConfig(spot_discount=0.77).prices
+    assert cheap.spot_per_hour == pytest.approx(3.90 * 0.23)
+
+
+# ----------------------------------------------------------------------------------- measured
+
+def test_calibrate_fits_rollout_and_round_trips():
+    def rollout(b):
+        time.sleep(0.004 + 0.004 * b)
+
+    m = cost_lib.calibrate(rollout, lambda: time.sleep(0.01), rollout_batches=(1, 3),
+                           train_batch=2, repeats=2, warmup=0,
+                           workload=Workload(num_steps=5))
+    assert m.rollout_step(2) >= 0.008 and m.rollout_step(3) > m.rollout_step(1)
+    assert m.rollout_step(4, 2) == pytest.approx(m.rollout_fixed_s + 2 * m.rollout_per_sample_s)
+    assert m.rollout(1) == 5 * m.rollout_step(1)
+    assert 0.005 <= m.train_sample() < 0.5 and m.train_sample(2) == m.train_sample() / 2
+    assert m.reward(3) == pytest.approx(0.3) and m.broadcast() == 0.0
+    back = cost_lib.MeasuredCost.from_state_dict(json.loads(json.dumps(m.state_dict())))
+    assert back.state_dict() == m.state_dict()
+    assert cost_lib.make_cost_model(CostConfig(model="measured"), measured=m) is m
+    assert {a.name for a in m.describe()} >= {"rollout_per_sample", "sp_scaling", "spot_price"}
+    assert cost_lib._fit_line([1, 2], [2.0, 1.0]) == (1.5, 0.0)   # noise: no negative slope
+
+
+# --------------------------------------------------------------------------------- bad inputs
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: VirtualClock().charge(OD, -1.0, "train"), ">= 0"),
+    (lambda: VirtualClock().run("train", OD, float("nan")), ">= 0"),
+    (lambda: VirtualClock().run("train", OD), "needs the modelled duration"),
+    (lambda: VirtualClock().charge(object(), 1.0, "x"), "on_demand"),
+    (lambda: DeviceGroup("g", "preemptible", 2), r"roles are \('on_demand', 'spot'\)"),
+    (lambda: VirtualClock().set_alive("spot", -1), ">= 0"),
+    (lambda: clock_lib.make_clock("fast"), r"\('virtual', 'wall'\)"),
+    (lambda: CostConfig(device="tpu_v9"), "a100_sxm.*h100_sxm.*h200_sxm"),
+    (lambda: cost_lib.device_spec("b200"), "h100_sxm"),
+    (lambda: CostConfig(model="guess"), r"\('profile', 'measured'\)"),
+    (lambda: CostConfig.from_config({"mfuu": 0.3}), "valid fields"),
+    (lambda: cost_lib.make_cost_model(CostConfig(model="measured")), "calibrat"),
+    (lambda: cost_lib.make_cost_model(CostConfig()).rollout_step(0), "positive integer"),
+    (lambda: cost_lib.make_cost_model(CostConfig()).regroup("warm"), "shrink"),
+    (lambda: cost_lib.Prices().per_hour("reserved"), "on_demand"),
+])
+def test_bad_inputs_raise_value_error_naming_choices(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
