@@ -63,6 +63,7 @@ class _Program:
     fn: Callable
     abstract_args_fn: Callable
     out_specs: object
+    per_mesh: bool = False
 
 
 class ExecutableCache:
@@ -72,7 +73,9 @@ class ExecutableCache:
     given) returns the positional arguments as pytrees of ``jax.ShapeDtypeStruct`` with
     ``sharding=NamedSharding(mesh, spec)``; those shardings become ``in_shardings``. ``out_specs``
     (a pytree of PartitionSpec, or a function of the mesh returning one) become ``out_shardings``;
-    None lets the compiler choose.
+    None lets the compiler choose. With ``per_mesh=True``, ``fn(mesh)`` returns the function to
+    compile (for programs that close over their mesh, e.g. a model whose SP attention runs
+    ``shard_map`` over the group's mesh).
     """
 
     def __init__(self):
@@ -84,18 +87,18 @@ class ExecutableCache:
 
     # ---- filling ---------------------------------------------------------------------------
     def register(self, name: str, fn: Callable, abstract_args_fn: Callable, *,
-                 out_specs=None) -> None:
+                 out_specs=None, per_mesh: bool = False) -> None:
         """Remembers how to build program ``name`` (used by :meth:`precompile` and on a miss)."""
-        self._programs[name] = _Program(fn, abstract_args_fn, out_specs)
+        self._programs[name] = _Program(fn, abstract_args_fn, out_specs, per_mesh)
 
     def precompile(self, name: str, fn: Callable, abstract_args_fn: Callable,
                    meshes: Iterable[Mesh | SPGroup], *, batch_sizes: Sequence[int | None] = (None,),
-                   out_specs=None) -> float:
+                   out_specs=None, per_mesh: bool = False) -> float:
         """Compiles ``fn`` for every mesh (or group) and batch size ahead of time; returns seconds.
 
         Already-cached keys are skipped, so precompiling after a join only compiles what is new.
         """
-        self.register(name, fn, abstract_args_fn, out_specs=out_specs)
+        self.register(name, fn, abstract_args_fn, out_specs=out_specs, per_mesh=per_mesh)
         t0 = time.perf_counter()
         n = 0
         for m in meshes:
@@ -166,7 +169,8 @@ class ExecutableCache:
         kwargs = {"in_shardings": in_shardings}
         if out_specs is not None:
             kwargs["out_shardings"] = jax.tree.map(lambda s: NamedSharding(mesh, s), out_specs)
-        return jax.jit(prog.fn, **kwargs).lower(*args).compile()
+        fn = prog.fn(mesh) if prog.per_mesh else prog.fn
+        return jax.jit(fn, **kwargs).lower(*args).compile()
 
 
 def _call_abstract(fn: Callable, mesh: Mesh, batch_size: int | None):
