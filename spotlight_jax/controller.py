@@ -13,7 +13,6 @@ optimizer, EMA, iteration, history) is checkpointed, so a resumed run repeats th
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
 import time
@@ -23,11 +22,12 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from spotlight_jax import rewards, world
-from spotlight_jax.builders import model_config, sampler_config
+from spotlight_jax import world
+from spotlight_jax.builders import build_mesh, model_config, sampler_config
 from spotlight_jax.checkpoint import RunCheckpointer
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.evaluate import evaluate
+from spotlight_jax.explore.explorer import RolloutEngine
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
@@ -51,45 +51,26 @@ def random_seeds(k: int, n: int, seed: int) -> np.ndarray:
     return rng.integers(0, 2**31 - 1, size=n, dtype=np.int64).astype(np.uint32)
 
 
-class RolloutEngine:
-    """Samples trajectories for (prompt, seed) pairs and scores them, overlapping rewards with
-    sampling through a thread pool."""
-
-    def __init__(self, sampler: Sampler, text_len: int, reward: str, chunk: int):
-        self.sampler, self.text_len, self.chunk = sampler, text_len, chunk
-        self.reward_fn = rewards.get(reward)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-
-    def run(self, state, prompts, seeds):
-        outs, futures = [], []
-        for i in range(0, len(prompts), self.chunk):
-            ps = prompts[i:i + self.chunk]
-            tokens, mask = world.tokenize(ps, self.text_len)
-            out = self.sampler.rollout(state, tokens, mask, seeds[i:i + self.chunk])
-            out = {k: np.asarray(v) for k, v in out.items()}   # waits for this chunk only
-            out["tokens"], out["mask"] = tokens, mask
-            futures.append(self.pool.submit(self.reward_fn, out["images"], ps))
-            outs.append(out)
-        batch = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
-        batch["rewards"] = np.concatenate([f.result() for f in futures])
-        return batch
-
-
 class Run:
     """State and helpers of one post-training run in ``workdir``."""
 
-    def __init__(self, config, workdir, graphdef, base):
+    def __init__(self, config, workdir, graphdef, base, devices=None):
         if config.mode not in MODES:
             raise ValueError(f"unknown mode {config.mode!r}; choose one of {MODES}")
         self.config, self.workdir = config, workdir
+        # The trainer's mesh: parameters placed by the rule table, batches split over data/fsdp.
+        self.mesh = build_mesh(config, devices)
+        base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
         self.rl = grpo_config(config)
         self.train_sampler_cfg = sampler_config(config)
         image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
-        self.trainer = GRPOTrainer(graphdef, base, self.rl, self.train_sampler_cfg)
-        self.sampler = Sampler(graphdef, image_shape, self.train_sampler_cfg)
-        self.eval_sampler = Sampler(graphdef, image_shape, sampler_config(config, evaluation=True))
+        self.trainer = GRPOTrainer(graphdef, base, self.rl, self.train_sampler_cfg,
+                                   mesh=self.mesh)
+        self.sampler = Sampler(graphdef, image_shape, self.train_sampler_cfg, mesh=self.mesh)
+        self.eval_sampler = Sampler(graphdef, image_shape, sampler_config(config, evaluation=True),
+                                    mesh=self.mesh)
         wcfg = world.WorldConfig(image_size=self.mcfg.image_size)
         self.train_prompts = world.train_prompts(wcfg)
         val = world.val_prompts(wcfg)
@@ -170,13 +151,33 @@ class Run:
                     title=f"{self.config.mode}: {self.config.rl.reward}")
 
 
-def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress: bool = True):
-    """Runs ``config.rl.iterations`` post-training iterations; returns the history list."""
+def shard_state(state, mesh):
+    """Places an NNX state on ``mesh`` following the logical-axis rule table."""
+    from flax import nnx  # noqa: PLC0415
+    from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+
+    from spotlight_jax.parallel.sharding import param_specs  # noqa: PLC0415
+
+    specs = param_specs(state, mesh)
+    flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    leaves, treedef = jax.tree.flatten(nnx.to_pure_dict(state))
+    placed = [jax.device_put(a, NamedSharding(mesh, sp)) for a, sp in zip(leaves, flat_specs)]
+    out = jax.tree.map(lambda x: x, state)
+    nnx.replace_by_pure_dict(out, jax.tree.unflatten(treedef, placed))
+    return out
+
+
+def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress: bool = True,
+        devices=None):
+    """Runs ``config.rl.iterations`` post-training iterations; returns the history list.
+
+    ``devices``: the trainer's devices (default: all); the mesh comes from ``config.mesh``.
+    """
     if config.mode != "flow_grpo":
         raise NotImplementedError(
             f"mode {config.mode!r} is not available yet in this version; use "
             "--config.mode=flow_grpo")
-    r = Run(config, workdir, graphdef, base)
+    r = Run(config, workdir, graphdef, base, devices)
     r.maybe_restore()
     c = config
     if r.iteration == 0 and not r.history:

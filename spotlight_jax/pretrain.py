@@ -76,7 +76,10 @@ def make_train_step(graphdef, optimizer, cfg: PretrainConfig):
         loss, grads = jax.value_and_grad(loss_fn)(state)
         updates, opt_state = optimizer.update(grads, opt_state, state)
         state = optax.apply_updates(state, updates)
-        ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, state)
+        # EMA warm-up: early on the average must not be dominated by the initial weights
+        # (adaLN-Zero init predicts v = 0, so a cold EMA samples washed-out noise).
+        decay = jnp.minimum(cfg.ema, (1.0 + step_idx) / (10.0 + step_idx))
+        ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, state)
         return state, opt_state, ema, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     return jax.jit(step, donate_argnums=(0, 1, 2))
@@ -108,8 +111,10 @@ class Prefetcher:
 
 def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: SamplerConfig, *,
              workdir: str, world_cfg=None, seed: int = 0, start_step: int = 0, opt_state=None,
-             ema=None, progress: bool = True, log_name: str = "pretrain"):
-    """Runs ``cfg.steps`` of flow-matching pretraining; returns ``(state, ema, history)``."""
+             ema=None, progress: bool = True, log_name: str = "pretrain", on_eval=None):
+    """Runs ``cfg.steps`` of flow-matching pretraining; returns ``(state, opt_state, ema,
+    history)``. ``on_eval(step, state, ema, result)`` is called after each evaluation (snapshots).
+    """
     world_cfg = world_cfg or world.WorldConfig(image_size=model_cfg.image_size)
     optimizer = make_optimizer(cfg)
     opt_state = optimizer.init(state) if opt_state is None else opt_state
@@ -156,6 +161,8 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
             bar.set_postfix(loss=f"{loss:.4f}")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             res = run_eval(step + 1)
+            if on_eval is not None:
+                on_eval(step + 1, state, ema, res)
             accs = " ".join(f"{k[4:]}={v:.2f}" for k, v in res.items() if k.startswith("acc_"))
             bar.write(f"step {step + 1}: held-out reward {res['reward']:.3f} {accs}")
     data.close()

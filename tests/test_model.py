@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 from helpers import MICRO, micro_model
-from jax.sharding import NamedSharding
 
 from spotlight_jax import world
+from spotlight_jax.controller import shard_state
 from spotlight_jax.models import AttentionSpec, MMDiT
 from spotlight_jax.parallel import MeshConfig, make_mesh
-from spotlight_jax.parallel.sharding import param_specs
 
 
 def inputs(cfg, b=4, seed=0):
@@ -71,8 +70,7 @@ def reference():
 def test_sharded_forward_backward_matches_single_device(reference, strategy):
     cfg, graphdef, state, x, loss, v0, g0 = reference
     mesh = make_mesh(jax.devices(), MeshConfig(data=2, fsdp=1, sp=4))
-    specs = param_specs(state, mesh)
-    sharded = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), state, specs)
+    sharded = shard_state(state, mesh)
     attn = AttentionSpec(mesh=mesh, strategy=strategy)
     (l1, v1), g1 = jax.jit(jax.value_and_grad(lambda s: loss(s, attn), has_aux=True))(sharded)
     rel = float(jnp.max(jnp.abs(v1 - v0)) / jnp.max(jnp.abs(v0)))

@@ -147,11 +147,24 @@ class Sampler:
     mask, seeds, num)`` continues a committed trajectory for ``num`` steps.
     """
 
-    def __init__(self, graphdef, image_shape, cfg: SamplerConfig, attn=AttentionSpec()):
+    def __init__(self, graphdef, image_shape, cfg: SamplerConfig, attn=AttentionSpec(),
+                 mesh=None):
         self.graphdef = graphdef
         self.image_shape = tuple(image_shape)
         self.cfg = cfg.validate()
         self.attn = attn
+        self.mesh = mesh if mesh is not None else attn.mesh
+
+    def _place(self, x):
+        """Per-sample inputs are split over the mesh's (data, fsdp) axes when that divides the
+        batch, so a replicated-parameter mesh runs data-parallel instead of redundantly."""
+        if self.mesh is None:
+            return x
+        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+
+        n = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
+        spec = PartitionSpec(("data", "fsdp")) if x.shape[0] % n == 0 else PartitionSpec()
+        return jax.device_put(x, NamedSharding(self.mesh, spec))
 
     @functools.cached_property
     def _rollout(self):
@@ -174,8 +187,10 @@ class Sampler:
         return jax.jit(run, static_argnums=(6,))
 
     def rollout(self, state, tokens, mask, seeds):
-        return self._rollout(state, tokens, mask, jnp.asarray(seeds, jnp.uint32))
+        p = self._place
+        return self._rollout(state, p(tokens), p(mask), p(jnp.asarray(seeds, jnp.uint32)))
 
     def segment(self, state, x, start, tokens, mask, seeds, num: int):
-        return self._segment(state, x, jnp.asarray(start, jnp.int32), tokens, mask,
-                             jnp.asarray(seeds, jnp.uint32), int(num))
+        p = self._place
+        return self._segment(state, p(x), jnp.asarray(start, jnp.int32), p(tokens), p(mask),
+                             p(jnp.asarray(seeds, jnp.uint32)), int(num))

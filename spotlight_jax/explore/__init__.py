@@ -3,6 +3,7 @@
 * ``max_variance_subset`` (contract): which G of a prompt's explored seeds to train on.
 * ``Planner`` / ``PlannerConfig``: how many candidate seeds each prompt gets within an exploration
   time budget (UCB / Thompson sampling / uniform), with JSON-exact state.
+* ``Explorer`` / ``RolloutEngine``: rewards of candidate seeds under a (stale) policy.
 * ``stats``: Kendall tau-b, Spearman rho and bootstrap CIs for the exploration studies.
 """
 from spotlight_jax.explore.selection import (
@@ -13,8 +14,12 @@ from spotlight_jax.explore.selection import (
 from spotlight_jax.explore.stats import bootstrap_mean_ci, kendall_tau_b, spearman_rho
 
 _LAZY = {"Planner", "PlannerConfig", "simulate"}
+_LAZY_EXPLORER = {"Explorer", "RolloutEngine", "candidate_seeds"}
 
 __all__ = [
+    "Explorer",
+    "RolloutEngine",
+    "candidate_seeds",
     "Planner",
     "PlannerConfig",
     "bootstrap_mean_ci",
@@ -34,4 +39,8 @@ def __getattr__(name):
         from spotlight_jax.explore import planner
 
         return getattr(planner, name)
+    if name in _LAZY_EXPLORER:
+        from spotlight_jax.explore import explorer
+
+        return getattr(explorer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,8 +10,10 @@ attributed to groups by color. Constraint scores, each in [0, 1]:
             0 when no component of any asked color exists. Graded rather than exact match because
             RL needs a signal when a model draws 6 blobs for 2 objects (5 -> 4 blobs is progress);
             extras are errors because the renderer never draws them.
-  shape     mean over groups of the fraction of that color's components whose detected shape
-            (best template IoU >= cfg.shape_min_iou) is the asked one; 0 for an absent color.
+  shape     mean over groups, over that color's components, of 1 if the detected shape (best
+            template IoU >= cfg.shape_min_iou) is the asked one, else 0.5 * clip((IoU with the
+            asked template - 0.5) / (shape_min_iou - 0.5), 0, 1) (a slope for RL); 0 for an
+            absent color. `exact` counts only the first case.
   position  (position prompts) largest component of each of the two colors; d = centroid offset
             along the relation's axis in the asked direction (y grows downwards); score
             clip(d / (cfg.position_margin * image_size), 0, 1): 3.2 px of separation at 32x32 earns
@@ -75,8 +77,14 @@ def constraint_breakdown(
             present += n
             color_s.append(float(n > 0))
             err += abs(n - g.count)
-            ok = dets.shape[mine] == cfg.shapes.index(g.shape)
-            shape_s.append(float(ok.mean()) if n else 0.0)
+            want = cfg.shapes.index(g.shape)
+            ok = dets.shape[mine] == want
+            # Graded credit: 1 for a component classified as the asked shape, else up to 0.5
+            # for how close it is to the asked template (IoU from 0.5 to shape_min_iou), so RL
+            # sees a slope from a blob toward the shape instead of a cliff.
+            near = np.clip((dets.shape_ious[mine, want] - 0.5) / (cfg.shape_min_iou - 0.5),
+                           0.0, 1.0)
+            shape_s.append(float(np.where(ok, 1.0, 0.5 * near).mean()) if n else 0.0)
             largest.append(mine[np.argmax(dets.area[mine])] if n else None)
         asked = {cfg.colors.index(g.color) + 1 for g in spec.groups}
         n_extra = int(sum(c not in asked for c in cls))

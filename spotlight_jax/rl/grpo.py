@@ -133,11 +133,17 @@ class GRPOTrainer:
     minibatch.
     """
 
-    def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig):
+    def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig, mesh=None):
         self.graphdef, self.cfg, self.sampler = graphdef, cfg, sampler
+        self.mesh = mesh
         self.base = base_state
         if cfg.lora_rank:
             self.trainable = lora_lib.init_lora(base_state, cfg.lora_rank, jax.random.key(0))
+            if mesh is not None:
+                from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+
+                rep = NamedSharding(mesh, PartitionSpec())
+                self.trainable = jax.device_put(self.trainable, rep)
         else:
             self.trainable = jax.tree.map(jnp.copy, base_state)
         self.tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
@@ -198,6 +204,16 @@ class GRPOTrainer:
         k = self.cfg.train_steps
         return jax.jit(lambda key, n: select_steps(key, stochastic, n, k), static_argnums=1)
 
+    def _place(self, x):
+        """Batch arrays go to the trainer's mesh split over (data, fsdp) when that divides."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+
+        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        spec = PartitionSpec(("data", "fsdp")) if x.shape[0] % n == 0 else PartitionSpec()
+        return jax.device_put(x, NamedSharding(self.mesh, spec))
+
     def merged_traced(self, trainable, base):
         if self.cfg.lora_rank:
             return lora_lib.merge(base, trainable, self.cfg.lora_alpha / self.cfg.lora_rank)
@@ -223,7 +239,7 @@ class GRPOTrainer:
             perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 2 * epoch), n))
             for i in range(mb):
                 sel = perm[i * size:(i + 1) * size]
-                sub = {k: jnp.asarray(np.asarray(v)[sel]) for k, v in batch.items()}
+                sub = {k: self._place(np.asarray(v)[sel]) for k, v in batch.items()}
                 idx = self._select(jax.random.fold_in(key, 2 * (epoch * mb + i) + 1), size)
                 plan.append((sub, idx))
         devs = []

@@ -92,7 +92,8 @@ class Detections:
 
     image: which image; cls: detector class (index into cfg.class_names); area: pixels;
     cy, cx: centroid (pixel centers, y down); y0, x0, y1, x1: inclusive bounding box;
-    shape: index into cfg.shapes or -1 for "none"; shape_iou: IoU with the best template.
+    shape: index into cfg.shapes or -1 for "none"; shape_iou: IoU with the best template;
+    shape_ious: [n, n_shapes] IoU with every template (0 where the size/aspect gates failed).
     `labels` is the per-pixel map [B, H, W] of the index of the kept component covering each pixel
     (an index into the arrays above), -1 elsewhere.
     """
@@ -108,6 +109,7 @@ class Detections:
     x1: np.ndarray
     shape: np.ndarray
     shape_iou: np.ndarray
+    shape_ious: np.ndarray
     labels: np.ndarray
 
     def __len__(self) -> int:
@@ -118,23 +120,25 @@ class Detections:
         return np.flatnonzero(self.image == b)
 
 
-def _classify_shape(crop: np.ndarray, cfg: WorldConfig) -> tuple[int, float]:
+def _classify_shape(crop: np.ndarray, cfg: WorldConfig) -> tuple[int, float, np.ndarray]:
+    """(best shape or -1, its IoU, IoU with every template); gated components get all zeros."""
     h, w = crop.shape
     best, best_iou = -1, 0.0
+    ious = np.zeros(len(cfg.shapes), np.float64)
     if max(h, w) > cfg.shape_max_aspect * min(h, w):
-        return best, best_iou
+        return best, best_iou, ious
     if min(h, w) < cfg.shape_min_frac * cfg.size_range[0]:
-        return best, best_iou
+        return best, best_iou, ious
     n = crop.sum()
     for k, s in enumerate(cfg.shapes):
         t = shape_mask(s, h, w)
         inter = np.logical_and(crop, t).sum()
-        iou = inter / (n + t.sum() - inter)
-        if iou > best_iou:
-            best, best_iou = k, float(iou)
+        ious[k] = inter / (n + t.sum() - inter)
+        if ious[k] > best_iou:
+            best, best_iou = k, float(ious[k])
     if best_iou < cfg.shape_min_iou:
         best = -1
-    return best, best_iou
+    return best, best_iou, ious
 
 
 def detect(images, cfg: WorldConfig = DEFAULT, classes: np.ndarray | None = None) -> Detections:
@@ -173,12 +177,13 @@ def detect(images, cfg: WorldConfig = DEFAULT, classes: np.ndarray | None = None
     cls = cls_map.reshape(-1)[roots_k]
     shape = np.full(n, -1, np.int64)
     shape_iou = np.zeros(n, np.float64)
+    shape_ious = np.zeros((n, len(cfg.shapes)), np.float64)
     text_cls = len(cfg.class_names) - 1
     for k in range(n):
         if cls[k] == text_cls:
             continue
         crop = lab[image[k], y0[k] : y1[k] + 1, x0[k] : x1[k] + 1] == k
-        shape[k], shape_iou[k] = _classify_shape(crop, cfg)
+        shape[k], shape_iou[k], shape_ious[k] = _classify_shape(crop, cfg)
     return Detections(
         image=image,
         cls=cls,
@@ -191,6 +196,7 @@ def detect(images, cfg: WorldConfig = DEFAULT, classes: np.ndarray | None = None
         x1=x1,
         shape=shape,
         shape_iou=shape_iou,
+        shape_ious=shape_ious,
         labels=lab,
     )
 
