@@ -33,6 +33,7 @@ def get_config():
     m.remat = True
     m.scan_blocks = True
     c.num_cpu_devices = 8
+    c.trainer_devices = 0
     c.mesh.data = 1
     c.mesh.fsdp = -1
     c.mesh.sp = 4

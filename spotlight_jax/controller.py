@@ -1,12 +1,27 @@
 """The controller: runs post-training iterations for every mode on top of the library layers.
 
-Modes (contract, ``config.mode``): ``flow_grpo`` (random seeds, on-demand devices only),
-``explore_sync``, ``spot_rollout``, ``spotlight``. One iteration of ``flow_grpo``:
+Modes (contract, ``config.mode``), one iteration k each:
 
-  prompts P_k and seeds (pure functions of (run seed, k))
-  -> rollouts with the current policy (chunked; rewards of chunk i run in a thread pool while
-     chunk i+1 samples) -> GRPO advantages -> GRPO update -> periodic held-out evaluation
-     (ODE sampler, fixed seeds) -> periodic checkpoint of the full state.
+* ``flow_grpo``: prompts P_k, G random seeds each (pure functions of (run seed, k)); rollouts with
+  the current policy on the on-demand devices (chunked; rewards of chunk i run in a thread pool
+  while chunk i+1 samples) -> GRPO advantages -> GRPO update.
+* ``explore_sync``: before the rollout, G + extra candidate seeds per prompt are rolled out with
+  the current policy on the critical path; the max-variance G-subset of each prompt is trained on
+  directly (those rollouts *are* on-policy training rollouts, never run twice).
+* ``spot_rollout``: as ``flow_grpo``, with spot devices helping with rollouts; they idle while
+  the on-demand devices train.
+* ``spotlight``: rollouts of P_k from the seeds S_k chosen last iteration, on on-demand + spot
+  devices; then *concurrently* the GRPO update θ_k -> θ_{k+1} on the on-demand devices and
+  exploration of candidate seeds for P_{k+1} with the stale θ_k on the spot devices, as many as
+  the bandit planner fits into the training time; S_{k+1} = max-variance G-subsets; the planner
+  learns from the explored pools. Training stays on-policy: the next rollout re-runs the chosen
+  seeds with θ_{k+1}. With no spot device alive it degrades to ``flow_grpo`` and says so.
+
+Every mode then runs a periodic held-out evaluation (ODE sampler, fixed seeds) and a periodic
+checkpoint of the full state (policy, optimizer, EMA, planner, next seeds, clock, trace cursor).
+The learning is real computation; the time and dollar axes come from ``spotlight_jax.emulation``
+(a virtual clock charged by a cost model and a spot trace), so a CPU run reproduces the
+deployment's timeline.
 
 Everything random is a function of (config.seed, iteration), and the full state (policy,
 optimizer, EMA, iteration, history) is checkpointed, so a resumed run repeats the same numbers.
@@ -26,8 +41,11 @@ from spotlight_jax import world
 from spotlight_jax.builders import build_mesh, model_config, sampler_config
 from spotlight_jax.checkpoint import RunCheckpointer
 from spotlight_jax.diffusion import Sampler
+from spotlight_jax.emulation import Deployment
 from spotlight_jax.evaluate import evaluate
-from spotlight_jax.explore.explorer import RolloutEngine
+from spotlight_jax.explore import max_variance_subset
+from spotlight_jax.explore.explorer import Explorer, RolloutEngine, candidate_seeds
+from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
@@ -46,9 +64,9 @@ def iteration_prompts(prompts, k: int, n: int, seed: int):
     return [prompts[i] for i in rng.choice(len(prompts), n, replace=False)]
 
 
-def random_seeds(k: int, n: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng([seed, k, 23])
-    return rng.integers(0, 2**31 - 1, size=n, dtype=np.int64).astype(np.uint32)
+def group_seeds(run_seed: int, k: int, num_prompts: int, group_size: int) -> list[np.ndarray]:
+    """The random baseline's seeds: the first G exploration candidates of each prompt slot."""
+    return [candidate_seeds(run_seed, k, i, group_size) for i in range(num_prompts)]
 
 
 class Run:
@@ -57,8 +75,10 @@ class Run:
     def __init__(self, config, workdir, graphdef, base, devices=None):
         if config.mode not in MODES:
             raise ValueError(f"unknown mode {config.mode!r}; choose one of {MODES}")
-        self.config, self.workdir = config, workdir
+        self.config, self.workdir, self.mode = config, workdir, config.mode
         # The trainer's mesh: parameters placed by the rule table, batches split over data/fsdp.
+        if devices is None and config.get("trainer_devices", 0):
+            devices = jax.devices()[:config.trainer_devices]
         self.mesh = build_mesh(config, devices)
         base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
@@ -79,12 +99,22 @@ class Run:
         self.val_prompts = [val[i] for i in sorted(rng.choice(len(val), n_eval, replace=False))]
         self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, config.rl.reward,
                                     chunk=max(config.rl.group_size, 32))
+        self.explorer = Explorer(self.engine)
         self.writer = MetricWriter(workdir, "rl")
         self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"),
                                     config.checkpoint.max_to_keep)
         self.key = jax.random.key(config.seed)
         self.iteration = 0
         self.history: list[dict] = []
+        self.next_seeds: list[list[int]] | None = None   # spotlight: S_{k+1}
+        self.deploy = Deployment(config)
+        e = config.explore
+        key_fn = world.grammar.kind_of if e.cluster_by_kind else None
+        self.planner = Planner(PlannerConfig(group_size=config.rl.group_size,
+                                             algorithm=e.algorithm,
+                                             max_extra_per_prompt=e.max_extra_per_prompt,
+                                             seed=config.seed), key_fn=key_fn)
+        self._degraded_logged = False
 
     # -- checkpointing -------------------------------------------------------------------------
     def _tree(self):
@@ -92,9 +122,10 @@ class Run:
                 "ema": self.trainer.ema if self.trainer.ema is not None else {}}
 
     def save(self):
-        self.ckpt.save(self.iteration, self._tree(),
-                       {"iteration": self.iteration, "history": self.history,
-                        "mode": self.config.mode})
+        self.ckpt.save(self.iteration, self._tree(), {
+            "iteration": self.iteration, "history": self.history, "mode": self.mode,
+            "next_seeds": self.next_seeds, "planner": self.planner.state_dict(),
+            "deployment": self.deploy.state_dict()})
 
     def maybe_restore(self) -> bool:
         got = self.ckpt.restore(self._tree())
@@ -105,19 +136,48 @@ class Run:
         if self.trainer.ema is not None:
             self.trainer.ema = tree["ema"]
         self.iteration, self.history = int(meta["iteration"]), list(meta["history"])
+        self.next_seeds = meta.get("next_seeds")
+        if "planner" in meta:
+            self.planner.load_state_dict(meta["planner"])
+        if "deployment" in meta:
+            self.deploy.load_state_dict(meta["deployment"])
         logging.info("resumed from iteration %d in %s", step, self.ckpt.directory)
         return True
 
-    # -- one iteration -------------------------------------------------------------------------
-    def rollout_batch(self, k: int):
+    # -- phases --------------------------------------------------------------------------------
+    def prompts(self, k: int) -> list[str]:
         c = self.config
-        prompts = iteration_prompts(self.train_prompts, k, c.rl.prompts_per_iter, c.seed)
-        flat = [p for p in prompts for _ in range(c.rl.group_size)]
-        seeds = random_seeds(k, len(flat), c.seed)
+        return iteration_prompts(self.train_prompts, k, c.rl.prompts_per_iter, c.seed)
+
+    def rollout(self, prompts, seeds_per_prompt) -> dict:
+        flat = [p for p, ss in zip(prompts, seeds_per_prompt) for _ in range(len(ss))]
+        seeds = np.concatenate([np.asarray(ss, np.uint32) for ss in seeds_per_prompt])
         batch = self.engine.run(self.trainer.policy_state(), flat, seeds)
-        batch["prompt_ids"] = np.repeat(np.arange(len(prompts)), c.rl.group_size)
+        batch["prompt_ids"] = np.repeat(np.arange(len(prompts)),
+                                        [len(ss) for ss in seeds_per_prompt])
         batch["seeds"] = seeds
-        return batch, flat
+        return batch
+
+    def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False):
+        """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
+        ``state``, selects each prompt's max-variance G-subset, and updates the planner."""
+        k_next = self.iteration
+        G = self.config.rl.group_size
+        plan = self.planner.plan(prompts, budget_s, per_candidate_s)
+        cands = [candidate_seeds(self.config.seed, k_next, i, plan[p])
+                 for i, p in enumerate(prompts)]
+        out = self.explorer.score(state, prompts, cands, keep_trajectories=keep)
+        rewards, batch = out if keep else (out, None)
+        chosen, gains = [], []
+        for p, r in zip(prompts, rewards):
+            self.planner.update(p, r)
+            idx = max_variance_subset(r, G)
+            chosen.append(idx)
+            gains.append(float(np.var(r[idx]) - np.var(r[:G])))
+        n = int(sum(len(c) for c in cands))
+        info = {"explore_candidates": n, "explore_extra": n - G * len(prompts),
+                "explore_var_gain": float(np.mean(gains))}
+        return cands, chosen, batch, info
 
     def train_on(self, batch, k: int) -> dict:
         adv = advantages(batch["rewards"], batch["prompt_ids"], global_std=self.rl.global_std,
@@ -137,6 +197,77 @@ class Run:
                   images[::c.rl.eval_seeds][:32], cols=8)
         return res
 
+    # -- one iteration -------------------------------------------------------------------------
+    def step(self, k: int) -> dict:
+        c, d, clock = self.config, self.deploy, self.deploy.clock
+        G, P = c.rl.group_size, c.rl.prompts_per_iter
+        prompts = self.prompts(k)
+        n = P * G
+        spot_ok = d.spot_devices > 0
+        if self.mode in ("spot_rollout", "spotlight") and not spot_ok and not self._degraded_logged:
+            logging.warning("no spot device is alive: running as flow_grpo until one joins")
+            self._degraded_logged = True
+        if spot_ok:
+            self._degraded_logged = False
+        row: dict = {"iteration": k + 1}
+        t0 = time.time()
+        # ---- rollout phase -------------------------------------------------------------------
+        if self.mode == "explore_sync":
+            budget = c.explore.sync_extra_per_prompt * P * d.od_seconds_per_candidate()
+            cands, chosen, ebatch, info = self.explore(
+                self.trainer.policy_state(), prompts, budget, d.od_seconds_per_candidate(),
+                keep=True)
+            offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
+            sel = np.concatenate([o + i for o, i in zip(offsets, chosen)])
+            batch = {kk: v[sel] for kk, v in ebatch.items()}
+            batch["prompt_ids"] = np.repeat(np.arange(P), G)
+            n_roll = info["explore_candidates"]
+            clock.run("explore_sync", d.od, d.rollout_s(n_roll, use_spot=False))
+            row.update(info)
+        else:
+            if self.mode == "spotlight" and self.next_seeds is not None:
+                seeds = [np.asarray(ss, np.uint32) for ss in self.next_seeds]
+            else:
+                seeds = group_seeds(c.seed, k, P, G)
+            batch = self.rollout(prompts, seeds)
+            use_spot = self.mode in ("spot_rollout", "spotlight") and spot_ok
+            clock.run("rollout", d.od, d.rollout_s(n, use_spot))
+            if use_spot:
+                clock.charge(d.spot_group(), 0.0, "rollout")
+        clock.run("reward", d.od, d.reward_s(n))
+        t1 = time.time()
+        d.advance(busy_spot_phase_s=d.rollout_s(n, True) if self.mode in
+                  ("spot_rollout", "spotlight") else 0.0)
+        # ---- train (+ concurrent exploration in spotlight mode) ------------------------------
+        stale_state = self.trainer.policy_state()          # θ_k, before the update
+        train_s = d.train_s(n)
+        explore_info = {}
+        with clock.concurrent() as phase:
+            phase.run("train", d.od, train_s)
+            if self.mode == "spotlight" and d.spot_devices > 0:
+                self.iteration = k + 1                     # candidates are for iteration k+1
+                budget = c.explore.budget_frac * train_s * d.spot_devices
+                per = d.spot_seconds_per_candidate()
+                cands, chosen, _, explore_info = self.explore(stale_state, self.prompts(k + 1),
+                                                              budget, per)
+                spent = explore_info["explore_candidates"] * per / max(d.spot_devices, 1)
+                phase.run("explore", d.spot_group(), spent)
+                self.next_seeds = [[int(s) for s in cc[i]] for cc, i in zip(cands, chosen)]
+            elif self.mode == "spotlight":
+                self.next_seeds = None
+        m = self.train_on(batch, k)
+        t2 = time.time()
+        if self.mode in ("spot_rollout", "spotlight") and d.spot_devices > 0:
+            clock.run("broadcast", d.spot_group(), d.cost.broadcast())
+        d.advance()
+        row.update(reward_mean=float(batch["rewards"].mean()),
+                   reward_std=float(batch["rewards"].std()), **m, **explore_info,
+                   time_rollout=t1 - t0, time_train=t2 - t1,
+                   vtime_s=clock.now(), dollars=d.dollars(), spot_alive=d.spot_devices,
+                   spot_util=clock.utilisation("spot"), **dict(d.stats))
+        self.iteration = k + 1
+        return row
+
     def plot(self):
         evals = [h for h in self.history if "val_reward" in h]
         if not evals:
@@ -148,7 +279,7 @@ class Run:
             series["train rollouts (SDE)"] = ([h["iteration"] for h in trains],
                                               [h["reward_mean"] for h in trains])
         plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
-                    title=f"{self.config.mode}: {self.config.rl.reward}")
+                    title=f"{self.mode}: {self.config.rl.reward}")
 
 
 def shard_state(state, mesh):
@@ -173,39 +304,41 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
 
     ``devices``: the trainer's devices (default: all); the mesh comes from ``config.mesh``.
     """
-    if config.mode != "flow_grpo":
-        raise NotImplementedError(
-            f"mode {config.mode!r} is not available yet in this version; use "
-            "--config.mode=flow_grpo")
     r = Run(config, workdir, graphdef, base, devices)
     r.maybe_restore()
     c = config
     if r.iteration == 0 and not r.history:
         res = r.evaluate(0)
-        r.history.append({"iteration": 0, **{f"val_{k}": v for k, v in res.items()}})
+        r.history.append({"iteration": 0, "vtime_s": 0.0, "dollars": 0.0,
+                          **{f"val_{k}": v for k, v in res.items()}})
         r.writer.write(0, **{f"val/{k}": v for k, v in res.items()})
     bar = tqdm(range(r.iteration, c.rl.iterations), initial=r.iteration, total=c.rl.iterations,
                desc=c.mode, disable=not progress, dynamic_ncols=True)
+    budget_s = 60.0 * c.rl.get("max_minutes", 0.0)
+    spent = sum(h.get("time_rollout", 0.0) + h.get("time_train", 0.0) for h in r.history)
     for k in bar:
-        t0 = time.time()
-        batch, _ = r.rollout_batch(k)
-        t1 = time.time()
-        m = r.train_on(batch, k)
-        t2 = time.time()
-        row = {"iteration": k + 1, "reward_mean": float(batch["rewards"].mean()),
-               "reward_std": float(batch["rewards"].std()), **m,
-               "time_rollout": t1 - t0, "time_train": t2 - t1}
-        r.iteration = k + 1
-        if c.rl.eval_every and (r.iteration % c.rl.eval_every == 0
+        row = r.step(k)
+        spent += row["time_rollout"] + row["time_train"]
+        out_of_time = bool(budget_s) and spent >= budget_s
+        row["rl_time_s"] = spent
+        if c.rl.eval_every and (r.iteration % c.rl.eval_every == 0 or out_of_time
                                 or r.iteration == c.rl.iterations):
             res = r.evaluate(r.iteration)
             row.update({f"val_{kk}": v for kk, v in res.items()})
         r.history.append(row)
         r.writer.write(r.iteration, **{k2: v for k2, v in row.items() if k2 != "iteration"})
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{m['kl']:.2e}")
-        if r.iteration % c.checkpoint.every == 0 or r.iteration == c.rl.iterations:
+        post = {"reward": f"{row['reward_mean']:.3f}", "kl": f"{row['kl']:.1e}"}
+        if c.mode in ("spot_rollout", "spotlight"):
+            post.update(spot=row["spot_alive"], preempt=row["preemptions"])
+        bar.set_postfix(post)
+        if (r.iteration % c.checkpoint.every == 0 or r.iteration == c.rl.iterations
+                or out_of_time):
             r.save()
             r.plot()
+        if out_of_time:
+            logging.info("rl.max_minutes=%s reached after %d iterations", c.rl.max_minutes,
+                         r.iteration)
+            break
     r.ckpt.close()
     r.writer.close()
     return r.history

@@ -101,10 +101,16 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
     return logp, logp_old, kl, rows
 
 
-def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_model=None):
+def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_model=None,
+              on_policy: bool = False):
+    """Clipped GRPO loss and metrics. ``on_policy``: the weights are the ones that sampled the
+    batch (first minibatch of an iteration), so the old log-prob *is* this forward's log-prob."""
     logp, logp_old, kl, rows = step_terms(model, batch["latents"], batch["log_probs"], idx,
                                           batch["tokens"], batch["mask"], sampler, ref_model)
-    if "logp_old" in batch:  # re-scored by the training forward (see GRPOTrainer.update)
+    rollout_dev = jnp.max(jnp.abs(logp - logp_old))
+    if on_policy:
+        logp_old = jax.lax.stop_gradient(logp)
+    elif "logp_old" in batch:  # re-scored with the pre-update weights (GRPOTrainer.update)
         logp_old = batch["logp_old"]
     adv = batch["advantages"][rows]
     ratio = jnp.exp(logp - logp_old)
@@ -121,6 +127,7 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
         "clip_frac": ((jnp.abs(ratio - 1) > cfg.clip_eps) * weight).sum() / denom,
         "approx_kl": (0.5 * (logp - logp_old) ** 2 * weight).sum() / denom,
         "ratio_dev": jnp.max(jnp.abs(ratio - 1)),
+        "rollout_logp_dev": rollout_dev,
     }
     return loss, metrics
 
@@ -168,12 +175,12 @@ class GRPOTrainer:
     def _make_step(self):
         cfg, sampler, graphdef = self.cfg, self.sampler, self.graphdef
 
-        def step(trainable, opt_state, ema, base, batch, idx):
+        def step(trainable, opt_state, ema, base, batch, idx, on_policy):
             ref = nnx.merge(graphdef, base) if cfg.beta > 0 else None
 
             def loss_fn(t):
                 model = nnx.merge(graphdef, self.merged_traced(t, base))
-                return grpo_loss(model, batch, idx, sampler, cfg, ref)
+                return grpo_loss(model, batch, idx, sampler, cfg, ref, on_policy)
 
             (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
             gnorm = optax.tree.norm(grads)
@@ -183,7 +190,7 @@ class GRPOTrainer:
                 ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
             return trainable, opt_state, ema, {**metrics, "loss": loss, "grad_norm": gnorm}
 
-        return jax.jit(step, donate_argnums=(0, 1, 2))
+        return jax.jit(step, donate_argnums=(0, 1, 2), static_argnums=(6,))
 
     @functools.cached_property
     def _score(self):
@@ -223,10 +230,12 @@ class GRPOTrainer:
         """Runs the optimizer steps of one iteration on ``batch`` (numpy/jax arrays with
         ``latents [B,T+1,...]``, ``log_probs [B,T]``, ``advantages [B]``, ``tokens``, ``mask``).
 
-        The old log-probs of every trained (trajectory, step) pair are first re-scored with the
-        pre-update policy by the training forward itself: the rollout's own log-probs come from
-        a program with other batch shapes, whose float rounding differs by ~1e-7 (reported as
-        ``rollout_logp_dev``), and PPO's ratio must be exactly 1 before the first update.
+        Old log-probs: the rollout's own come from a program with other batch shapes, whose
+        float rounding differs by ~1e-7 (reported as ``rollout_logp_dev``). So the first
+        minibatch, still on the sampling weights, takes its old log-prob from its own forward
+        (ratio exactly 1), and later minibatches use log-probs re-scored with the pre-update
+        weights before any update (``rescore_dev`` reports how far those were from the
+        rollout's).
         """
         n = batch["latents"].shape[0]
         mb = self.cfg.minibatches
@@ -248,13 +257,15 @@ class GRPOTrainer:
             sub["logp_old"] = logp
             devs.append(dev)
         metrics = []
-        for sub, idx in plan:
+        for i, (sub, idx) in enumerate(plan):
             self.trainable, self.opt_state, self.ema, m = self._step(
-                self.trainable, self.opt_state, self.ema, self.base, sub, idx)
+                self.trainable, self.opt_state, self.ema, self.base, sub, idx, i == 0)
             metrics.append(m)
         out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]}
         out["first_ratio_dev"] = float(jax.device_get(metrics[0]["ratio_dev"]))
-        out["rollout_logp_dev"] = float(np.max(jax.device_get(devs)))
+        # on the sampling weights only (first minibatch): pure numerics, no policy change
+        out["rollout_logp_dev"] = float(jax.device_get(metrics[0]["rollout_logp_dev"]))
+        out["rescore_dev"] = float(np.max(jax.device_get(devs)))
         for k in ("loss", "grad_norm"):
             if not np.isfinite(out[k]):
                 raise FloatingPointError(f"GRPO {k} is {out[k]} at iteration {step}; lower rl.lr "

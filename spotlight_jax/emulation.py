@@ -1,0 +1,142 @@
+"""The emulated deployment: spot availability over (virtual) time and what each phase costs.
+
+The learning in every mode is real computation; the *time axis* of a CPU run is emulated. This
+module holds the deployment (on-demand devices, spot nodes of SP groups), replays a spot trace
+(SkyPilot file or synthetic Poisson) on the run's clock, and charges each phase its duration from
+the cost model (``spotlight_jax.cost``: FLOPs of the paper-scale model on a named accelerator,
+or measured timings). Preemptions inside a phase cost what the scheduler's rules say they cost:
+a notice commits in-flight state (only a regroup latency), an abrupt loss redoes the work since
+the last periodic commit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from spotlight_jax.clock import DeviceGroup, EventCursor, VirtualClock
+from spotlight_jax.cost import CostConfig, make_cost_model, workload_from_config
+from spotlight_jax.elastic.traces import ReplayConfig, load_trace, replay, synthetic_trace
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentConfig:
+    on_demand_devices: int = 4
+    spot_nodes: int = 4
+    spot_devices_per_node: int = 2
+    spot_sp: int = 2
+    commit_every: int = 2
+
+
+class Deployment:
+    """On-demand devices + spot nodes whose availability follows a trace on a virtual clock."""
+
+    def __init__(self, config, horizon_s: float = 7 * 24 * 3600.0):
+        d = config.deployment
+        self.cfg = DeploymentConfig(**{f.name: d[f.name]
+                                       for f in dataclasses.fields(DeploymentConfig)})
+        self.cost_cfg = CostConfig.from_config(config.cost)
+        self.cost = make_cost_model(self.cost_cfg, workload_from_config(config))
+        self.num_steps = int(config.sampler.num_steps)
+        t = config.trace
+        if t.path:
+            if not os.path.exists(t.path):
+                raise ValueError(f"trace file {t.path!r} does not exist; set --config.trace.path "
+                                 "to a SkyPilot JSON file or leave it empty for a synthetic trace")
+            trace = load_trace(t.path)
+        else:
+            trace = synthetic_trace(self.cfg.spot_nodes, horizon_s,
+                                    rate_per_node_hour=t.rate_per_node_hour,
+                                    mean_outage_s=t.mean_outage_s, seed=t.seed)
+        rc = ReplayConfig.preset(t.cloud, abrupt_fraction=t.abrupt_fraction, seed=t.seed)
+        self.trace_source = trace.source
+        self.replay = replay(trace, self.cfg.spot_nodes, rc)
+        self.events = EventCursor(list(self.replay.events))
+        self.alive_nodes = set(self.replay.initial_alive)
+        self.clock = VirtualClock()
+        self.od = DeviceGroup("on_demand", "on_demand", self.cfg.on_demand_devices)
+        self.stats = {"preemptions": 0, "abrupt_losses": 0, "joins": 0, "regroups": 0,
+                      "regroup_s": 0.0, "lost_work_s": 0.0}
+        self._sync_alive()
+
+    # -- availability ----------------------------------------------------------------------
+    @property
+    def spot_devices(self) -> int:
+        return len(self.alive_nodes) * self.cfg.spot_devices_per_node
+
+    def spot_group(self) -> DeviceGroup:
+        return DeviceGroup("spot", "spot", max(self.spot_devices, 1))
+
+    def _sync_alive(self):
+        self.clock.set_alive("on_demand", self.cfg.on_demand_devices, at=self.clock.now())
+        self.clock.set_alive("spot", self.spot_devices, at=self.clock.now())
+
+    def advance(self, busy_spot_phase_s: float = 0.0):
+        """Applies the trace events up to the clock's time. A loss while spot groups were busy
+        costs lost work (abrupt: since the last commit) or a commit+regroup (notice)."""
+        for e in self.events.events_until(self.clock.now()):
+            if e.kind == "join":
+                self.alive_nodes.add(e.node)
+                self.stats["joins"] += 1
+                self.stats["regroups"] += 1
+                self.stats["regroup_s"] += self.cost.regroup("grow")
+            elif e.kind == "loss" and e.node in self.alive_nodes:
+                self.alive_nodes.discard(e.node)
+                self.stats["preemptions"] += 1
+                self.stats["regroups"] += 1
+                self.stats["regroup_s"] += self.cost.regroup("shrink")
+                if e.abrupt:
+                    self.stats["abrupt_losses"] += 1
+                    if busy_spot_phase_s > 0:
+                        step = busy_spot_phase_s / max(self.num_steps, 1)
+                        self.stats["lost_work_s"] += step * self.cfg.commit_every
+        self._sync_alive()
+
+    # -- phase durations -------------------------------------------------------------------
+    def rollout_s(self, n: int, use_spot: bool) -> float:
+        """Rollouts of ``n`` trajectories on the on-demand devices (data parallel) plus, when
+        ``use_spot``, the live spot groups; pull-based sizing balances them (capacity-weighted)."""
+        od_groups = self.cfg.on_demand_devices
+        sp = self.cfg.spot_sp
+        spot_groups = self.spot_devices // sp if use_spot else 0
+        # capacity in trajectories/s of each group type at a batch of 8
+        cap_od = 8 / self.cost.rollout(8, sp=1)
+        cap_sp = 8 / self.cost.rollout(8, sp=sp)
+        total = od_groups * cap_od + spot_groups * cap_sp
+        per_od = max(1, math.ceil(n * cap_od / total))
+        t = self.cost.rollout(per_od, sp=1)
+        if spot_groups:
+            per_sp = max(1, math.ceil(n * cap_sp / total))
+            t = max(t, self.cost.rollout(per_sp, sp=sp))
+        return t
+
+    def spot_seconds_per_candidate(self) -> float:
+        """Device-seconds of one exploration rollout on a spot group (batch of 8)."""
+        sp = self.cfg.spot_sp
+        return sp * self.cost.rollout(8, sp=sp) / 8
+
+    def od_seconds_per_candidate(self) -> float:
+        return self.cost.rollout(8, sp=1) / 8
+
+    def train_s(self, n: int) -> float:
+        return self.cost.train(n, self.cfg.on_demand_devices)
+
+    def reward_s(self, n: int) -> float:
+        return self.cost.reward(n)
+
+    def dollars(self) -> float:
+        return self.cost.dollars(self.clock)
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"clock": self.clock.state_dict(), "events": self.events.state_dict(),
+                "alive_nodes": sorted(self.alive_nodes), "stats": dict(self.stats)}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.clock.load_state_dict(s["clock"])
+        self.events.load_state_dict(s["events"])
+        self.alive_nodes = set(s["alive_nodes"])
+        self.stats = dict(s["stats"])
+
+    def assumptions(self) -> list:
+        return self.cost.describe()
