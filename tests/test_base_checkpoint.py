@@ -1,10 +1,12 @@
 """The shipped base checkpoint loads, matches the tiny config and scores as recorded; a short run
 of the pretraining loop lowers the loss and raises the detector reward."""
+import dataclasses
 import json
 import pathlib
 import runpy
 
 import numpy as np
+import pytest
 
 from spotlight_jax import train, world
 from spotlight_jax.builders import create_model, model_config, sampler_config
@@ -30,15 +32,27 @@ def test_shipped_checkpoint_loads_and_scores_as_recorded(tmp_path):
     assert abs(res["reward"] - rec["result"]["reward"]) <= 0.02, (res, rec["result"])
 
 
-def test_short_pretraining_lowers_loss_and_raises_reward(tmp_path):
+def test_short_pretraining_lowers_loss(tmp_path):
     from helpers import MICRO
 
     graphdef, state = create_model(MICRO)
-    cfg = PretrainConfig(steps=200, batch_size=32, lr=2e-3, warmup=20, eval_every=200,
-                         eval_prompts=16, eval_seeds=1, ema=0.99)
+    cfg = PretrainConfig(steps=200, batch_size=32, lr=2e-3, warmup=20, eval_every=0)
     sampler = SamplerConfig(num_steps=8, shift=3.0, noise_level=0.0, sde_type="ode")
-    _, _, _, history = pretrain(graphdef, state, MICRO, cfg, sampler, workdir=str(tmp_path),
+    pretrain(graphdef, state, MICRO, cfg, sampler, workdir=str(tmp_path), progress=False)
+    losses = [r["loss"] for r in read_jsonl(str(tmp_path / "pretrain.jsonl")) if "loss" in r]
+    assert np.mean(losses[-2:]) < 0.85 * losses[0], losses
+
+
+@pytest.mark.slow
+def test_short_run_of_the_pretraining_command_raises_the_detector_reward(tmp_path):
+    """The tiny config's own pretraining (same code path as the shipped checkpoint), shortened."""
+    c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
+    cfg = dataclasses.replace(train.pretrain_config(c), steps=400, eval_every=400,
+                              eval_prompts=32)
+    graphdef, state = create_model(model_config(c))
+    _, _, _, history = pretrain(graphdef, state, model_config(c), cfg,
+                                sampler_config(c, evaluation=True), workdir=str(tmp_path),
                                 progress=False)
     losses = [r["loss"] for r in read_jsonl(str(tmp_path / "pretrain.jsonl")) if "loss" in r]
-    assert np.mean(losses[-2:]) < 0.6 * losses[0], losses
-    assert history[-1]["reward"] > history[0]["reward"] + 0.05, history
+    assert np.mean(losses[-2:]) < 0.5 * losses[0], losses
+    assert history[-1]["reward"] > history[0]["reward"] + 0.1, history
