@@ -59,15 +59,17 @@ def test_loss_gradient_matches_finite_differences(rollout_batch):
     ref = nnx.merge(graphdef, jax.tree.map(lambda x: x + 0.01, state))
 
     # direction: perturb the final projection kernel (reaches the loss through every step)
+    direction = jax.random.normal(jax.random.key(7), state["final"]["kernel"].get_value().shape)
+    loss = jax.jit(lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg, ref)[0])
+
     def loss_at(eps):
         s = jax.tree.map(lambda x: x, state)
         k = s["final"]["kernel"]
         k.set_value(k.get_value() + eps * direction)
-        return grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg, ref)[0]
+        return loss(s)
 
-    direction = jax.random.normal(jax.random.key(7), state["final"]["kernel"].get_value().shape)
-    grads = jax.grad(lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg,
-                                         ref)[0])(state)
+    grads = jax.jit(jax.grad(lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg,
+                                                 ref)[0]))(state)
     analytic = float(jnp.sum(grads["final"]["kernel"].get_value() * direction))
     h = 1e-3
     numeric = float((loss_at(h) - loss_at(-h)) / (2 * h))

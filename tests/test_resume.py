@@ -63,6 +63,7 @@ def test_resume_is_bitwise_identical(tmp_path, base):
         [h["reward_mean"] for h in h2 if "reward_mean" in h]
 
 
+@pytest.mark.slow  # ~70 s: an update over 8 emulated devices on 2 cores
 def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
     graphdef, state = base
     c = micro_config(1)

@@ -23,6 +23,7 @@ from flax import nnx
 from spotlight_jax.diffusion.schedule import shifted_sigmas
 from spotlight_jax.diffusion.sde import cps_step, ode_step, sde_step
 from spotlight_jax.models import AttentionSpec
+from spotlight_jax.parallel.mesh import place_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,35 +157,15 @@ class Sampler:
         self.mesh = mesh if mesh is not None else attn.mesh
 
     def _place(self, x):
-        """Per-sample inputs are split over the mesh's (data, fsdp) axes when that divides the
-        batch, so a replicated-parameter mesh runs data-parallel instead of redundantly."""
-        if self.mesh is None:
-            return x
-        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+        return place_batch(x, self.mesh)
 
-        n = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
-        spec = PartitionSpec(("data", "fsdp")) if x.shape[0] % n == 0 else PartitionSpec()
-        return jax.device_put(x, NamedSharding(self.mesh, spec))
-
-    @functools.cached_property
+    @property
     def _rollout(self):
-        def run(state, tokens, mask, seeds):
-            model = nnx.merge(self.graphdef, state)
-            x0 = initial_noise(seeds, self.image_shape)
-            x_end, xs, logps = denoise(model, x0, 0, self.cfg.num_steps, seeds, tokens, mask,
-                                       self.cfg, self.attn)
-            latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
-            return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}
-        return jax.jit(run)
+        return _rollout_program(self.graphdef, self.image_shape, self.cfg, self.attn)
 
-    @functools.cached_property
+    @property
     def _segment(self):
-        def run(state, x, start, tokens, mask, seeds, num):
-            model = nnx.merge(self.graphdef, state)
-            x_end, xs, logps = denoise(model, x, start, num, seeds, tokens, mask, self.cfg,
-                                       self.attn)
-            return {"x": x_end, "latents": xs.swapaxes(0, 1), "log_probs": logps.T}
-        return jax.jit(run, static_argnums=(6,))
+        return _segment_program(self.graphdef, self.cfg, self.attn)
 
     def rollout(self, state, tokens, mask, seeds):
         p = self._place
@@ -194,3 +175,25 @@ class Sampler:
         p = self._place
         return self._segment(state, p(x), jnp.asarray(start, jnp.int32), p(tokens), p(mask),
                              p(jnp.asarray(seeds, jnp.uint32)), int(num))
+
+
+# Compiled programs are shared by every Sampler of the same (hashable) graph, shape, sampler
+# config and attention layout: a new Sampler (another run, mode or test) reuses executables.
+@functools.lru_cache(maxsize=64)
+def _rollout_program(graphdef, image_shape, cfg: SamplerConfig, attn):
+    def run(state, tokens, mask, seeds):
+        model = nnx.merge(graphdef, state)
+        x0 = initial_noise(seeds, image_shape)
+        x_end, xs, logps = denoise(model, x0, 0, cfg.num_steps, seeds, tokens, mask, cfg, attn)
+        latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
+        return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=64)
+def _segment_program(graphdef, cfg: SamplerConfig, attn):
+    def run(state, x, start, tokens, mask, seeds, num):
+        model = nnx.merge(graphdef, state)
+        x_end, xs, logps = denoise(model, x, start, num, seeds, tokens, mask, cfg, attn)
+        return {"x": x_end, "latents": xs.swapaxes(0, 1), "log_probs": logps.T}
+    return jax.jit(run, static_argnums=(6,))

@@ -65,3 +65,13 @@ def device_key(mesh: Mesh) -> tuple[int, ...]:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
+
+
+def place_batch(x, mesh: Mesh | None):
+    """Puts a per-sample array on ``mesh``, split over its (data, fsdp) axes when they divide the
+    batch (else replicated), so replicated-parameter meshes run data-parallel, not redundantly."""
+    if mesh is None:
+        return x
+    n = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+    spec = PartitionSpec(("data", "fsdp")) if x.shape[0] % n == 0 else PartitionSpec()
+    return jax.device_put(x, NamedSharding(mesh, spec))

@@ -20,6 +20,7 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, velocity
 from spotlight_jax.diffusion.rollout import step_fn
+from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
 
 
@@ -153,11 +154,9 @@ class GRPOTrainer:
                 self.trainable = jax.device_put(self.trainable, rep)
         else:
             self.trainable = jax.tree.map(jnp.copy, base_state)
-        self.tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                              optax.adamw(cfg.lr, b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
+        self.tx = make_optimizer(cfg)
         self.opt_state = self.tx.init(self.trainable)
         self.ema = jax.tree.map(jnp.copy, self.trainable) if cfg.ema else None
-        self._step = self._make_step()
 
     # -- views -------------------------------------------------------------------------------
     def merged(self, trainable):
@@ -172,59 +171,22 @@ class GRPOTrainer:
         return self.merged(self.ema) if self.ema is not None else self.policy_state()
 
     # -- update ------------------------------------------------------------------------------
-    def _make_step(self):
-        cfg, sampler, graphdef = self.cfg, self.sampler, self.graphdef
+    # The jitted programs are built by module-level cached builders keyed by the (hashable) graph
+    # and configs, so every trainer of the same model shares compiled executables.
+    @property
+    def _step(self):
+        return _train_step(self.graphdef, self.cfg, self.sampler)
 
-        def step(trainable, opt_state, ema, base, batch, idx, on_policy):
-            ref = nnx.merge(graphdef, base) if cfg.beta > 0 else None
-
-            def loss_fn(t):
-                model = nnx.merge(graphdef, self.merged_traced(t, base))
-                return grpo_loss(model, batch, idx, sampler, cfg, ref, on_policy)
-
-            (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
-            gnorm = optax.tree.norm(grads)
-            updates, opt_state = self.tx.update(grads, opt_state, trainable)
-            trainable = optax.apply_updates(trainable, updates)
-            if ema is not None:
-                ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
-            return trainable, opt_state, ema, {**metrics, "loss": loss, "grad_norm": gnorm}
-
-        return jax.jit(step, donate_argnums=(0, 1, 2), static_argnums=(6,))
-
-    @functools.cached_property
+    @property
     def _score(self):
-        """Log-probs of the recorded transitions under the given policy, computed by the same
-        forward (same shapes) as the loss, so the first on-policy ratio is exactly 1."""
-        sampler, graphdef = self.sampler, self.graphdef
+        return _score_fn(self.graphdef, self.cfg, self.sampler)
 
-        def score(trainable, base, batch, idx):
-            model = nnx.merge(graphdef, self.merged_traced(trainable, base))
-            logp, logp_old, _, _ = step_terms(model, batch["latents"], batch["log_probs"], idx,
-                                              batch["tokens"], batch["mask"], sampler, None)
-            return logp, jnp.max(jnp.abs(logp - logp_old))
-        return jax.jit(score)
-
-    @functools.cached_property
+    @property
     def _select(self):
-        stochastic = self.sampler.stochastic_steps()
-        k = self.cfg.train_steps
-        return jax.jit(lambda key, n: select_steps(key, stochastic, n, k), static_argnums=1)
+        return _select_fn(self.sampler, self.cfg.train_steps)
 
     def _place(self, x):
-        """Batch arrays go to the trainer's mesh split over (data, fsdp) when that divides."""
-        if self.mesh is None:
-            return jnp.asarray(x)
-        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
-
-        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        spec = PartitionSpec(("data", "fsdp")) if x.shape[0] % n == 0 else PartitionSpec()
-        return jax.device_put(x, NamedSharding(self.mesh, spec))
-
-    def merged_traced(self, trainable, base):
-        if self.cfg.lora_rank:
-            return lora_lib.merge(base, trainable, self.cfg.lora_alpha / self.cfg.lora_rank)
-        return trainable
+        return jnp.asarray(x) if self.mesh is None else place_batch(x, self.mesh)
 
     def update(self, batch: dict, key, step: int) -> dict:
         """Runs the optimizer steps of one iteration on ``batch`` (numpy/jax arrays with
@@ -271,3 +233,53 @@ class GRPOTrainer:
                 raise FloatingPointError(f"GRPO {k} is {out[k]} at iteration {step}; lower rl.lr "
                                          "or raise rl.beta")
         return out
+
+
+def make_optimizer(cfg: GRPOConfig):
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                       optax.adamw(cfg.lr, b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
+
+
+def _policy(graphdef, cfg: GRPOConfig, trainable, base):
+    if cfg.lora_rank:
+        trainable = lora_lib.merge(base, trainable, cfg.lora_alpha / cfg.lora_rank)
+    return nnx.merge(graphdef, trainable)
+
+
+@functools.lru_cache(maxsize=32)
+def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
+    tx = make_optimizer(cfg)
+
+    def step(trainable, opt_state, ema, base, batch, idx, on_policy):
+        ref = nnx.merge(graphdef, base) if cfg.beta > 0 else None
+
+        def loss_fn(t):
+            return grpo_loss(_policy(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
+                             on_policy)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
+        gnorm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        if ema is not None:
+            ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
+        return trainable, opt_state, ema, {**metrics, "loss": loss, "grad_norm": gnorm}
+
+    return jax.jit(step, donate_argnums=(0, 1, 2), static_argnums=(6,))
+
+
+@functools.lru_cache(maxsize=32)
+def _score_fn(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
+    """Log-probs of the recorded transitions under the given (pre-update) policy."""
+    def score(trainable, base, batch, idx):
+        logp, logp_old, _, _ = step_terms(_policy(graphdef, cfg, trainable, base),
+                                          batch["latents"], batch["log_probs"], idx,
+                                          batch["tokens"], batch["mask"], sampler, None)
+        return logp, jnp.max(jnp.abs(logp - logp_old))
+    return jax.jit(score)
+
+
+@functools.lru_cache(maxsize=32)
+def _select_fn(sampler: SamplerConfig, k: int):
+    stochastic = sampler.stochastic_steps()
+    return jax.jit(lambda key, n: select_steps(key, stochastic, n, k), static_argnums=1)
