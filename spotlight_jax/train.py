@@ -91,4 +91,29 @@ def train_and_evaluate(config, workdir: str):
     logging.info("devices: %s", jax.devices())
     graphdef, base, source = load_or_pretrain_base(config, workdir)
     from spotlight_jax import controller  # noqa: PLC0415 - heavy, only when training
-    return controller.run(config, workdir, graphdef, base, base_source=source)
+    history = controller.run(config, workdir, graphdef, base, base_source=source)
+    print(summary(config, workdir, history, source))
+    return history
+
+
+def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
+    """The end-of-run table: held-out reward before/after, time and cost axes, where things are."""
+    evals = [h for h in history if "val_reward" in h]
+    last = history[-1] if history else {}
+    lines = [f"== {config.mode}: {last.get('iteration', 0)} iterations  (base: {base_source})"]
+    if evals:
+        a, b = evals[0], evals[-1]
+        lines.append(f"held-out {config.rl.reward}: {a['val_reward']:.3f} -> "
+                     f"{b['val_reward']:.3f} (±{b.get('val_reward_ci95', 0):.3f} 95%)")
+        for k in sorted(k for k in b if k.startswith("val_acc_")):
+            lines.append(f"  {k[8:]:<9} {a.get(k, float('nan')):.2f} -> {b[k]:.2f}")
+    if "vtime_s" in last:
+        lines.append(f"emulated deployment: {last['vtime_s'] / 3600:.2f} h, "
+                     f"${last['dollars']:.2f}, spot utilisation "
+                     f"{last.get('spot_util', 0):.0%}, preemptions "
+                     f"{last.get('preemptions', 0)}")
+    lines += [f"metrics:  {os.path.join(workdir, 'rl.jsonl')}  (TensorBoard: "
+              f"{os.path.join(workdir, 'tb')})",
+              f"samples:  {os.path.join(workdir, 'samples')}",
+              f"curve:    {os.path.join(workdir, 'reward_curve.png')}"]
+    return "\n".join(lines)

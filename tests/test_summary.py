@@ -1,0 +1,18 @@
+"""The end-of-run summary names the before/after reward and where the outputs are."""
+import pathlib
+import runpy
+
+from spotlight_jax.train import summary
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_summary_reports_reward_change_and_paths(tmp_path):
+    c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
+    history = [{"iteration": 0, "val_reward": 0.5, "val_reward_ci95": 0.03, "val_acc_count": 0.7},
+               {"iteration": 3, "reward_mean": 0.4, "vtime_s": 7200.0, "dollars": 31.5,
+                "spot_util": 0.5, "preemptions": 2, "val_reward": 0.6, "val_reward_ci95": 0.03,
+                "val_acc_count": 0.8}]
+    text = summary(c, str(tmp_path), history, "base")
+    assert "0.500 -> 0.600" in text and "count" in text and "0.70 -> 0.80" in text
+    assert "2.00 h" in text and "$31.50" in text and str(tmp_path / "rl.jsonl") in text
