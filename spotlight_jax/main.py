@@ -21,6 +21,11 @@ def main(argv):
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
     if config.num_cpu_devices:
         jax.config.update("jax_num_cpu_devices", int(config.num_cpu_devices))
+    if config.get("compilation_cache_dir"):
+        import os  # noqa: PLC0415
+
+        from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415
+        enable_persistent_cache(os.path.expanduser(config.compilation_cache_dir))
     from spotlight_jax import train  # noqa: PLC0415
     if _DRY_RUN.value:
         print(train.dry_run(config))
