@@ -25,7 +25,7 @@ def test_shipped_checkpoint_loads_and_scores_as_recorded(tmp_path):
     meta = json.loads((pathlib.Path(source) / "meta.json").read_text())
     rec = meta["recorded_check"]
     prompts = world.val_prompts(world.WorldConfig())[:16]
-    sampler = Sampler(graphdef, (32, 32, 3), sampler_config(c, evaluation=True))
+    sampler = Sampler(graphdef, (32, 32, 3), SamplerConfig(**rec["sampler"]))
     res, _, _ = evaluate(sampler, state, prompts, num_seeds=rec["num_seeds"],
                          text_len=model_config(c).text_len, batch_size=rec["batch_size"])
     # same program, same inputs: equal up to CPU-dependent float rounding flipping a pixel
