@@ -18,7 +18,8 @@ from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 
 
-def _pick(cls, section, **overrides):
+def pick_fields(cls, section, **overrides):
+    """The frozen dataclass ``cls`` from the config section's matching fields."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in dict(section).items() if k in names}
     values.update(overrides)
@@ -26,11 +27,11 @@ def _pick(cls, section, **overrides):
 
 
 def model_config(config) -> MMDiTConfig:
-    return _pick(MMDiTConfig, config.model).validate()
+    return pick_fields(MMDiTConfig, config.model).validate()
 
 
 def mesh_config(config) -> MeshConfig:
-    return _pick(MeshConfig, config.mesh)
+    return pick_fields(MeshConfig, config.mesh)
 
 
 def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:

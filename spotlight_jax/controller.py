@@ -28,7 +28,6 @@ optimizer, EMA, iteration, history) is checkpointed, so a resumed run repeats th
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -38,7 +37,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from spotlight_jax import world
-from spotlight_jax.builders import build_mesh, model_config, sampler_config
+from spotlight_jax.builders import build_mesh, model_config, pick_fields, sampler_config
 from spotlight_jax.checkpoint import RunCheckpointer
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.emulation import Deployment
@@ -54,8 +53,7 @@ MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight")
 
 
 def grpo_config(config) -> GRPOConfig:
-    names = {f.name for f in dataclasses.fields(GRPOConfig)}
-    return GRPOConfig(**{k: v for k, v in dict(config.rl).items() if k in names})
+    return pick_fields(GRPOConfig, config.rl)
 
 
 def iteration_prompts(prompts, k: int, n: int, seed: int):

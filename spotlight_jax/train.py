@@ -18,6 +18,7 @@ from spotlight_jax.builders import (
     abstract_model,
     create_model,
     model_config,
+    pick_fields,
     sampler_config,
 )
 from spotlight_jax.dry_run import dry_run
@@ -28,8 +29,7 @@ __all__ = ["train_and_evaluate", "dry_run", "load_or_pretrain_base", "shipped_ba
 
 
 def pretrain_config(config) -> PretrainConfig:
-    names = {f.name for f in dataclasses.fields(PretrainConfig)}
-    return PretrainConfig(**{k: v for k, v in dict(config.pretrain).items() if k in names})
+    return pick_fields(PretrainConfig, config.pretrain)
 
 
 def _model_fingerprint(config) -> dict:
