@@ -92,6 +92,7 @@ def get_config():
     r.train_steps = 0               # timesteps trained per trajectory (0 = all SDE steps)
     r.inner_epochs = 1
     r.minibatches = 2
+    r.rescore = False               # re-score old log-probs (one more forward; see GRPOConfig)
     r.grad_clip = 1.0
     r.weight_decay = 1e-4
     r.lora_rank = 16                # 0 = full fine-tuning

@@ -135,8 +135,6 @@ def default_cost_config() -> ml_collections.ConfigDict:
     c.backward_factor_full = 2.0   # backward = 2x forward FLOPs with weight gradients
     #                                (the 6N-per-token rule, Kaplan et al. 2020)
     c.backward_factor_lora = 1.0   # frozen base weights: only activation gradients (~1x fwd)
-    c.rescore_forward = True       # GRPOTrainer.update re-scores old log-probs with one extra
-    #                                forward per trained step (spotlight_jax/rl/grpo.py)
     c.param_bytes = 2              # bf16 weights (configs/qwen_image_like.py param_dtype)
     c.adapter_bytes = 4            # LoRA factors are float32 (spotlight_jax/rl/lora.py)
     c.act_bytes = 2                # bf16 activations moved by SP collectives
@@ -174,7 +172,6 @@ class CostConfig:
     lora_rank: int = 32
     backward_factor_full: float = 2.0
     backward_factor_lora: float = 1.0
-    rescore_forward: bool = True
     param_bytes: int = 2
     adapter_bytes: int = 4
     act_bytes: int = 2
@@ -267,6 +264,7 @@ class Workload:
     train_steps: int = 4
     inner_epochs: int = 1
     kl: bool = True
+    rescore: bool = False
     cfg_passes: int = 1
     lora_rank: int = 0
 
@@ -280,6 +278,7 @@ def workload_from_config(config) -> Workload:
     return Workload(num_steps=int(s.num_steps),
                     train_steps=ts if 0 < ts < stochastic else int(stochastic),
                     inner_epochs=int(r.inner_epochs), kl=float(r.beta) > 0,
+                    rescore=bool(r.get("rescore", False)),
                     cfg_passes=1 if float(s.guidance) == 1.0 else 2,
                     lora_rank=int(r.get("lora_rank", 0)))
 
@@ -511,7 +510,7 @@ class ProfileCost(CostModel):
         c = self.cost
         backward = c.backward_factor_lora if self.lora_rank > 0 else c.backward_factor_full
         return self.cfg_passes * (1.0 + backward + float(self.model.remat)
-                                  + float(self.workload.kl) + float(c.rescore_forward))
+                                  + float(self.workload.kl) + float(self.workload.rescore))
 
     def train_sample(self, num_devices: int = 1) -> float:
         _check_count(num_devices, "num_devices")

@@ -42,13 +42,31 @@ def rollout_batch():
 def test_first_on_policy_ratio_is_exactly_one(rollout_batch):
     graphdef, state, batch = rollout_batch
     trainer = GRPOTrainer(graphdef, state, GRPOConfig(train_steps=2, minibatches=2, lr=1e-3,
-                                                      beta=0.0), SAMPLER)
+                                                      beta=0.0, rescore=True), SAMPLER)
     m = trainer.update(batch, jax.random.key(0), step=0)
     assert m["first_ratio_dev"] == 0.0
     # the numerics under the hood: the sampler's log-probs and the re-scored ones agree with the
     # training forward's to float rounding (a formula or batch-shape bug would show here)
     assert m["rollout_logp_dev"] < 1e-5 and m["rescore_dev"] < 1e-5
     assert m["ratio_dev"] > 0.0  # the second minibatch ran on updated weights
+
+
+def test_rollout_old_logprobs_give_the_same_update_as_rescoring(rollout_batch):
+    # rescore=False (default) takes old log-probs of later minibatches from the rollout; they
+    # differ from re-scored ones by float rounding only, so both updates must agree closely
+    graphdef, state, batch = rollout_batch
+    params = []
+    for rescore in (False, True):
+        cfg = GRPOConfig(train_steps=2, minibatches=2, lr=1e-3, beta=0.0, rescore=rescore)
+        trainer = GRPOTrainer(graphdef, state, cfg, SAMPLER)
+        m = trainer.update(batch, jax.random.key(0), step=0)
+        assert ("rescore_dev" in m) == rescore
+        params.append(trainer.policy_state())
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                zip(jax.tree.leaves(params[0]), jax.tree.leaves(state)))
+    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+               zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])))
+    assert moved > 1e-4 and diff < 1e-3 * moved
 
 
 def test_loss_gradient_matches_finite_differences(rollout_batch):
