@@ -9,7 +9,7 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.mode = "flow_grpo"            # flow_grpo | explore_sync | spot_rollout | spotlight
+    c.mode = "flow_grpo"            # flow_grpo | explore_sync | spot_rollout | spotlight | compare
     c.num_cpu_devices = 8           # emulated devices when running on CPU (0 = leave as is)
     # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores, and
     # a data-parallel GRPO update over 8 of them measured 7x slower than on one (26 s vs 3.5 s).

@@ -28,6 +28,8 @@ optimizer, EMA, iteration, history) is checkpointed, so a resumed run repeats th
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 
@@ -266,6 +268,14 @@ class Run:
         self.iteration = k + 1
         return row
 
+    def write_phases(self):
+        """``phases.json``: the emulated clock's per-phase breakdown and the cost model's
+        assumptions (read by the comparison report)."""
+        info = {"phases": self.deploy.clock.breakdown(),
+                "assumptions": [dataclasses.asdict(a) for a in self.deploy.assumptions()]}
+        with open(os.path.join(self.workdir, "phases.json"), "w") as f:
+            json.dump(info, f, indent=1, default=str)
+
     def plot(self):
         evals = [h for h in self.history if "val_reward" in h]
         if not evals:
@@ -339,4 +349,5 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
             break
     r.ckpt.close()
     r.writer.close()
+    r.write_phases()
     return r.history

@@ -86,10 +86,20 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True):
 
 
 def train_and_evaluate(config, workdir: str):
-    """Runs ``config.mode`` end to end in ``workdir`` (resuming whatever is there)."""
+    """Runs ``config.mode`` end to end in ``workdir`` (resuming whatever is there);
+    ``compare`` runs every mode into ``workdir/<mode>`` and writes ``report.md``."""
+    from spotlight_jax.controller import MODES  # noqa: PLC0415
+    if config.mode not in (*MODES, "compare"):
+        raise ValueError(f"unknown mode {config.mode!r}; choose one of {(*MODES, 'compare')}")
     os.makedirs(workdir, exist_ok=True)
     logging.info("devices: %s", jax.devices())
     graphdef, base, source = load_or_pretrain_base(config, workdir)
+    if config.mode == "compare":
+        from spotlight_jax.compare import run_compare  # noqa: PLC0415
+        path = run_compare(config, workdir, graphdef, base, base_source=source)
+        print(open(path).read().split("\n## ")[0])
+        print(f"report: {path}  (plots next to it; each mode's run in {workdir}/<mode>)")
+        return path
     from spotlight_jax import controller  # noqa: PLC0415 - heavy, only when training
     history = controller.run(config, workdir, graphdef, base, base_source=source)
     print(summary(config, workdir, history, source))

@@ -1,0 +1,177 @@
+"""The four-mode comparison: same seeds, prompts and spot trace; reward against emulated time and $.
+
+``run_compare`` runs ``flow_grpo``, ``explore_sync``, ``spot_rollout`` and ``spotlight`` into
+``workdir/<mode>`` (each resumes on its own), then ``write_report`` writes ``report.md`` and the
+plots ``reward_vs_time.png`` / ``reward_vs_cost.png`` into ``workdir``.
+
+Target: ``base + target_frac x (best validation reward of flow_grpo - base)``, i.e. the share of
+the baseline's own gain that every mode must reach; time/cost-to-target are the emulated hours
+and dollars of the first evaluation at or above it (``None``: not reached). Ratios are
+``flow_grpo / mode`` (> 1: the mode is faster or cheaper).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from absl import logging
+
+from spotlight_jax.controller import MODES
+
+
+def evals(history: list[dict]) -> list[dict]:
+    return [h for h in history if "val_reward" in h]
+
+
+def target_reward(histories: dict[str, list[dict]], frac: float) -> float | None:
+    """``base + frac x (best flow_grpo - base)``; None when the baseline did not improve."""
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"compare.target_frac must be in (0, 1], got {frac}")
+    ev = evals(histories.get("flow_grpo", []))
+    if len(ev) < 2:
+        return None
+    base, best = ev[0]["val_reward"], max(h["val_reward"] for h in ev[1:])
+    return base + frac * (best - base) if best > base else None
+
+
+def first_reaching(history: list[dict], target: float | None, key: str) -> float | None:
+    """``key`` (e.g. ``vtime_s``, ``dollars``) of the first evaluation after iteration 0 whose
+    validation reward is >= ``target``."""
+    if target is None:
+        return None
+    for h in evals(history)[1:]:
+        if h["val_reward"] >= target:
+            return float(h[key])
+    return None
+
+
+def mode_summary(history: list[dict], target: float | None) -> dict:
+    """Per-mode numbers of the report's main table."""
+    ev, steps = evals(history), [h for h in history if "reward_mean" in h]
+    last = history[-1] if history else {}
+    explore = [h.get("explore_candidates", 0) for h in steps]
+    return {
+        "iterations": last.get("iteration", 0),
+        "base_reward": ev[0]["val_reward"] if ev else None,
+        "final_reward": ev[-1]["val_reward"] if ev else None,
+        "best_reward": max(h["val_reward"] for h in ev) if ev else None,
+        "hours": last.get("vtime_s", 0.0) / 3600.0,
+        "dollars": last.get("dollars", 0.0),
+        "time_to_target_h": (None if (t := first_reaching(history, target, "vtime_s")) is None
+                             else t / 3600.0),
+        "cost_to_target": first_reaching(history, target, "dollars"),
+        "spot_util": last.get("spot_util", 0.0),
+        "explore_per_iter": sum(explore) / len(explore) if explore else 0.0,
+        "preemptions": last.get("preemptions", 0),
+        "abrupt_losses": last.get("abrupt_losses", 0),
+        "joins": last.get("joins", 0),
+        "regroups": last.get("regroups", 0),
+        "regroup_s": last.get("regroup_s", 0.0),
+        "lost_work_s": last.get("lost_work_s", 0.0),
+    }
+
+
+def _ratio(base, x):
+    return None if base is None or x is None or x <= 0 else base / x
+
+
+def _f(x, fmt):
+    return "—" if x is None else format(x, fmt)
+
+
+def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac: float,
+                 phases: dict[str, dict] | None = None, assumptions: list | None = None,
+                 header: str = "") -> str:
+    """Writes ``report.md`` and the two plots into ``workdir``; returns the report's path."""
+    from spotlight_jax.plots import plot_curves  # noqa: PLC0415
+
+    target = target_reward(histories, target_frac)
+    rows = {m: mode_summary(h, target) for m, h in histories.items()}
+    base = rows.get("flow_grpo", {})
+    lines = ["# Four-mode comparison", ""]
+    if header:
+        lines += [header, ""]
+    if target is None:
+        lines += ["**No target**: flow_grpo's validation reward never rose above its start, so "
+                  "time- and cost-to-target are undefined; the curves below still compare the "
+                  "modes on the emulated time and cost axes.", ""]
+    else:
+        lines += [f"Target validation reward: **{target:.3f}** (start + {target_frac:.0%} of "
+                  "flow_grpo's best gain). Ratios are flow_grpo / mode: > 1 means faster or "
+                  "cheaper.", ""]
+    lines += ["| mode | iterations | reward start → final (best) | emulated h | $ | "
+              "h to target | $ to target | speed-up | cost ratio |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for m, r in rows.items():
+        lines.append(
+            f"| {m} | {r['iterations']} | {_f(r['base_reward'], '.3f')} → "
+            f"{_f(r['final_reward'], '.3f')} ({_f(r['best_reward'], '.3f')}) | "
+            f"{r['hours']:.2f} | {r['dollars']:.2f} | {_f(r['time_to_target_h'], '.2f')} | "
+            f"{_f(r['cost_to_target'], '.2f')} | "
+            f"{_f(_ratio(base.get('time_to_target_h'), r['time_to_target_h']), '.2f')}x | "
+            f"{_f(_ratio(base.get('cost_to_target'), r['cost_to_target']), '.2f')}x |")
+    lines += ["", "## Spot devices", "",
+              "| mode | spot utilisation | exploration rollouts / iter | preemptions (abrupt) | "
+              "joins | regroups | regroup s (total) | lost work s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m, r in rows.items():
+        lines.append(f"| {m} | {r['spot_util']:.0%} | {r['explore_per_iter']:.0f} | "
+                     f"{r['preemptions']} ({r['abrupt_losses']}) | {r['joins']} | "
+                     f"{r['regroups']} | {r['regroup_s']:.2f} | {r['lost_work_s']:.1f} |")
+    if phases:
+        lines += ["", "## Where the emulated time goes (critical-path seconds per phase)", ""]
+        labels = sorted({lab for p in phases.values() for lab in p})
+        lines += ["| mode | " + " | ".join(labels) + " |",
+                  "|---|" + "---|" * len(labels)]
+        for m, p in phases.items():
+            lines.append(f"| {m} | " + " | ".join(
+                f"{p[lab]['critical_s']:.0f}" if lab in p else "—" for lab in labels) + " |")
+    if assumptions:
+        lines += ["", "## Assumptions of the cost model", "", "| name | value | unit | source |",
+                  "|---|---|---|---|"]
+        lines += [f"| {a.name} | {a.value} | {a.unit} | {a.source} |" for a in assumptions]
+    lines += ["", "![reward vs time](reward_vs_time.png) ![reward vs cost](reward_vs_cost.png)",
+              ""]
+    for axis, key, scale, fname in (("emulated hours", "vtime_s", 1 / 3600.0,
+                                     "reward_vs_time.png"),
+                                    ("dollars", "dollars", 1.0, "reward_vs_cost.png")):
+        series = {m: ([h.get(key, 0.0) * scale for h in evals(hist)],
+                      [h["val_reward"] for h in evals(hist)])
+                  for m, hist in histories.items() if evals(hist)}
+        if target is not None:
+            xmax = max((x[-1] for x, _ in series.values() if x), default=1.0)
+            series["target"] = ([0.0, xmax], [target, target])
+        plot_curves(os.path.join(workdir, fname), series, xlabel=axis,
+                    ylabel="held-out reward (ODE)", title=f"validation reward vs {axis}")
+    path = os.path.join(workdir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    with open(os.path.join(workdir, "compare.json"), "w") as f:
+        json.dump({"target": target, "modes": rows}, f, indent=1)
+    return path
+
+
+def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
+                progress: bool = True) -> str:
+    """Runs every mode with the same seeds, prompts and trace; writes and returns the report."""
+    from spotlight_jax import controller  # noqa: PLC0415
+    from spotlight_jax.cost import Assumption  # noqa: PLC0415
+
+    histories, phases, assumptions = {}, {}, None
+    for mode in MODES:
+        c = config.copy_and_resolve_references()
+        with c.unlocked():
+            c.mode = mode
+        logging.info("compare: running %s", mode)
+        mode_dir = os.path.join(workdir, mode)
+        histories[mode] = controller.run(c, mode_dir, graphdef, base, base_source=base_source,
+                                         progress=progress)
+        with open(os.path.join(mode_dir, "phases.json")) as f:
+            info = json.load(f)
+        phases[mode], assumptions = info["phases"], info["assumptions"]
+    header = (f"Config seed {config.seed}; trace: "
+              f"{config.trace.path or 'synthetic'}; base: {base_source}. Learning is real "
+              "(tiny model); time and cost are emulated from the cost model below.")
+    return write_report(workdir, histories, target_frac=config.compare.target_frac,
+                        phases=phases, assumptions=[Assumption(**a) for a in assumptions],
+                        header=header)

@@ -1,0 +1,62 @@
+"""The four-mode comparison: target, time/cost-to-target and ratios, report and plots."""
+import os
+
+import pytest
+from test_modes import mode_config
+from test_resume import base  # noqa: F401 - module fixture
+
+from spotlight_jax import compare
+
+
+def _hist(points, start=0.5):
+    """points: (hours, dollars, reward) of evaluations after the start."""
+    h = [{"iteration": 0, "vtime_s": 0.0, "dollars": 0.0, "val_reward": start}]
+    for i, (hours, dollars, reward) in enumerate(points, 1):
+        h.append({"iteration": i, "vtime_s": hours * 3600, "dollars": dollars,
+                  "val_reward": reward, "reward_mean": reward, "spot_util": 0.5,
+                  "explore_candidates": 10 * i, "preemptions": i})
+    return h
+
+
+def test_target_and_time_to_target_ratios(tmp_path):
+    hist = {"flow_grpo": _hist([(1, 10, 0.55), (2, 20, 0.60), (3, 30, 0.58)]),
+            "spotlight": _hist([(0.25, 5, 0.59), (0.5, 8, 0.62)])}
+    target = compare.target_reward(hist, 0.8)
+    assert target == pytest.approx(0.5 + 0.8 * 0.1)   # best flow_grpo gain is 0.1
+    assert compare.first_reaching(hist["flow_grpo"], target, "vtime_s") == 2 * 3600
+    assert compare.first_reaching(hist["spotlight"], target, "dollars") == 5
+    path = compare.write_report(str(tmp_path), hist, target_frac=0.8)
+    text = open(path).read()
+    # flow_grpo: 2 h, $20 to target; spotlight: 0.25 h, $5 -> 8x faster, 4x cheaper
+    assert "| spotlight | 2 | 0.500 → 0.620 (0.620) | 0.50 | 8.00 | 0.25 | 5.00 | 8.00x | 4.00x |" \
+        in text
+    assert "| flow_grpo |" in text and "1.00x | 1.00x |" in text
+    for f in ("reward_vs_time.png", "reward_vs_cost.png", "compare.json"):
+        assert os.path.getsize(tmp_path / f) > 0
+
+
+def test_no_target_when_the_baseline_does_not_improve(tmp_path):
+    hist = {"flow_grpo": _hist([(1, 10, 0.45)]), "spotlight": _hist([(1, 5, 0.6)])}
+    assert compare.target_reward(hist, 0.8) is None
+    text = open(compare.write_report(str(tmp_path), hist, target_frac=0.8)).read()
+    assert "No target" in text and "| spotlight | 1 |" in text
+    with pytest.raises(ValueError, match="target_frac"):
+        compare.target_reward(hist, 0.0)
+
+
+def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # noqa: F811
+    from spotlight_jax import train
+
+    graphdef, state = base
+    c = mode_config("flow_grpo", iterations=2)
+    c.mode = "compare"
+    c.rl.eval_every = 2
+    path = compare.run_compare(c, str(tmp_path), graphdef, state, progress=False)
+    text = open(path).read()
+    for mode in compare.MODES:
+        assert f"| {mode} | 2 |" in text
+        assert os.path.exists(tmp_path / mode / "phases.json")
+    assert "## Where the emulated time goes" in text and "## Assumptions" in text
+    c.mode = "nonsense"
+    with pytest.raises(ValueError, match="unknown mode 'nonsense'"):
+        train.train_and_evaluate(c, str(tmp_path / "x"))
