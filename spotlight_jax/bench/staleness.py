@@ -1,7 +1,7 @@
 """Staleness study: do seed rankings under stale weights agree with the current weights'?
 
   python -m spotlight_jax.bench.staleness [--iterations 12] [--at 4,8,12] [--prompts 8]
-      [--seeds 32] [--out DIR]
+      [--seeds 32] [--lr LR] [--out DIR]
 
 Runs a short ``flow_grpo`` post-training run of the config from its base checkpoint, keeping
 the policy after every iteration. At each iteration k of ``--at`` it scores the same
@@ -41,6 +41,8 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=32, help="candidates per prompt")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="override rl.lr (a faster-moving policy makes rankings go stale faster)")
     ap.add_argument("--out", default="staleness_out")
     args = ap.parse_args(argv)
     at = sorted({int(a) for a in args.at.split(",")})
@@ -61,6 +63,8 @@ def main(argv=None):
     config = runpy.run_path(args.config)["get_config"]()
     config.mode, config.seed = "flow_grpo", args.seed
     config.rl.eval_every = 0
+    if args.lr is not None:
+        config.rl.lr = args.lr
     os.makedirs(args.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="staleness_")
     graphdef, base, source = train.load_or_pretrain_base(config, workdir)
@@ -78,7 +82,7 @@ def main(argv=None):
     def cands(k):
         return [candidate_seeds(args.seed, 10_000 + k, i, args.seeds) for i in range(args.prompts)]
 
-    results = {"config": args.config, "base": source, "group_size": G, "seeds": args.seeds,
+    results = {"config": args.config, "base": source, "lr": config.rl.lr, "group_size": G, "seeds": args.seeds,
                "prompts": args.prompts, "iterations": args.iterations, "kl": kls,
                "train_s": train_s, "staleness": {}, "scorers": {}}
     rows = []
@@ -116,7 +120,8 @@ def main(argv=None):
     print(f"\nStaleness of seed rankings ({args.prompts} prompts x {args.seeds} seeds, G={G}; "
           f"means over prompts with 95% bootstrap CIs; random-subset overlap = "
           f"{G / args.seeds:.2f}; base: {source})")
-    print(f"policy KL to the base after {args.iterations} iterations: {kls[-1]:.2e}")
+    print(f"rl.lr {config.rl.lr}; policy KL to the base after {args.iterations} iterations: "
+          f"{kls[-1]:.2e}")
     print("| compared | Kendall tau-b | Spearman rho | subset overlap | variance gain kept |"
           " prompts skipped |")
     print("|---|---|---|---|---|---|")
