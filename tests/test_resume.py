@@ -18,6 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def micro_config(iterations):
     c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
+    c.mode = "flow_grpo"
     for f in dataclasses.fields(MICRO):
         c.model[f.name] = getattr(MICRO, f.name)
     c.world.image_size = MICRO.image_size
