@@ -319,7 +319,7 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
         res = r.evaluate(0)
         r.history.append({"iteration": 0, "vtime_s": 0.0, "dollars": 0.0,
                           **{f"val_{k}": v for k, v in res.items()}})
-        r.writer.write(0, **{f"val/{k}": v for k, v in res.items()})
+        r.writer.write(0, **{f"val_{k}": v for k, v in res.items()})
     bar = tqdm(range(r.iteration, c.rl.iterations), initial=r.iteration, total=c.rl.iterations,
                desc=c.mode, disable=not progress, dynamic_ncols=True)
     budget_s = 60.0 * c.rl.get("max_minutes", 0.0)

@@ -49,3 +49,54 @@ def plot_curves(path: str, series: dict, xlabel: str = "iteration", ylabel: str 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def seed_curves(workdirs, key: str = "val_reward") -> dict:
+    """Mean and min/max over runs of ``key`` at the evaluations every run has, by iteration.
+
+    Reads each workdir's ``rl.jsonl`` (written by ``controller.run``; keys spelled
+    ``val/reward`` are matched too). Returns ``{"x", "mean", "lo", "hi", "runs"}``, ``runs``
+    being the per-run ``(x, y)`` series.
+    """
+    import os  # noqa: PLC0415
+
+    from spotlight_jax.metrics import read_jsonl  # noqa: PLC0415
+
+    alt = key.replace("_", "/", 1)
+    runs = []
+    for w in workdirs:
+        rows = read_jsonl(os.path.join(w, "rl.jsonl"))
+        pts = {int(r["step"]): float(r.get(key, r.get(alt))) for r in rows
+               if key in r or alt in r}
+        if not pts:
+            raise ValueError(f"{w}/rl.jsonl has no {key!r} entries")
+        runs.append(pts)
+    common = sorted(set.intersection(*(set(p) for p in runs)))
+    ys = np.array([[p[x] for x in common] for p in runs])
+    return {"x": common, "mean": ys.mean(0), "lo": ys.min(0), "hi": ys.max(0),
+            "runs": [(sorted(p), [p[x] for x in sorted(p)]) for p in runs]}
+
+
+def main(argv=None):
+    """``python -m spotlight_jax.plots --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]``:
+    held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table."""
+    import argparse  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--label", default="held-out reward")
+    ap.add_argument("--title", default="")
+    args = ap.parse_args(argv)
+    c = seed_curves(args.runs)
+    plot_curves(args.out, {f"{args.label} (mean, min-max over {len(args.runs)} runs)":
+                           (c["x"], c["mean"], c["lo"], c["hi"])},
+                ylabel="held-out reward (ODE)", title=args.title)
+    print("| iteration | mean | min | max |\n|---|---|---|---|")
+    for x, m, lo, hi in zip(c["x"], c["mean"], c["lo"], c["hi"]):
+        print(f"| {x} | {m:.3f} | {lo:.3f} | {hi:.3f} |")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -82,8 +82,9 @@ def main(argv=None):
     def cands(k):
         return [candidate_seeds(args.seed, 10_000 + k, i, args.seeds) for i in range(args.prompts)]
 
-    results = {"config": args.config, "base": source, "lr": config.rl.lr, "group_size": G, "seeds": args.seeds,
-               "prompts": args.prompts, "iterations": args.iterations, "kl": kls,
+    results = {"config": args.config, "base": source, "lr": config.rl.lr, "group_size": G,
+               "seeds": args.seeds, "prompts": args.prompts, "iterations": args.iterations,
+               "kl": kls,
                "train_s": train_s, "staleness": {}, "scorers": {}}
     rows = []
     for k in tqdm(at, desc="score"):
