@@ -125,6 +125,9 @@ def add_spotlight_sections(c):
     d.spot_devices_per_node = 2
     d.spot_sp = 2                   # SP degree of a spot group (one group per node)
     d.commit_every = 2              # periodic commits of in-flight rollouts (abrupt losses)
+    # spot_rollout / spotlight: run each iteration's rollouts through the pull scheduler
+    # (spotlight_jax.sched: leases, commits, preemptions from the trace) on the emulated pool
+    d.scheduler = True
 
     t = c.trace = ml_collections.ConfigDict()
     t.path = ""                     # SkyPilot JSON; empty = synthetic Poisson trace below

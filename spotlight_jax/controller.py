@@ -158,6 +158,66 @@ class Run:
         batch["seeds"] = seeds
         return batch
 
+    def scheduled_rollout(self, k: int, prompts, seeds_per_prompt) -> tuple[dict, dict]:
+        """The rollout phase through the pull scheduler: one request per (prompt, seed), pulled
+        by the on-demand node and the live spot groups, committed every
+        ``deployment.commit_every`` steps; the trace's notices and losses during the phase hit
+        in-flight work (a notice commits and hands requests back, an abrupt loss rolls them back
+        to the last commit) and another group resumes it. The queue is drained when the phase
+        ends, so checkpoints (between iterations) never hold in-flight requests.
+
+        Returns the batch (as ``rollout``) and the scheduler's numbers for the metrics.
+        """
+        from spotlight_jax import sched  # noqa: PLC0415
+        from spotlight_jax.elastic import GroupConfig  # noqa: PLC0415
+
+        d = self.deploy
+        flat = [(p, int(s)) for p, ss in zip(prompts, seeds_per_prompt) for s in ss]
+        T = self.train_sampler_cfg.num_steps
+        horizon = 20 * d.rollout_s(len(flat), use_spot=True) + 3600.0
+        setup = d.scheduler_setup(len(jax.devices()), horizon)
+        image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
+        q = sched.RequestQueue(image_shape)
+        rids = [f"k{k:05d}r{i:04d}" for i in range(len(flat))]
+        q.submit([sched.Request(rid=r, prompt=p, seed=s, num_steps=T, policy_version=k)
+                  for r, (p, s) in zip(rids, flat)])
+        state = self.trainer.policy_state()
+        # On CPU every group computes on the trainer's device with the run's sampler (one
+        # compiled segment program); groups differ in identity and speed (from the cost model).
+        sim = sched.Simulation(
+            q, lambda group: sched.SamplerStepper(self.sampler, self.mcfg.text_len),
+            setup["events"],
+            sched.SimConfig(pool=setup["pool"],
+                            groups=GroupConfig(heads=self.mcfg.num_heads,
+                                               sp_degree=d.cfg.spot_sp),
+                            worker=sched.WorkerConfig(commit_every=d.cfg.commit_every,
+                                                      microbatch=8),
+                            cost=setup["cost"]),
+            policy=lambda node: (state, k), down_at_start=setup["down_at_start"])
+        rep = sim.run()
+        if not q.all_done:
+            raise RuntimeError(f"iteration {k}: the scheduler finished with requests left "
+                               f"({q.summary()}); no group could make progress")
+        rep.check_accounting()
+        res = q.results()
+        trajs = [res[r].trajectory() for r in rids]
+        batch = {key: np.stack([t[key] for t in trajs]) for key in ("latents", "log_probs",
+                                                                     "images")}
+        flat_prompts = [p for p, _ in flat]
+        batch["tokens"], batch["mask"] = world.tokenize(flat_prompts, self.mcfg.text_len)
+        batch["rewards"] = np.asarray(self.engine.reward_fn(batch["images"], flat_prompts),
+                                      np.float32)
+        batch["prompt_ids"] = np.repeat(np.arange(len(prompts)),
+                                        [len(ss) for ss in seeds_per_prompt])
+        batch["seeds"] = np.asarray([s for _, s in flat], np.uint32)
+        info = {"sched_makespan_s": rep.makespan, "sched_commits": rep.commits,
+                "sched_wasted_steps": rep.wasted_steps, "sched_lost_steps": rep.lost_steps,
+                "sched_events": rep.num_events,
+                "sched_idle_tail": (rep.idle_tail_device_s / rep.alive_device_s
+                                    if rep.alive_device_s else 0.0),
+                "sched_lost_work_s": rep.wasted_steps * setup["sample_step_s"]}
+        return batch, info
+
     def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False):
         """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
         ``state``, selects each prompt's max-variance G-subset, and updates the planner."""
@@ -229,15 +289,27 @@ class Run:
                 seeds = [np.asarray(ss, np.uint32) for ss in self.next_seeds]
             else:
                 seeds = group_seeds(c.seed, k, P, G)
-            batch = self.rollout(prompts, seeds)
             use_spot = self.mode in ("spot_rollout", "spotlight") and spot_ok
-            clock.run("rollout", d.od, d.rollout_s(n, use_spot))
+            scheduled = use_spot and d.cfg.scheduler
+            if scheduled:
+                batch, sched_info = self.scheduled_rollout(k, prompts, seeds)
+                row.update(sched_info)
+                clock.run("rollout", d.od, sched_info["sched_makespan_s"])
+            else:
+                batch = self.rollout(prompts, seeds)
+                clock.run("rollout", d.od, d.rollout_s(n, use_spot))
             if use_spot:
                 clock.charge(d.spot_group(), 0.0, "rollout")
         clock.run("reward", d.od, d.reward_s(n))
         t1 = time.time()
-        d.advance(busy_spot_phase_s=d.rollout_s(n, True) if self.mode in
-                  ("spot_rollout", "spotlight") else 0.0)
+        if self.mode in ("spot_rollout", "spotlight") and "sched_lost_work_s" in row:
+            # the scheduler measured the work preemptions cost (abrupt losses since the last
+            # commit); the trace events it saw are applied to the deployment here
+            d.advance()
+            d.stats["lost_work_s"] += row["sched_lost_work_s"]
+        else:
+            d.advance(busy_spot_phase_s=d.rollout_s(n, True) if self.mode in
+                      ("spot_rollout", "spotlight") else 0.0)
         # ---- train (+ concurrent exploration in spotlight mode) ------------------------------
         stale_state = self.trainer.policy_state()          # θ_k, before the update
         train_s = d.train_s(n)

@@ -26,6 +26,7 @@ class DeploymentConfig:
     spot_devices_per_node: int = 2
     spot_sp: int = 2
     commit_every: int = 2
+    scheduler: bool = True
 
 
 class Deployment:
@@ -126,6 +127,45 @@ class Deployment:
 
     def dollars(self) -> float:
         return self.cost.dollars(self.clock)
+
+    # -- a rollout phase through the pull scheduler ----------------------------------------
+    def scheduler_setup(self, num_devices: int, horizon_s: float) -> dict:
+        """What ``sched.Simulation`` needs to run a rollout phase starting now: the pool layout
+        (``od0`` + the spot nodes, with the trace's node names), the step-time model from the
+        cost model, the trace events of the next ``horizon_s`` seconds in phase-relative time,
+        and the spot nodes that are down at the start.
+
+        The layout is the deployment's when ``num_devices`` real devices hold it; otherwise
+        (8 emulated CPU devices for 4 + 4 x 2) each spot node gets one device and ``od0`` the
+        rest: the devices then only carry group identities, time comes from ``cost``.
+        """
+        from spotlight_jax.elastic import PoolConfig  # noqa: PLC0415
+        from spotlight_jax.sched import SimEvent, StepCost  # noqa: PLC0415
+
+        c = self.cfg
+        od, per_node = c.on_demand_devices, c.spot_devices_per_node
+        if od + c.spot_nodes * per_node > num_devices:
+            od, per_node = num_devices - c.spot_nodes, 1
+            if od < 1:
+                raise ValueError(f"{num_devices} devices cannot hold an on-demand node and "
+                                 f"{c.spot_nodes} spot nodes; raise num_cpu_devices or lower "
+                                 "deployment.spot_nodes")
+        nodes = (("od0", "on_demand", od),) + tuple(
+            (f"spot{i}", "spot", per_node) for i in range(c.spot_nodes))
+        now = self.clock.now()
+        upcoming = self.events.events[self.events.position:]
+        events = [SimEvent(e.time - now, e.kind, e.node,
+                           deadline=None if e.deadline is None else e.deadline - now,
+                           abrupt=e.abrupt)
+                  for e in upcoming if 0.0 <= e.time - now <= horizon_s]
+        step = self.cost.rollout_step(8, sp=1) / 8
+        return {"pool": PoolConfig(nodes=nodes),
+                "cost": StepCost(sample_step_s=step, call_overhead_s=0.0,
+                                 commit_s=self.cost_cfg.collective_latency_s),
+                "events": events,
+                "down_at_start": [f"spot{i}" for i in range(c.spot_nodes)
+                                  if f"spot{i}" not in self.alive_nodes],
+                "sample_step_s": step}
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:

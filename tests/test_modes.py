@@ -51,3 +51,31 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
     pool = controller.candidate_seeds(c.seed, 1, 0, n0)
     rewards = r.explorer.score(stale, [prompts[0]], [pool])[0]
     assert sorted(pool[max_variance_subset(rewards, G)].tolist()) == sorted(r.next_seeds[0])
+
+
+def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tmp_path, base):
+    # spot_rollout / spotlight rollouts go through the pull scheduler; a notice, an abrupt loss
+    # and a rejoin inside the phase must not change a bit of the trajectories, and the abrupt
+    # loss costs at most commit_every steps per request it held
+    from spotlight_jax.clock import EventCursor
+    from spotlight_jax.elastic.traces import SpotEvent
+
+    graphdef, state = base
+    c = mode_config("spotlight", iterations=1)
+    c.deployment.commit_every = 1
+    r = controller.Run(c, str(tmp_path), graphdef, state)
+    prompts = r.prompts(0)
+    seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
+    setup_step = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
+    t = setup_step  # one sample-step: events land while the first calls are in flight
+    r.deploy.events = EventCursor([
+        SpotEvent(0.5 * t, "notice", "spot0", deadline=3 * t),
+        SpotEvent(1.5 * t, "loss", "spot1", abrupt=True),
+        SpotEvent(3 * t, "loss", "spot0"),
+        SpotEvent(4 * t, "join", "spot1")])
+    got, info = r.scheduled_rollout(0, prompts, seeds)
+    assert info["sched_events"] >= 3
+    want = r.rollout(prompts, seeds)
+    for key in ("latents", "log_probs", "images", "rewards", "tokens", "seeds"):
+        np.testing.assert_array_equal(got[key], want[key])
+    assert info["sched_lost_steps"] <= c.deployment.commit_every * len(got["seeds"])
