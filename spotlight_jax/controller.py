@@ -28,8 +28,10 @@ optimizer, EMA, iteration, history) is checkpointed, so a resumed run repeats th
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging as pylogging
 import os
 import time
 
@@ -194,7 +196,8 @@ class Run:
                                                       microbatch=8),
                             cost=setup["cost"]),
             policy=lambda node: (state, k), down_at_start=setup["down_at_start"])
-        rep = sim.run()
+        with _quiet("spotlight_jax.elastic", "spotlight_jax.sched"):  # a pool per phase
+            rep = sim.run()
         if not q.all_done:
             raise RuntimeError(f"iteration {k}: the scheduler finished with requests left "
                                f"({q.summary()}); no group could make progress")
@@ -360,6 +363,21 @@ class Run:
                                               [h["reward_mean"] for h in trains])
         plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
                     title=f"{self.mode}: {self.config.rl.reward}")
+
+
+@contextlib.contextmanager
+def _quiet(*names):
+    """Raises the given loggers to WARNING for a block (the emulated pool of a scheduled
+    rollout phase would log its node losses and joins at every iteration)."""
+    loggers = [pylogging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(pylogging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
 
 
 def shard_state(state, mesh):

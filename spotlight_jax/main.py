@@ -4,6 +4,8 @@
   python -m spotlight_jax.main --config=configs/qwen_image_like.py --workdir=/tmp/q --dry_run
   python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/s --config.mode=spotlight
 """
+import logging as pylogging
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -14,9 +16,19 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print sizes and shardings; alloc
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+class _ProjectInfoOnly(pylogging.Filter):
+    """At the default verbosity, INFO lines come from this project only (Orbax and friends log
+    every checkpoint step at INFO); warnings and errors always pass. ``--verbosity=1`` shows all."""
+
+    def filter(self, record):
+        return (record.levelno >= pylogging.WARNING or "spotlight_jax" in record.pathname
+                or logging.get_verbosity() > logging.INFO)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     config = _CONFIG.value
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
     if config.num_cpu_devices:

@@ -48,13 +48,13 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
     from spotlight_jax import train
 
     graphdef, state = base
-    c = mode_config("flow_grpo", iterations=2)
+    c = mode_config("flow_grpo", iterations=1)
     c.mode = "compare"
-    c.rl.eval_every = 2
+    c.rl.eval_every = 1
     path = compare.run_compare(c, str(tmp_path), graphdef, state, progress=False)
     text = open(path).read()
     for mode in compare.MODES:
-        assert f"| {mode} | 2 |" in text
+        assert f"| {mode} | 1 |" in text
         assert os.path.exists(tmp_path / mode / "phases.json")
     assert "## Where the emulated time goes" in text and "## Assumptions" in text
     c.mode = "nonsense"

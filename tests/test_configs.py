@@ -56,3 +56,26 @@ def test_cli_dry_run_and_flag_errors(tmp_path):
     bad = subprocess.run(cmd + ["--config.rl.lrr=1"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and "lr" in bad.stderr
+
+
+def test_command_line_shows_info_from_this_project_only():
+    import logging as pylogging
+
+    from absl import logging
+
+    from spotlight_jax.main import _ProjectInfoOnly
+
+    def rec(level, path):
+        return pylogging.LogRecord("absl", level, path, 1, "m", None, None)
+
+    f = _ProjectInfoOnly()
+    old = logging.get_verbosity()
+    try:
+        logging.set_verbosity(logging.INFO)
+        assert f.filter(rec(pylogging.INFO, "/x/spotlight_jax/controller.py"))
+        assert not f.filter(rec(pylogging.INFO, "/x/orbax/checkpoint/checkpoint_manager.py"))
+        assert f.filter(rec(pylogging.WARNING, "/x/orbax/checkpoint/checkpoint_manager.py"))
+        logging.set_verbosity(logging.DEBUG)
+        assert f.filter(rec(pylogging.INFO, "/x/orbax/checkpoint/checkpoint_manager.py"))
+    finally:
+        logging.set_verbosity(old)

@@ -15,7 +15,7 @@ from test_resume import micro_config
 from spotlight_jax import controller
 from spotlight_jax.builders import create_model
 
-ITERATIONS = 4
+ITERATIONS = 3
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s"}   # real seconds, not state
 
 CHILD = """
@@ -23,6 +23,8 @@ import sys
 sys.path.insert(0, {tests!r})
 import jax
 jax.config.update("jax_num_cpu_devices", 8)
+from spotlight_jax.elastic.exec_cache import enable_persistent_cache
+enable_persistent_cache({cache!r})   # the resumed process loads the killed one's programs
 from test_kill_resume import spotlight_config
 from spotlight_jax import controller
 from spotlight_jax.builders import create_model
@@ -60,7 +62,8 @@ def _completed_steps(ckdir: Path) -> list[int]:
 
 
 def _spawn(workdir):
-    code = CHILD.format(tests=str(Path(__file__).parent), workdir=str(workdir))
+    code = CHILD.format(tests=str(Path(__file__).parent), workdir=str(workdir),
+                        cache=str(Path(workdir).parent / "xla_cache"))
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
 
