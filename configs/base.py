@@ -10,7 +10,9 @@ def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.mode = "spotlight"            # flow_grpo | explore_sync | spot_rollout | spotlight | compare
-    c.num_cpu_devices = 8           # emulated devices when running on CPU (0 = leave as is)
+    # Emulated devices when running on CPU (0 = leave as is): the deployment below (4 on-demand
+    # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
+    c.num_cpu_devices = 12
     # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores, and
     # a data-parallel GRPO update over 8 of them measured 7x slower than on one (26 s vs 3.5 s).
     c.trainer_devices = 1

@@ -193,7 +193,7 @@ class Run:
                             groups=GroupConfig(heads=self.mcfg.num_heads,
                                                sp_degree=d.cfg.spot_sp),
                             worker=sched.WorkerConfig(commit_every=d.cfg.commit_every,
-                                                      microbatch=16),
+                                                      microbatch=4),
                             cost=setup["cost"],
                             check_invariants=False),   # checked per event in the sched tests
             policy=lambda node: (state, k), down_at_start=setup["down_at_start"])
@@ -219,7 +219,8 @@ class Run:
                 "sched_events": rep.num_events,
                 "sched_idle_tail": (rep.idle_tail_device_s / rep.alive_device_s
                                     if rep.alive_device_s else 0.0),
-                "sched_lost_work_s": rep.wasted_steps * setup["sample_step_s"]}
+                "sched_lost_work_s": rep.wasted_steps * setup["sample_step_s"],
+                "sched_spot_busy_device_s": rep.busy_by_role.get("spot", 0.0)}
         return batch, info
 
     def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False):
@@ -298,12 +299,16 @@ class Run:
             if scheduled:
                 batch, sched_info = self.scheduled_rollout(k, prompts, seeds)
                 row.update(sched_info)
-                clock.run("rollout", d.od, sched_info["sched_makespan_s"])
+                with clock.concurrent() as phase:
+                    phase.run("rollout", d.od, sched_info["sched_makespan_s"])
+                    spot = d.spot_group()
+                    phase.charge(spot, sched_info["sched_spot_busy_device_s"] / spot.num_devices,
+                                 "rollout")
             else:
                 batch = self.rollout(prompts, seeds)
                 clock.run("rollout", d.od, d.rollout_s(n, use_spot))
-            if use_spot:
-                clock.charge(d.spot_group(), 0.0, "rollout")
+                if use_spot:
+                    clock.charge(d.spot_group(), 0.0, "rollout")
         clock.run("reward", d.od, d.reward_s(n))
         t1 = time.time()
         if self.mode in ("spot_rollout", "spotlight") and "sched_lost_work_s" in row:

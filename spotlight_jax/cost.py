@@ -573,7 +573,7 @@ class ProfileCost(CostModel):
                        "configs/qwen_image_like.py; 0 = full fine-tuning"),
             Assumption("train_passes", self.train_passes(), "forwards per trained step",
                        "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + remat fwd "
-                       "+ KL reference fwd + old-log-prob re-score fwd (rl/grpo.py)"),
+                       "+ KL reference fwd (beta > 0) + old-log-prob re-score fwd (rl.rescore)"),
             Assumption("reward_per_image", c.reward_s_per_image, "s", "assumption"),
             Assumption("network", c.network_gbit_s, "Gbit/s", "assumption: cloud NIC tier"),
             Assumption("broadcast_bytes", self.broadcast_bytes(), "bytes",

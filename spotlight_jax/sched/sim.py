@@ -167,6 +167,7 @@ class SimReport:
     calls: int = 0
     commits: int = 0
     busy_device_s: float = 0.0
+    busy_by_role: Counter = dataclasses.field(default_factory=Counter)   # role -> device-s
     commit_device_s: float = 0.0
     alive_device_s: float = 0.0
     idle_tail_device_s: float = 0.0
@@ -361,6 +362,7 @@ class Simulation:
         g.call_start, g.call_end = self.now, self.now + dur + commit
         g.token += 1
         self.report.busy_device_s += (dur + commit) * g.group.degree
+        self.report.busy_by_role[self.pool.role(g.node)] += (dur + commit) * g.group.degree
         self.report.commit_device_s += commit * g.group.degree
         self._push(g.call_end, "call_done", (g.gid, g.token))
         hb = self.config.heartbeat_s
@@ -446,6 +448,7 @@ class Simulation:
             return                              # overrun: the loss at the deadline kills it
         self.report.busy_device_s += (t - self.now) * g.group.degree
         self.report.commit_device_s += (t - self.now) * g.group.degree
+        self.report.busy_by_role[self.pool.role(g.node)] += (t - self.now) * g.group.degree
         g.last_busy_end = t
 
         record = {"time": self.now, "group": g.gid, "ok": True, "committed": len(commits),
