@@ -246,13 +246,15 @@ def test_profile_scales_with_batch_and_sp_degree():
     assert p.rollout_step(1, 8) == pytest.approx(floor + p.sp_comm(1, 8))
     assert p.rollout(4, 2) == 10 * p.rollout_step(4, 2)
     assert p.rollout(4, 2, num_steps=3) == 3 * p.rollout_step(4, 2)
-    # training: 4 steps x (1 fwd + 1 bwd(LoRA) + remat + KL + re-score) x CFG 2 = 40 forwards
-    assert p.train_passes() == 10.0
-    assert p.train_sample(1) == pytest.approx(40 * p.flops / (989e12 * 0.4))
+    # training: 4 steps x (1 fwd + 1 bwd(LoRA) + remat + KL) x CFG 2 = 32 forwards
+    assert p.train_passes() == 8.0
+    assert p.train_sample(1) == pytest.approx(32 * p.flops / (989e12 * 0.4))
+    rescored = cost_lib.make_cost_model(CostConfig(), Workload(lora_rank=32, rescore=True))
+    assert rescored.train_passes() == 10.0     # + one re-score forward per step, x CFG 2
     assert p.train_sample(4) == pytest.approx(p.train_sample(1) / 4)
     assert p.train(6, 4) == pytest.approx(6 * p.train_sample(4))
     full = cost_lib.make_cost_model(CostConfig(lora_rank=0), Workload(kl=False))
-    assert full.train_passes() == 2 * (1 + 2 + 1 + 0 + 1)
+    assert full.train_passes() == 2 * (1 + 2 + 1 + 0 + 0)   # fwd, bwd, remat, no KL, no re-score
     assert full.broadcast() == pytest.approx(full.weight_bytes * 8 / 100e9)
     h = cost_lib.make_cost_model(CostConfig(device="a100_sxm"), Workload())
     assert h.rollout_step(8) == pytest.approx(p.rollout_step(8) * 989 / 312)
