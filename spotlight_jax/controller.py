@@ -186,18 +186,18 @@ class Run:
         state = self.trainer.policy_state()
         # On CPU every group computes on the trainer's device with the run's sampler (one
         # compiled segment program); groups differ in identity and speed (from the cost model).
-        sim = sched.Simulation(
-            q, lambda group: sched.SamplerStepper(self.sampler, self.mcfg.text_len),
-            setup["events"],
-            sched.SimConfig(pool=setup["pool"],
-                            groups=GroupConfig(heads=self.mcfg.num_heads,
-                                               sp_degree=d.cfg.spot_sp),
-                            worker=sched.WorkerConfig(commit_every=d.cfg.commit_every,
-                                                      microbatch=4),
-                            cost=setup["cost"],
-                            check_invariants=False),   # checked per event in the sched tests
-            policy=lambda node: (state, k), down_at_start=setup["down_at_start"])
         with _quiet("spotlight_jax.elastic", "spotlight_jax.sched"):  # a pool per phase
+            sim = sched.Simulation(
+                q, lambda group: sched.SamplerStepper(self.sampler, self.mcfg.text_len),
+                setup["events"],
+                sched.SimConfig(pool=setup["pool"],
+                                groups=GroupConfig(heads=self.mcfg.num_heads,
+                                                   sp_degree=d.cfg.spot_sp),
+                                worker=sched.WorkerConfig(commit_every=d.cfg.commit_every,
+                                                          microbatch=4),
+                                cost=setup["cost"],
+                                check_invariants=False),   # checked per event in the sched tests
+                policy=lambda node: (state, k), down_at_start=setup["down_at_start"])
             rep = sim.run()
         if not q.all_done:
             raise RuntimeError(f"iteration {k}: the scheduler finished with requests left "
