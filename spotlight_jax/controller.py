@@ -434,6 +434,8 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
         post = {"reward": f"{row['reward_mean']:.3f}", "kl": f"{row['kl']:.1e}"}
         if c.mode in ("spot_rollout", "spotlight"):
             post.update(spot=row["spot_alive"], preempt=row["preemptions"])
+        if budget_s:  # the run ends on its time budget, long before rl.iterations
+            post["budget"] = f"{spent / 60:.1f}/{budget_s / 60:.0f} min"
         bar.set_postfix(post)
         if (r.iteration % c.checkpoint.every == 0 or r.iteration == c.rl.iterations
                 or out_of_time):
