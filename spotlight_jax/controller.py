@@ -155,10 +155,7 @@ class Run:
         flat = [p for p, ss in zip(prompts, seeds_per_prompt) for _ in range(len(ss))]
         seeds = np.concatenate([np.asarray(ss, np.uint32) for ss in seeds_per_prompt])
         batch = self.engine.run(self.trainer.policy_state(), flat, seeds)
-        batch["prompt_ids"] = np.repeat(np.arange(len(prompts)),
-                                        [len(ss) for ss in seeds_per_prompt])
-        batch["seeds"] = seeds
-        return batch
+        return _with_group_ids(batch, seeds_per_prompt)
 
     def scheduled_rollout(self, k: int, prompts, seeds_per_prompt) -> tuple[dict, dict]:
         """The rollout phase through the pull scheduler: one request per (prompt, seed), pulled
@@ -211,9 +208,7 @@ class Run:
         batch["tokens"], batch["mask"] = world.tokenize(flat_prompts, self.mcfg.text_len)
         batch["rewards"] = np.asarray(self.engine.reward_fn(batch["images"], flat_prompts),
                                       np.float32)
-        batch["prompt_ids"] = np.repeat(np.arange(len(prompts)),
-                                        [len(ss) for ss in seeds_per_prompt])
-        batch["seeds"] = np.asarray([s for _, s in flat], np.uint32)
+        batch = _with_group_ids(batch, seeds_per_prompt)
         info = {"sched_makespan_s": rep.makespan, "sched_commits": rep.commits,
                 "sched_wasted_steps": rep.wasted_steps, "sched_lost_steps": rep.lost_steps,
                 "sched_events": rep.num_events,
@@ -275,6 +270,7 @@ class Run:
         if spot_ok:
             self._degraded_logged = False
         row: dict = {"iteration": k + 1}
+        scheduled = False
         t0 = time.time()
         # ---- rollout phase -------------------------------------------------------------------
         if self.mode == "explore_sync":
@@ -311,7 +307,7 @@ class Run:
                     clock.charge(d.spot_group(), 0.0, "rollout")
         clock.run("reward", d.od, d.reward_s(n))
         t1 = time.time()
-        if self.mode in ("spot_rollout", "spotlight") and "sched_lost_work_s" in row:
+        if scheduled:
             # the scheduler measured the work preemptions cost (abrupt losses since the last
             # commit); the trace events it saw are applied to the deployment here
             d.advance()
@@ -369,6 +365,14 @@ class Run:
                                               [h["reward_mean"] for h in trains])
         plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
                     title=f"{self.mode}: {self.config.rl.reward}")
+
+
+def _with_group_ids(batch: dict, seeds_per_prompt) -> dict:
+    """Adds ``prompt_ids`` (the GRPO group of each trajectory) and the flat ``seeds``."""
+    batch["prompt_ids"] = np.repeat(np.arange(len(seeds_per_prompt)),
+                                    [len(ss) for ss in seeds_per_prompt])
+    batch["seeds"] = np.concatenate([np.asarray(ss, np.uint32) for ss in seeds_per_prompt])
+    return batch
 
 
 @contextlib.contextmanager
