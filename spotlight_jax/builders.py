@@ -7,6 +7,9 @@ frozen dataclass, built here. Models are initialised sharded from the start
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
+import runpy
 
 import jax
 from flax import nnx
@@ -16,6 +19,34 @@ from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.models import MMDiT, MMDiTConfig
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_config(name_or_path: str | os.PathLike, overrides: dict | None = None):
+    """A config from ``configs/<name>.py`` (e.g. ``"tiny"``) or a path to a config file, with
+    dotted overrides applied (``{"rl.lr": 1e-3, "mode": "flow_grpo"}``) as ``--config.x=...``
+    would. Unknown keys raise KeyError naming the key, so a typo never passes silently."""
+    path = pathlib.Path(name_or_path)
+    if path.suffix != ".py":
+        path = CONFIG_DIR / f"{name_or_path}.py"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.py")) if CONFIG_DIR.is_dir() else []
+        raise FileNotFoundError(f"no config file {str(path)!r}; known configs: {known} "
+                                "(a config lives in the repository's configs/ folder)")
+    config = runpy.run_path(str(path))["get_config"]()
+    for key, value in (overrides or {}).items():
+        *parents, leaf = key.split(".")
+        section = config
+        for part in parents:
+            if part not in section:
+                raise KeyError(f"config override {key!r}: no section {part!r}")
+            section = section[part]
+        if leaf not in section:
+            raise KeyError(f"config override {key!r}: no field {leaf!r} in "
+                           f"{'.'.join(parents) or 'the top level'}")
+        section[leaf] = value
+    return config
 
 
 def pick_fields(cls, section, **overrides):

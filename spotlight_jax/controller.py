@@ -117,6 +117,17 @@ class Run:
                                              max_extra_per_prompt=e.max_extra_per_prompt,
                                              seed=config.seed), key_fn=key_fn)
         self._degraded_logged = False
+        # The pull scheduler's pool needs a device per spot node plus one on-demand device (the
+        # emulated devices carry group identities). A runtime with fewer (one GPU) runs the same
+        # rollouts directly, with the same time accounting.
+        need = 1 + self.deploy.cfg.spot_nodes
+        self.scheduler_on = bool(config.deployment.scheduler) and len(jax.devices()) >= need
+        if (config.deployment.scheduler and not self.scheduler_on
+                and self.mode in ("spot_rollout", "spotlight")):
+            logging.warning("deployment.scheduler: %d device(s) cannot hold the scheduler's pool "
+                            "(%d needed: one on-demand and one per spot node); rollouts run "
+                            "directly with the same emulated-time accounting",
+                            len(jax.devices()), need)
 
     # -- checkpointing -------------------------------------------------------------------------
     def _tree(self):
@@ -291,7 +302,7 @@ class Run:
             else:
                 seeds = group_seeds(c.seed, k, P, G)
             use_spot = self.mode in ("spot_rollout", "spotlight") and spot_ok
-            scheduled = use_spot and d.cfg.scheduler
+            scheduled = use_spot and self.scheduler_on
             if scheduled:
                 batch, sched_info = self.scheduled_rollout(k, prompts, seeds)
                 row.update(sched_info)

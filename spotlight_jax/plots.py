@@ -77,6 +77,86 @@ def seed_curves(workdirs, key: str = "val_reward") -> dict:
             "runs": [(sorted(p), [p[x] for x in sorted(p)]) for p in runs]}
 
 
+def alive_series(replay, devices_per_node: int, until_s: float | None = None):
+    """Spot devices alive over time from a trace replay (``spotlight_jax.elastic.traces.Replay``):
+    ``(times, alive)`` where ``alive[i]`` holds from ``times[i]`` to ``times[i + 1]``, starting
+    at 0 and ending at ``until_s`` (default: the last event). Notices change nothing (the node
+    is still up until its loss); a loss of a node already down is ignored, as the pool does."""
+    up = set(replay.initial_alive)
+    times, alive = [0.0], [len(up) * devices_per_node]
+    for e in replay.events:
+        if until_s is not None and e.time > until_s:
+            break
+        before = len(up)
+        if e.kind == "join":
+            up.add(e.node)
+        elif e.kind == "loss":
+            up.discard(e.node)
+        if len(up) != before:
+            times.append(float(e.time))
+            alive.append(len(up) * devices_per_node)
+    end = float(until_s) if until_s is not None else times[-1]
+    times.append(max(end, times[-1]))
+    alive.append(alive[-1])
+    return np.asarray(times), np.asarray(alive)
+
+
+def spot_timeline(path: str, replay, devices_per_node: int, history=(), until_s=None,
+                  title: str = "") -> None:
+    """Spot availability of a run on its emulated clock: devices alive (step line), notices,
+    abrupt losses and joins (markers), iteration boundaries; below, each iteration's spot
+    utilisation (busy / alive device time) and regroups from ``history`` (``rl.jsonl`` rows)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = [r for r in history if "vtime_s" in r]
+    if until_s is None and rows:
+        until_s = max(r["vtime_s"] for r in rows)
+    t, a = alive_series(replay, devices_per_node, until_s)
+    hours = 1 / 3600.0
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(7, 4.5), sharex=True,
+                                 gridspec_kw={"height_ratios": [2, 1]})
+    ax.step(t * hours, a, where="post", color="tab:blue", label="spot devices alive")
+    top = max(len(replay.nodes) * devices_per_node, 1)
+    marks = {"notice": ("v", "tab:orange", "notice"), "loss": ("x", "tab:red", "loss"),
+             "abrupt": ("X", "darkred", "abrupt loss"), "join": ("^", "tab:green", "join")}
+    seen = set()
+    for e in replay.events:
+        if until_s is not None and e.time > until_s:
+            break
+        kind = "abrupt" if e.kind == "loss" and e.abrupt else e.kind
+        m, col, label = marks[kind]
+        ax.plot(e.time * hours, top + 0.6, m, color=col, ms=7,
+                label=None if kind in seen else label)
+        seen.add(kind)
+    for r in rows:
+        ax.axvline(r["vtime_s"] * hours, color="0.85", lw=0.6, zorder=0)
+    ax.set_ylim(-0.3, top + 1.3)
+    ax.set_ylabel("devices")
+    ax.legend(loc="lower left", fontsize=7, ncol=3)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    if rows:
+        x = [r["vtime_s"] * hours for r in rows]
+        bx.plot(x, [r.get("spot_util", np.nan) for r in rows], ".-",
+                label="spot utilisation (run so far)")
+        bx.set_ylim(0, 1.05)
+        rg = np.diff([0] + [r.get("regroups", 0) for r in rows])
+        for xi, n in zip(x, rg):
+            if n:
+                bx.annotate(f"{int(n)} regroup{'s' if n > 1 else ''}", (xi, 0.05), fontsize=6,
+                            rotation=90, color="tab:purple")
+        bx.legend(loc="upper left", fontsize=7)
+    bx.set_xlabel("emulated time (hours)")
+    bx.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     """``python -m spotlight_jax.plots --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]``:
     held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table."""

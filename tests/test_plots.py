@@ -30,3 +30,24 @@ def test_seed_curves_use_common_evaluations_and_plot(tmp_path, capsys):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ValueError, match="no 'val_reward'"):
         plots.seed_curves([tmp_path / "empty"])
+
+
+def test_alive_series_and_spot_timeline(tmp_path):
+    from spotlight_jax.elastic.traces import Replay, SpotEvent
+    r = Replay(nodes=("spot0", "spot1"), initial_alive=("spot0",), duration_s=100.0, events=(
+        SpotEvent(10.0, "join", "spot1"),
+        SpotEvent(20.0, "notice", "spot0", deadline=30.0),
+        SpotEvent(30.0, "loss", "spot0"),
+        SpotEvent(35.0, "loss", "spot0", abrupt=True),   # already down: no change
+        SpotEvent(50.0, "loss", "spot1", abrupt=True),
+        SpotEvent(90.0, "join", "spot0"),
+    ))
+    t, a = plots.alive_series(r, devices_per_node=2, until_s=60.0)
+    np.testing.assert_array_equal(t, [0, 10, 30, 50, 60])
+    np.testing.assert_array_equal(a, [2, 4, 2, 0, 0])
+    t, a = plots.alive_series(r, devices_per_node=2)
+    assert t[-1] == 90.0 and a[-1] == 2
+    history = [{"step": 1, "vtime_s": 25.0, "spot_util": 0.5, "regroups": 1},
+               {"step": 2, "vtime_s": 55.0, "spot_util": 0.4, "regroups": 3}]
+    plots.spot_timeline(str(tmp_path / "t.png"), r, 2, history)
+    assert os.path.getsize(tmp_path / "t.png") > 0

@@ -10,7 +10,8 @@ For each sequence length (batch 1, 8 heads, head_dim 64, float32) it jits forwar
   executable is compiled ahead, so that run has no compile in it). The default run (all four
   lengths) used 2.5 min of CPU and 6 min of wall time on a 2-core machine shared with other jobs;
 * per-device peak memory from ``jit(...).lower(...).compile().memory_analysis()``
-  (temp + argument + output bytes), and its ratio to dense.
+  (temp + argument + output bytes), and its ratio to dense;
+* the largest absolute difference of the strategy's q/k/v gradients from dense attention's.
 
 SP strategies run on an 8-device ``sp`` mesh of emulated CPU devices. With 8 heads, ``usp`` on a
 single 8-wide axis would be pure Ulysses, so it runs on the same 8 devices viewed as a
@@ -72,72 +73,92 @@ def _time(fn, args, repeats: int, budget_s: float) -> tuple[float, int]:
     return statistics.median(times), repeats
 
 
-def _configs(usp_ulysses: int):
-    """(label, mesh, strategy, axis, in_spec) for each strategy."""
+def configs(devices, usp_ulysses: int = 2):
+    """(label, mesh, strategy, axis, in_spec) for dense (the first device) and each SP strategy
+    over ``devices`` (``usp`` views them as a ``(ring, ulysses)`` mesh)."""
     from spotlight_jax.parallel import MeshConfig, make_mesh
 
-    devices = jax.devices()[:NUM_DEVICES]
-    sp_mesh = make_mesh(devices, MeshConfig(data=1, fsdp=1, sp=NUM_DEVICES))
-    ring = NUM_DEVICES // usp_ulysses
+    n = len(devices)
+    if n < 2 or n % usp_ulysses or HEADS % usp_ulysses or HEADS % n and n % HEADS:
+        raise ValueError(f"{n} devices with usp_ulysses={usp_ulysses} and {HEADS} heads: need "
+                         f">= 2 devices, usp_ulysses dividing both, and heads and devices "
+                         f"dividing one another")
+    sp_mesh = make_mesh(devices, MeshConfig(data=1, fsdp=1, sp=n))
+    ring = n // usp_ulysses
     usp_mesh = Mesh(np.asarray(devices).reshape(ring, usp_ulysses), ("ring", "uly"),
                     axis_types=(AxisType.Auto,) * 2)
     return [
         ("dense (1 device)", None, "dense", "sp", None),
-        ("ulysses (sp=8)", sp_mesh, "ulysses", "sp", P(None, "sp")),
-        ("ring (sp=8)", sp_mesh, "ring", "sp", P(None, "sp")),
+        (f"ulysses (sp={n})", sp_mesh, "ulysses", "sp", P(None, "sp")),
+        (f"ring (sp={n})", sp_mesh, "ring", "sp", P(None, "sp")),
         (f"usp ({usp_ulysses}x{ring})", usp_mesh, "usp", ("uly", "ring"),
          P(None, ("ring", "uly"))),
     ]
 
 
-def run(seqs, repeats: int, usp_ulysses: int, budget_s: float):
+def run(seqs, repeats: int, usp_ulysses: int, budget_s: float, devices=None,
+        show: bool = True):
+    """Times forward + backward of every strategy at each length; returns one dict per
+    (length, strategy) with ``seq, strategy, seconds, x_dense, runs, bytes, mem_x_dense,
+    max_err`` (largest absolute difference of the q/k/v gradients from dense) and ``note``."""
     from spotlight_jax.parallel import attention
 
+    devices = list(jax.devices()[:NUM_DEVICES] if devices is None else devices)
     rows = []
     for seq in seqs:
         keys = jax.random.split(jax.random.key(seq), 4)
         host = [np.asarray(jax.random.normal(kk, (BATCH, seq, HEADS, HEAD_DIM), jnp.float32))
                 for kk in keys]
-        base_time = base_mem = None
-        for label, mesh, strategy, axis, spec in _configs(usp_ulysses):
+        base_time = base_mem = reference = None
+        for label, mesh, strategy, axis, spec in configs(devices, usp_ulysses):
             def loss(q, k, v, ct, mesh=mesh, strategy=strategy, axis=axis):
                 return jnp.sum(attention(q, k, v, mesh=mesh, strategy=strategy, axis=axis) * ct)
 
             step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
             if mesh is None:
-                args = [jax.device_put(x, jax.devices()[0]) for x in host]
+                args = [jax.device_put(x, devices[0]) for x in host]
             else:
                 args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in host]
             compiled = step.lower(*args).compile()
             mem = _footprint(compiled)
-            avail = _available_bytes()
-            # Dense footprint is per host; SP footprints are per device, all 8 on this host.
-            total = mem * (1 if mesh is None else NUM_DEVICES)
+            avail = _available_bytes() if devices[0].platform == "cpu" else None
+            # Dense footprint is per host; SP footprints are per device, all on this host (CPU).
+            total = mem * (1 if mesh is None else len(devices))
+            row = dict(seq=seq, strategy=label, seconds=None, x_dense=None, runs=0, bytes=mem,
+                       mem_x_dense=None, max_err=None, note="")
             if avail is not None and total > 0.8 * avail:
-                rows.append((seq, label, None, None, 0, mem, None,
-                             f"skipped: needs {total / 2**30:.1f} GiB, "
-                             f"{avail / 2**30:.1f} GiB available"))
+                row["note"] = (f"skipped: needs {total / 2**30:.1f} GiB, "
+                               f"{avail / 2**30:.1f} GiB available")
+                rows.append(row)
                 continue
             secs, runs = _time(compiled, args, repeats, budget_s)
+            grads = [np.asarray(g) for g in compiled(*args)]
             if mesh is None:
-                base_time, base_mem = secs, mem
-            rows.append((seq, label, secs,
-                         None if base_time is None else secs / base_time, runs, mem,
-                         None if base_mem is None else mem / base_mem, ""))
+                base_time, base_mem, reference = secs, mem, grads
+            else:
+                row["x_dense"] = None if base_time is None else secs / base_time
+                row["mem_x_dense"] = None if base_mem is None else mem / base_mem
+                if reference is not None:
+                    row["max_err"] = max(float(np.abs(g - r).max())
+                                         for g, r in zip(grads, reference))
+            row.update(seconds=secs, runs=runs)
+            rows.append(row)
             del compiled, args
-        print_table([r for r in rows if r[0] == seq], header=seq == seqs[0])
+        if show:
+            print_table([r for r in rows if r["seq"] == seq], header=seq == seqs[0])
     return rows
 
 
 def print_table(rows, header=True):
     if header:
         print(f"{'seq':>6}  {'strategy':<18} {'fwd+bwd ms':>11} {'x dense':>8} {'runs':>5} "
-              f"{'MiB/device':>11} {'x dense':>8}")
-    for seq, label, secs, t_ratio, runs, mem, m_ratio, note in rows:
-        fmt = lambda x, f: "-" if x is None else format(x, f)
-        print(f"{seq:>6}  {label:<18} {fmt(secs and secs * 1e3, '11.1f')} "
-              f"{fmt(t_ratio, '8.2f')} {runs:>5} {mem / 2**20:11.1f} {fmt(m_ratio, '8.3f')}"
-              f"  {note}".rstrip(), flush=True)
+              f"{'MiB/device':>11} {'x dense':>8} {'max |dgrad|':>12}")
+    fmt = lambda x, f: ("-" if x is None else format(x, f)).rjust(int(f.split(".")[0]))
+    for r in rows:
+        print(f"{r['seq']:>6}  {r['strategy']:<18} "
+              f"{fmt(r['seconds'] and r['seconds'] * 1e3, '11.1f')} {fmt(r['x_dense'], '8.2f')} "
+              f"{r['runs']:>5} {r['bytes'] / 2**20:11.1f} {fmt(r['mem_x_dense'], '8.3f')} "
+              f"{fmt(r['max_err'], '12.1e')}  {r['note']}".rstrip(), flush=True)
 
 
 def main(argv=None):

@@ -47,7 +47,6 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import runpy  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -98,7 +97,7 @@ def load_config(name: str):
     if name not in CONFIGS:
         raise SystemExit(f"unknown config {name!r}; choose from {sorted(CONFIGS)}")
     path, overrides = CONFIGS[name]
-    config = runpy.run_path(str(REPO / "configs" / path))["get_config"]()
+    config = builders.load_config(REPO / "configs" / path)
     return dataclasses.replace(builders.model_config(config), **overrides).validate(), config
 
 
@@ -363,7 +362,7 @@ def extrapolate(rows, args) -> None:
 
 
 def load_config_path(path: Path):
-    config = runpy.run_path(str(path))["get_config"]()
+    config = builders.load_config(path)
     return builders.model_config(config), config
 
 

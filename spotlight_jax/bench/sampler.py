@@ -9,7 +9,6 @@ so its time should be close to ``steps`` forwards of the model: the printed over
 from __future__ import annotations
 
 import argparse
-import runpy
 import statistics
 import time
 from pathlib import Path
@@ -40,10 +39,10 @@ def main(argv=None):
     from flax import nnx
 
     from spotlight_jax import world
-    from spotlight_jax.builders import create_model, model_config
+    from spotlight_jax.builders import create_model, load_config, model_config
     from spotlight_jax.diffusion import Sampler, SamplerConfig
 
-    config = runpy.run_path(args.config)["get_config"]()
+    config = load_config(args.config)
     mcfg = model_config(config)
     graphdef, state = create_model(mcfg)
     prompts = (world.train_prompts(world.WorldConfig(image_size=mcfg.image_size))

@@ -35,10 +35,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 import argparse  # noqa: E402
 import math  # noqa: E402
-import runpy  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -230,9 +228,8 @@ def part_c(model: str, n: int, steps: int, repeats: int, ks):
     if model == "micro":
         mcfg = MICRO
     else:
-        from spotlight_jax.builders import model_config
-        config = runpy.run_path(str(Path(__file__).resolve().parents[2] / "configs"
-                                    / f"{model}.py"))["get_config"]()
+        from spotlight_jax.builders import load_config, model_config
+        config = load_config(model)
         mcfg = model_config(config)
     shape = (mcfg.image_size, mcfg.image_size, mcfg.channels)
     graphdef, state = random_params(mcfg)

@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import os
-import runpy
 import tempfile
 import time
 from pathlib import Path
@@ -54,13 +53,13 @@ def main(argv=None):
     from tqdm.auto import tqdm
 
     from spotlight_jax import controller, train
-    from spotlight_jax.builders import sampler_config
+    from spotlight_jax.builders import load_config, sampler_config
     from spotlight_jax.diffusion import Sampler
     from spotlight_jax.explore import Explorer, RolloutEngine, candidate_seeds
     from spotlight_jax.explore.staleness import ranking_agreement, summarize_agreement
     from spotlight_jax.plots import plot_curves
 
-    config = runpy.run_path(args.config)["get_config"]()
+    config = load_config(args.config)
     config.mode, config.seed = "flow_grpo", args.seed
     config.rl.eval_every = 0
     if args.lr is not None:
