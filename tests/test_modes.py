@@ -87,3 +87,18 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
         np.testing.assert_allclose(got[key], direct[key], atol=1e-5)
     for key in ("tokens", "seeds", "prompt_ids"):
         np.testing.assert_array_equal(got[key], direct[key])
+
+
+def test_too_few_devices_for_the_scheduler_pool_runs_rollouts_directly(tmp_path, base, caplog):
+    """One on-demand device plus one per spot node are needed for the scheduler's pool; with 8
+    devices and 8 spot nodes (a one-GPU runtime in miniature) the rollouts run directly."""
+    graphdef, state = base
+    c = mode_config("spot_rollout", iterations=1)
+    c.deployment.spot_nodes = len(jax.devices())
+    run = controller.Run(c, str(tmp_path), graphdef, state)
+    assert not run.scheduler_on
+    assert "cannot hold the scheduler's pool" in caplog.text
+    row = run.step(0)
+    assert "sched_makespan_s" not in row and row["vtime_s"] > 0
+    c.deployment.spot_nodes = 2
+    assert controller.Run(c, str(tmp_path / "b"), graphdef, state).scheduler_on
