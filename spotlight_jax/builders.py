@@ -79,6 +79,21 @@ def build_mesh(config, devices=None) -> Mesh:
     return make_mesh(devices, mesh_config(config))
 
 
+def explore_mesh(trainer_mesh: Mesh, devices=None, batch_multiple: int = 1) -> Mesh | None:
+    """Where ``spotlight`` mode explores while the trainer updates: a data-parallel mesh over
+    devices the trainer's mesh does not use (of ``devices``, default all), as many as the largest
+    power of two that divides ``batch_multiple`` (the explorer's padded batch). None when the
+    trainer holds every device: exploration then shares the trainer's devices."""
+    used = {d.id for d in trainer_mesh.devices.flat}
+    free = [d for d in (jax.devices() if devices is None else devices) if d.id not in used]
+    n = 1
+    while 2 * n <= len(free) and batch_multiple % (2 * n) == 0:
+        n *= 2
+    if not free:
+        return None
+    return make_mesh(free[-n:], MeshConfig(data=-1, fsdp=1, sp=1))
+
+
 def abstract_model(cfg: MMDiTConfig, seed: int = 0):
     """``(graphdef, abstract_state)`` without allocating parameters."""
     return nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(seed))))

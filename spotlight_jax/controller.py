@@ -16,6 +16,11 @@ Modes (contract, ``config.mode``), one iteration k each:
   the bandit planner fits into the training time; S_{k+1} = max-variance G-subsets; the planner
   learns from the explored pools. Training stays on-policy: the next rollout re-runs the chosen
   seeds with θ_{k+1}. With no spot device alive it degrades to ``flow_grpo`` and says so.
+  The exploration really runs concurrently with the update: θ_k is copied device to device
+  onto a mesh of devices the trainer does not use (``builders.explore_mesh``) and scored in a
+  worker thread while the main thread dispatches the update (JAX releases the GIL while
+  programs run); the row records both wall intervals and their overlap. Both are pure
+  functions of their inputs, so the results do not depend on the interleaving.
 
 Every mode then runs a periodic held-out evaluation (ODE sampler, fixed seeds) and a periodic
 checkpoint of the full state (policy, optimizer, EMA, planner, next seeds, clock, trace cursor).
@@ -28,6 +33,7 @@ optimizer, EMA, iteration, history) is checkpointed, so a resumed run repeats th
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -38,10 +44,17 @@ import time
 import jax
 import numpy as np
 from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from spotlight_jax import world
-from spotlight_jax.builders import build_mesh, model_config, pick_fields, sampler_config
+from spotlight_jax.builders import (
+    build_mesh,
+    explore_mesh,
+    model_config,
+    pick_fields,
+    sampler_config,
+)
 from spotlight_jax.checkpoint import RunCheckpointer
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.emulation import Deployment
@@ -102,6 +115,23 @@ class Run:
         self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, config.rl.reward,
                                     chunk=max(config.rl.group_size, 32))
         self.explorer = Explorer(self.engine)
+        # spotlight: stale-weight exploration on devices disjoint from the trainer's, in a
+        # worker thread concurrent with the update (the trainer's devices if none are free)
+        self.explore_mesh = None
+        self.spot_explorer = self.explorer
+        self._explore_pool = None
+        if self.mode == "spotlight":
+            self.explore_mesh = explore_mesh(self.mesh, batch_multiple=self.engine.chunk)
+            if self.explore_mesh is not None:
+                sampler = Sampler(graphdef, image_shape, self.train_sampler_cfg,
+                                  mesh=self.explore_mesh)
+                self.spot_explorer = Explorer(RolloutEngine(
+                    sampler, self.mcfg.text_len, config.rl.reward, chunk=self.engine.chunk))
+            else:
+                logging.warning("spotlight: the trainer uses every device; exploration shares "
+                                "its devices")
+            self._explore_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="explore")
         self.writer = MetricWriter(workdir, "rl")
         self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"),
                                     config.checkpoint.max_to_keep)
@@ -229,15 +259,17 @@ class Run:
                 "sched_spot_busy_device_s": rep.busy_by_role.get("spot", 0.0)}
         return batch, info
 
-    def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False):
+    def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False,
+                explorer=None):
         """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
-        ``state``, selects each prompt's max-variance G-subset, and updates the planner."""
+        ``state`` (on ``explorer``'s devices; default the trainer's), selects each prompt's
+        max-variance G-subset, and updates the planner."""
         k_next = self.iteration
         G = self.config.rl.group_size
         plan = self.planner.plan(prompts, budget_s, per_candidate_s)
         cands = [candidate_seeds(self.config.seed, k_next, i, plan[p])
                  for i, p in enumerate(prompts)]
-        out = self.explorer.score(state, prompts, cands, keep_trajectories=keep)
+        out = (explorer or self.explorer).score(state, prompts, cands, keep_trajectories=keep)
         rewards, batch = out if keep else (out, None)
         chosen, gains = [], []
         for p, r in zip(prompts, rewards):
@@ -249,6 +281,32 @@ class Run:
         info = {"explore_candidates": n, "explore_extra": n - G * len(prompts),
                 "explore_var_gain": float(np.mean(gains))}
         return cands, chosen, batch, info
+
+    def pull_weights(self, state):
+        """θ_k onto the exploration mesh (replicated): device-to-device copies, the spot
+        groups' weight pull. Returns ``(state, seconds, bytes)``."""
+        if self.explore_mesh is None:
+            return state, 0.0, 0
+        t0 = time.perf_counter()
+        spec = NamedSharding(self.explore_mesh, PartitionSpec())
+        placed = jax.block_until_ready(jax.tree.map(lambda x: jax.device_put(x, spec), state))
+        nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(state))
+        return placed, time.perf_counter() - t0, nbytes * self.explore_mesh.size
+
+    def _explore_concurrently(self, state, prompts, budget_s, per_candidate_s):
+        """Submits stale-weight exploration to the worker thread; returns a future of
+        ``(explore(...) result, (start, end) wall times)``."""
+        def work():
+            t0 = time.perf_counter()
+            out = self.explore(state, prompts, budget_s, per_candidate_s,
+                               explorer=self.spot_explorer)
+            return out, (t0, time.perf_counter())
+        return self._explore_pool.submit(work)
+
+    def close(self):
+        if self._explore_pool is not None:
+            self._explore_pool.shutdown(wait=True)
+            self._explore_pool = None
 
     def train_on(self, batch, k: int) -> dict:
         adv = advantages(batch["rewards"], batch["prompt_ids"], global_std=self.rl.global_std,
@@ -332,18 +390,28 @@ class Run:
         explore_info = {}
         with clock.concurrent() as phase:
             phase.run("train", d.od, train_s)
+            future = None
             if self.mode == "spotlight" and d.spot_devices > 0:
                 self.iteration = k + 1                     # candidates are for iteration k+1
                 budget = c.explore.budget_frac * train_s * d.spot_devices
                 per = d.spot_seconds_per_candidate()
-                cands, chosen, _, explore_info = self.explore(stale_state, self.prompts(k + 1),
-                                                              budget, per)
+                pulled, pull_s, pull_bytes = self.pull_weights(stale_state)
+                future = self._explore_concurrently(pulled, self.prompts(k + 1), budget, per)
+            elif self.mode == "spotlight":
+                self.next_seeds = None
+            t_train = time.perf_counter()
+            m = self.train_on(batch, k)
+            t_train = (t_train, time.perf_counter())
+            if future is not None:
+                (cands, chosen, _, explore_info), t_explore = future.result()
                 spent = explore_info["explore_candidates"] * per / max(d.spot_devices, 1)
                 phase.run("explore", d.spot_group(), spent)
                 self.next_seeds = [[int(s) for s in cc[i]] for cc, i in zip(cands, chosen)]
-            elif self.mode == "spotlight":
-                self.next_seeds = None
-        m = self.train_on(batch, k)
+                overlap = min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0])
+                explore_info.update(
+                    explore_wall_s=t_explore[1] - t_explore[0],
+                    train_wall_s=t_train[1] - t_train[0], overlap_wall_s=max(overlap, 0.0),
+                    pull_s=pull_s, pull_bytes=pull_bytes)
         t2 = time.time()
         if self.mode in ("spot_rollout", "spotlight") and d.spot_devices > 0:
             clock.run("broadcast", d.spot_group(), d.cost.broadcast())
@@ -404,7 +472,6 @@ def _quiet(*names):
 def shard_state(state, mesh):
     """Places an NNX state on ``mesh`` following the logical-axis rule table."""
     from flax import nnx  # noqa: PLC0415
-    from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
 
     from spotlight_jax.parallel.sharding import param_specs  # noqa: PLC0415
 
@@ -460,6 +527,7 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
             logging.info("rl.max_minutes=%s reached after %d iterations", c.rl.max_minutes,
                          r.iteration)
             break
+    r.close()
     r.ckpt.close()
     r.writer.close()
     r.write_phases()

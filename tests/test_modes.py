@@ -49,8 +49,29 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
     G = c.rl.group_size
     n0 = G + r.planner.last_plan["extra"][prompts[0]]
     pool = controller.candidate_seeds(c.seed, 1, 0, n0)
-    rewards = r.explorer.score(stale, [prompts[0]], [pool])[0]
+    rewards = r.spot_explorer.score(stale, [prompts[0]], [pool])[0]
     assert sorted(pool[max_variance_subset(rewards, G)].tolist()) == sorted(r.next_seeds[0])
+
+
+def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_path, base):
+    graphdef, state = base
+    c = mode_config("spotlight", iterations=1)
+    r = controller.Run(c, str(tmp_path), graphdef, state)
+    trainer = {d.id for d in r.mesh.devices.flat}
+    spot = {d.id for d in r.explore_mesh.devices.flat}
+    assert spot and not trainer & spot, (trainer, spot)
+    # the explorer's rollouts really run on its devices ...
+    out = r.spot_explorer.engine.sampler.rollout(
+        r.pull_weights(r.trainer.policy_state())[0], *controller.world.tokenize(
+            ["a red circle"] * r.engine.chunk, r.mcfg.text_len),
+        np.arange(r.engine.chunk, dtype=np.uint32))
+    assert {d.id for d in out["images"].devices()} == spot
+    # ... concurrently with the update: both wall intervals intersect
+    row = r.step(0)
+    r.close()
+    assert row["pull_bytes"] > 0 and row["pull_s"] > 0
+    assert row["overlap_wall_s"] > 0, row
+    assert row["overlap_wall_s"] <= min(row["explore_wall_s"], row["train_wall_s"]) + 1e-9
 
 
 def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tmp_path, base):
