@@ -39,6 +39,7 @@ def get_config():
     m.text_embed_dim = 0
     m.conv_stem = 16
     m.conv_head = True
+    m.pixel_head = 0                # full-resolution conv decoder channels (0 = off)
     m.dtype = "float32"
     m.param_dtype = "float32"
     m.remat = False
@@ -67,6 +68,7 @@ def get_config():
     p.eval_prompts = 48
     p.eval_seeds = 2
     p.grad_clip = 1.0
+    p.init_from = ""                # grow from this checkpoint's matching parameters ("" = scratch)
 
     # Sampler (spotlight_jax.diffusion.SamplerConfig).
     s = c.sampler = ml_collections.ConfigDict()

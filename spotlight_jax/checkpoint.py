@@ -69,6 +69,48 @@ def load_params(path: str, abstract_state, shardings=None):
     return state
 
 
+def grow_params(path: str, state):
+    """``state`` (an NNX state) with every parameter that ``path``'s checkpoint also holds, at
+    the same place and shape, replaced by the checkpoint's value: a model grown from a smaller
+    one (new modules keep their initialisation; zero-initialised residual ones leave its
+    function unchanged). Returns ``(state, loaded, new)`` with the dotted names of both kinds.
+    Raises ValueError when nothing matches or a shared name changed shape."""
+    path = os.path.abspath(path)
+    if not os.path.isdir(os.path.join(path, "params")):
+        raise ValueError(f"no checkpoint to grow from at {path} (expected {path}/params)")
+    saved = ocp.StandardCheckpointer().restore(os.path.join(path, "params"))
+    flat_saved = {k: v for k, v in _flatten(saved)}
+    pure = nnx.to_pure_dict(state)
+    loaded, new = [], []
+
+    def pick(keypath, x):
+        name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath)
+        if name in flat_saved:
+            v = flat_saved[name]
+            if tuple(v.shape) != tuple(x.shape):
+                raise ValueError(f"cannot grow from {path}: {name} has shape {tuple(v.shape)} "
+                                 f"there and {tuple(x.shape)} in this model")
+            loaded.append(name)
+            return jax.device_put(np.asarray(v, x.dtype), x.sharding)
+        new.append(name)
+        return x
+
+    pure = jax.tree_util.tree_map_with_path(pick, pure)
+    if not loaded:
+        raise ValueError(f"cannot grow from {path}: no parameter name matches this model")
+    out = jax.tree.map(lambda x: x, state)
+    nnx.replace_by_pure_dict(out, pure)
+    return out, loaded, new
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, tree
+
+
 def tree_equal(a, b) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return len(la) == len(lb) and all(

@@ -42,6 +42,9 @@ class PretrainConfig:
     eval_prompts: int = 64
     eval_seeds: int = 2
     grad_clip: float = 1.0
+    # Start from the parameters of this checkpoint where names and shapes match (a model grown
+    # by zero-initialised modules continues from the smaller one); "" = from scratch.
+    init_from: str = ""
 
 
 def make_optimizer(cfg: PretrainConfig):

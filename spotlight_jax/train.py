@@ -76,6 +76,10 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True):
     logging.info("base model: pretraining %d steps into %s", config.pretrain.steps, local)
     graphdef, state = create_model(cfg, seed=config.seed)
     pcfg = pretrain_config(config)
+    if pcfg.init_from:
+        state, loaded, new = checkpoint.grow_params(pcfg.init_from, state)
+        logging.info("base model: %d parameters from %s, %d new: %s", len(loaded),
+                     pcfg.init_from, len(new), ", ".join(new))
     _, _, ema, history = pretrain(graphdef, state, cfg, pcfg, sampler_config(config,
                                   evaluation=True), workdir=workdir, seed=config.seed,
                                   progress=progress)

@@ -11,7 +11,11 @@ device or sequence-parallel (ulysses / ring / usp) on a mesh: the caller passes 
 
 Pixel-space extras for the tiny CPU model: an optional 3x3 conv stem before patchify and a 3x3
 conv refinement after unpatchify (zero-initialised residual) let neighbouring patches agree on
-object edges instead of each patch sharpening its own noise.
+object edges instead of each patch sharpening its own noise. ``pixel_head = F`` adds a small
+full-resolution decoder: the final layer also emits F features per pixel, and three 3x3 convs
+over [features, x_t] add a zero-initialised correction to the velocity. It renders shapes at
+sub-patch precision (a 4x4 patch cannot place a triangle's edge by itself) for ~30% more FLOPs
+at 32x32, and since it starts at zero a model without it can be grown into one with it.
 """
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ class MMDiTConfig:
     text_embed_dim: int = 0
     conv_stem: int = 0            # channels of a 3x3 conv before patchify (0 = off)
     conv_head: bool = False       # 3x3 conv refinement after unpatchify
+    pixel_head: int = 0           # channels of the full-resolution conv decoder (0 = off)
     dtype: str = "float32"        # compute dtype
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block
@@ -274,6 +279,11 @@ class MMDiT(nnx.Module):
                            zero=True, **kw)
         self.head = (Conv3x3(cfg.channels, cfg.channels, zero=True, **kw)
                      if cfg.conv_head else None)
+        if cfg.pixel_head:
+            f = cfg.pixel_head
+            self.pixel_feat = Dense(d, cfg.patch_size ** 2 * f, axes=("embed", "patch"), **kw)
+            self.pixel_convs = nnx.List([Conv3x3(f + cfg.channels, f, **kw), Conv3x3(f, f, **kw),
+                                         Conv3x3(f, cfg.channels, zero=True, **kw)])
 
     def __call__(self, x, t, tokens, token_mask, attn: AttentionSpec = AttentionSpec()):
         cfg = self.cfg
@@ -314,10 +324,15 @@ class MMDiT(nnx.Module):
             for block in self.blocks:
                 txt, img = run_block(block, txt, img)
         shift, scale = jnp.split(self.final_mod(c), 2, axis=-1)
-        out = self.final(modulate(layer_norm(img), shift, scale))
-        out = unpatchify(out, cfg.patch_size, h, w, ch)
+        feats = modulate(layer_norm(img), shift, scale)
+        out = unpatchify(self.final(feats), cfg.patch_size, h, w, ch)
         if self.head is not None:
             out = out + self.head(out)
+        if cfg.pixel_head:
+            z = unpatchify(self.pixel_feat(feats), cfg.patch_size, h, w, cfg.pixel_head)
+            z = jnp.concatenate([z, x.astype(dt)], axis=-1)
+            conv1, conv2, conv3 = self.pixel_convs
+            out = out + conv3(jax.nn.gelu(conv2(jax.nn.gelu(conv1(z)))))
         return out.astype(jnp.float32)
 
 
