@@ -28,10 +28,11 @@ def code_version() -> str:
 
 
 def restore_target(abstract_state, shardings=None):
-    """Abstract pure-dict target for Orbax, with concrete shardings (or single-device)."""
+    """Abstract pure-dict target for Orbax, with concrete shardings (or this process's first
+    device: addressable in every process of a multi-process job)."""
     pure = nnx.to_pure_dict(abstract_state)
     if shardings is None:
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), pure)
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), pure,
                         shardings)
@@ -79,7 +80,7 @@ def grow_params(path: str, state):
     if not os.path.isdir(os.path.join(path, "params")):
         raise ValueError(f"no checkpoint to grow from at {path} (expected {path}/params)")
     saved = ocp.StandardCheckpointer().restore(os.path.join(path, "params"))
-    flat_saved = {k: v for k, v in _flatten(saved)}
+    flat_saved = dict(flatten_names(saved))
     pure = nnx.to_pure_dict(state)
     loaded, new = [], []
 
@@ -103,10 +104,11 @@ def grow_params(path: str, state):
     return out, loaded, new
 
 
-def _flatten(tree, prefix=""):
+def flatten_names(tree, prefix: str = ""):
+    """``(dotted name, leaf)`` pairs of a nested dict (the pure-dict form of an NNX state)."""
     if isinstance(tree, dict):
         for k, v in tree.items():
-            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+            yield from flatten_names(v, f"{prefix}.{k}" if prefix else str(k))
     else:
         yield prefix, tree
 

@@ -18,3 +18,19 @@ def micro_model(seed=0, **overrides):
     state = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(seed + 1),
                                                                 x.shape, x.dtype), state)
     return cfg, graphdef, state
+
+
+# A whole run of the tiny config shrunk to the micro model (seconds per iteration), as dotted
+# overrides of configs/tiny.py: shared by the resume, mode, notebook and cluster tests.
+MICRO_RUN_OVERRIDES = {
+    **{f"model.{f}": getattr(MICRO, f) for f in MICRO.__dataclass_fields__},
+    "mode": "flow_grpo", "world.image_size": MICRO.image_size, "sampler.num_steps": 3,
+    "sampler.eval_steps": 2, "rl.prompts_per_iter": 2, "rl.group_size": 4, "rl.train_steps": 2,
+    "rl.minibatches": 2, "rl.eval_every": 0, "rl.eval_prompts": 2, "rl.eval_seeds": 1,
+    "rl.lr": 1e-3, "checkpoint.every": 1,
+}
+
+
+def micro_config(iterations, **overrides):
+    from spotlight_jax.builders import load_config
+    return load_config("tiny", {**MICRO_RUN_OVERRIDES, "rl.iterations": iterations, **overrides})

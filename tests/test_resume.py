@@ -1,40 +1,17 @@
 """Checkpoints: straight vs stopped-and-resumed runs give identical parameters (bitwise, CPU);
 an 8-device checkpoint restores on 4 devices; a corrupt latest checkpoint falls back."""
-import dataclasses
 import os
 import pathlib
-import runpy
 
 import jax
 import numpy as np
 import pytest
-from helpers import MICRO
+from helpers import MICRO, micro_config  # noqa: F401 (re-exported for other tests)
 
 from spotlight_jax import controller
 from spotlight_jax.builders import create_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def micro_config(iterations):
-    c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
-    c.mode = "flow_grpo"
-    for f in dataclasses.fields(MICRO):
-        c.model[f.name] = getattr(MICRO, f.name)
-    c.world.image_size = MICRO.image_size
-    c.sampler.num_steps = 3
-    c.sampler.eval_steps = 2
-    c.rl.iterations = iterations
-    c.rl.prompts_per_iter = 2
-    c.rl.group_size = 4
-    c.rl.train_steps = 2
-    c.rl.minibatches = 2
-    c.rl.eval_every = 0
-    c.rl.eval_prompts = 2
-    c.rl.eval_seeds = 1
-    c.rl.lr = 1e-3
-    c.checkpoint.every = 1
-    return c
 
 
 def params_of(workdir, c, devices=None):

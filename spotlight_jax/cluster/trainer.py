@@ -1,0 +1,132 @@
+"""The trainer's ``jax.distributed`` job: one process per on-demand host, one mesh over all.
+
+``initialize`` joins the job; ``broadcast_tree`` hands process 0's host data (the rollout batch
+its controller assembled) to every process; ``update_from_files`` is a complete trainer process
+for one GRPO update on a saved batch, used by the multi-process tests and by
+``launch/local_cluster.sh``'s smoke step:
+
+    python -m spotlight_jax.cluster.trainer --coordinator=127.0.0.1:12355 --num_processes=2 \\
+        --process_id=0 --cpu_devices=2 --config=configs/tiny.py --base=BASE_DIR \\
+        --batch=batch.npz --out=params.npz
+
+On CPU the processes talk over gloo (``jax_cpu_collectives_implementation``); on GPUs over NCCL.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import jax
+import numpy as np
+
+logger = logging.getLogger(__name__)
+_HEADER_BYTES = 1 << 16
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, *, cpu_devices: int = 0,
+               cpu_collectives: str = "gloo") -> tuple[int, int]:
+    """Joins the trainer's ``jax.distributed`` job; returns ``(process_index, process_count)``.
+
+    With no arguments JAX auto-detects the cluster (SLURM, Open MPI, Kubernetes, Cloud TPU).
+    ``cpu_devices`` > 0 emulates that many devices per process on CPU. Must run before any JAX
+    computation in the process (JAX's rule)."""
+    if cpu_collectives:
+        jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    if cpu_devices:
+        jax.config.update("jax_num_cpu_devices", int(cpu_devices))
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+    logger.info("trainer process %d of %d: %d local / %d global devices", jax.process_index(),
+                jax.process_count(), jax.local_device_count(), jax.device_count())
+    return jax.process_index(), jax.process_count()
+
+
+def broadcast_tree(tree: dict | None) -> dict:
+    """Process 0's flat dict of host arrays on every process (other processes pass None).
+
+    Two collective broadcasts: a JSON header with names, shapes and dtypes (fixed size), then
+    the arrays themselves, so followers need not know the shapes in advance."""
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    if jax.process_index() == 0:
+        if tree is None:
+            raise ValueError("process 0 must pass the tree to broadcast")
+        meta = [(k, list(np.shape(v)), np.asarray(v).dtype.str) for k, v in tree.items()]
+        raw = json.dumps(meta).encode()
+        if len(raw) > _HEADER_BYTES:
+            raise ValueError(f"broadcast header of {len(raw)} bytes exceeds {_HEADER_BYTES}")
+        header = np.zeros(_HEADER_BYTES, np.uint8)
+        header[:len(raw)] = np.frombuffer(raw, np.uint8)
+    else:
+        header = np.zeros(_HEADER_BYTES, np.uint8)
+    header = np.asarray(multihost_utils.broadcast_one_to_all(header))
+    meta = json.loads(bytes(header[header != 0]).decode())
+    like = {k: (np.asarray(tree[k]) if jax.process_index() == 0
+                else np.zeros(shape, np.dtype(dtype))) for k, shape, dtype in meta}
+    out = multihost_utils.broadcast_one_to_all(like)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def update_from_files(config, base_dir: str, batch_path: str, out_path: str | None,
+                      step: int = 0) -> dict:
+    """One GRPO update of ``config``'s trainer on the batch saved at ``batch_path`` (read by
+    process 0, broadcast to all), over a mesh of every process's devices. Process 0 writes the
+    updated trainable parameters (``leaf_00000``... in ``jax.tree.leaves`` order) to
+    ``out_path``. Returns the metrics."""
+    from spotlight_jax import checkpoint  # noqa: PLC0415
+    from spotlight_jax.builders import (  # noqa: PLC0415
+        abstract_model,
+        build_mesh,
+        model_config,
+        sampler_config,
+    )
+    from spotlight_jax.controller import grpo_config, shard_state  # noqa: PLC0415
+    from spotlight_jax.rl import GRPOTrainer  # noqa: PLC0415
+
+    mesh = build_mesh(config, jax.devices())
+    graphdef, abstract = abstract_model(model_config(config), config.seed)
+    # every process reads the checkpoint to host memory, then places it on the global mesh
+    # (device_put of identical host values; arrays committed to one process's device cannot
+    # be moved onto devices of other processes)
+    host = jax.tree.map(np.asarray, checkpoint.load_params(base_dir, abstract))
+    base = shard_state(host, mesh)
+    trainer = GRPOTrainer(graphdef, base, grpo_config(config), sampler_config(config), mesh=mesh)
+    batch = None
+    if jax.process_index() == 0:
+        with np.load(batch_path) as f:
+            batch = {k: f[k] for k in f.files}
+    batch = broadcast_tree(batch)
+    metrics = trainer.update(batch, jax.random.key(config.seed), step)
+    leaves = [np.asarray(x) for x in jax.tree.leaves(trainer.trainable)]
+    if jax.process_index() == 0 and out_path:   # in jax.tree.leaves order (LoRA or full)
+        np.savez(out_path, **{f"leaf_{i:05d}": x for i, x in enumerate(leaves)})
+    return metrics
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="one GRPO update in a jax.distributed trainer job")
+    ap.add_argument("--coordinator", default=None, help="host:port (default: auto-detect)")
+    ap.add_argument("--num_processes", type=int, default=None)
+    ap.add_argument("--process_id", type=int, default=None)
+    ap.add_argument("--cpu_devices", type=int, default=0, help="emulated CPU devices per process")
+    ap.add_argument("--config", required=True, help="configs/<name>.py or a name")
+    ap.add_argument("--overrides", default="{}", help="JSON of dotted config overrides")
+    ap.add_argument("--base", required=True, help="base checkpoint directory")
+    ap.add_argument("--batch", required=True, help=".npz rollout batch (read by process 0)")
+    ap.add_argument("--out", default=None, help=".npz of the updated trainable parameters")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    initialize(args.coordinator, args.num_processes, args.process_id,
+               cpu_devices=args.cpu_devices)
+    from spotlight_jax.builders import load_config  # noqa: PLC0415
+
+    config = load_config(args.config, json.loads(args.overrides))
+    metrics = update_from_files(config, args.base, args.batch, args.out)
+    print(json.dumps({"process": jax.process_index(), **metrics}), flush=True)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

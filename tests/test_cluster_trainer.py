@@ -1,0 +1,89 @@
+"""Two trainer processes (jax.distributed over gloo on localhost, 2 CPU devices each) run the
+same GRPO update as one process over 4 devices, on the same batch and base weights.
+
+Tolerance: the data-parallel gradient is an all-reduce over 4 devices in both runs, but across
+processes gloo sums the shards in its own order, so float32 sums can differ in the last bits
+(relative ~1e-7 per reduction). Adam normalises the update, so the parameter change of one step
+is ~lr per element; we allow 1e-3 of the largest change (1e-6 absolute at lr 1e-3) — far below
+any real discrepancy (a wrong batch split or a missing all-reduce changes the update by O(1)).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from helpers import MICRO_RUN_OVERRIDES, micro_config
+
+from spotlight_jax import checkpoint, controller
+from spotlight_jax.builders import build_mesh, create_model, sampler_config
+from spotlight_jax.rl import GRPOTrainer
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # the test process forces 8 host devices; each trainer process sets its own count
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "force_host_platform_device_count" not in f)
+    return env
+
+
+@pytest.mark.cluster
+def test_two_process_gloo_update_equals_single_process(tmp_path):
+    c = micro_config(1)
+    graphdef, base = create_model(controller.model_config(c))
+    base_dir = str(tmp_path / "base")
+    checkpoint.save_params(base_dir, base, {})
+    run = controller.Run(c, str(tmp_path / "run"), graphdef, base, jax.devices()[:1])
+    prompts = run.prompts(0)
+    batch = run.rollout(prompts, controller.group_seeds(c.seed, 0, len(prompts),
+                                                        c.rl.group_size))
+    train = {"latents": batch["latents"], "log_probs": batch["log_probs"],
+             "advantages": controller.advantages(batch["rewards"], batch["prompt_ids"]),
+             "tokens": batch["tokens"], "mask": batch["mask"]}
+    assert np.abs(train["advantages"]).max() > 0
+    np.savez(tmp_path / "batch.npz", **{k: np.asarray(v) for k, v in train.items()})
+
+    # one process, 4 devices
+    mesh = build_mesh(c, jax.devices()[:4])
+    ref = GRPOTrainer(graphdef, controller.shard_state(base, mesh), controller.grpo_config(c),
+                      sampler_config(c), mesh=mesh)
+    ref_metrics = ref.update(train, jax.random.key(c.seed), 0)
+    want = [np.asarray(x) for x in jax.tree.leaves(ref.trainable)]
+    before = [np.asarray(x) for x in jax.tree.leaves(
+        GRPOTrainer(graphdef, base, controller.grpo_config(c), sampler_config(c)).trainable)]
+
+    # two processes x 2 devices
+    port = _free_port()
+    overrides = json.dumps({k: v for k, v in MICRO_RUN_OVERRIDES.items()})
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "spotlight_jax.cluster.trainer", f"--coordinator=127.0.0.1:{port}",
+         "--num_processes=2", f"--process_id={i}", "--cpu_devices=2", "--config=tiny",
+         f"--overrides={overrides}", f"--base={base_dir}", f"--batch={tmp_path / 'batch.npz'}",
+         f"--out={tmp_path / 'got.npz'}"], env=_child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    metrics = [json.loads(line) for out in outs for line in out.splitlines()
+               if line.startswith('{"process"')]
+    assert sorted(m["process"] for m in metrics) == [0, 1]
+    for m in metrics:   # every process computed the same (replicated) metrics
+        np.testing.assert_allclose(m["loss"], ref_metrics["loss"], rtol=1e-5, atol=1e-7)
+    with np.load(tmp_path / "got.npz") as f:
+        got = [f[k] for k in sorted(f.files)]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    change = max(float(np.abs(w - b).max()) for w, b in zip(want, before))
+    assert change > 0
+    worst = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+    print(f"two processes vs one: max |dparam| {worst:.2e}, largest update {change:.2e}")
+    assert worst <= 1e-3 * change, (worst, change)
