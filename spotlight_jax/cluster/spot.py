@@ -1,0 +1,306 @@
+"""Spot hosts as Ray actors: the same ``Worker`` interface as in-process workers, over Ray.
+
+A spot host runs one long-lived single-host JAX process (:class:`SpotHost`, a Ray actor placed
+by a custom resource such as ``spot_node``) holding an :class:`~spotlight_jax.sched.worker.
+InProcessWorker` on an SP group of its local devices (SP groups never span hosts). It never
+joins the trainer's ``jax.distributed`` job, so its loss cannot take the trainer down.
+
+In the controller's process, :class:`RayWorker` implements :class:`~spotlight_jax.sched.worker.
+Worker` by remote calls to that actor, and :func:`serve` is the pull loop a controller thread
+runs per spot host against the queue, which stays with the controller (a lock serialises the
+threads' queue calls):
+
+* **Weights** are published once per policy version into the Ray object store
+  (``publish``); a host pulls the version it is told to install; a host that joins late is told
+  the latest.
+* **Notice** (SIGTERM to the host process, as cloud providers send before reclaiming a VM): the
+  actor's handler sets a flag; the current call finishes, every in-flight request's progress is
+  committed (``flush``), the lease is released, the host leaves. No denoising step is lost.
+* **Abrupt death** (SIGKILL, host gone): the next remote call raises ``RayActorError``; the
+  loop releases the lease, so its requests resume from their last commit on another host
+  (the work since that commit, at most ``commit_every`` steps per request, is redone).
+* **Joins**: a new host is one more actor and one more ``serve`` thread; it pulls work at once.
+
+Ray is optional (``pip install -e ".[cluster]"``); importing this module does not import it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from spotlight_jax.sched.queue import RequestQueue
+from spotlight_jax.sched.worker import CallPlan, Worker, WorkerConfig
+
+
+class WorkerLost(RuntimeError):
+    """The spot host behind a :class:`RayWorker` died (no notice)."""
+
+
+def _require_ray():
+    try:
+        import ray  # noqa: PLC0415
+    except ImportError as e:
+        raise ImportError("the cluster path needs Ray: pip install -e '.[cluster]'") from e
+    return ray
+
+
+class SpotHostImpl:
+    """The actor's body (wrapped by ``ray.remote`` in :func:`spot_host_class`): builds the model
+    graph and an SP group over this process's devices, then serves ``Worker`` calls.
+
+    Args:
+      name: the host's group id in the queue.
+      config_name, overrides: the run's config (``builders.load_config``).
+      cpu_devices: emulated CPU devices of this process (0 = leave as is).
+      worker: ``WorkerConfig`` fields (commit_every, steps_per_call, microbatch).
+    """
+
+    def __init__(self, name: str, config_name: str, overrides: dict, cpu_devices: int = 0,
+                 worker: dict | None = None):
+        import jax  # noqa: PLC0415 - device count before any backend use
+        if cpu_devices:
+            jax.config.update("jax_num_cpu_devices", int(cpu_devices))
+        from spotlight_jax.builders import (  # noqa: PLC0415
+            abstract_model,
+            load_config,
+            model_config,
+            sampler_config,
+        )
+        from spotlight_jax.elastic.groups import GroupConfig, form_node_groups  # noqa: PLC0415
+        from spotlight_jax.sched.worker import (  # noqa: PLC0415
+            InProcessWorker,
+            SamplerCache,
+            SamplerStepper,
+        )
+
+        config = load_config(config_name, overrides)
+        mcfg = model_config(config)
+        self._graphdef, self._abstract = abstract_model(mcfg, config.seed)
+        (group,) = form_node_groups(name, jax.local_devices(),
+                                    GroupConfig(heads=mcfg.num_heads), log=False)[:1]
+        cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
+                             sampler_config(config))
+        stepper = SamplerStepper(cache.get(group), mcfg.text_len, group)
+        self._worker = InProcessWorker(name, stepper, degree=group.degree,
+                                       config=WorkerConfig(**(worker or {})), params=None,
+                                       version=-1)
+        self._notice = False
+        self._steps = 0
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self._notice = True
+
+    # -- Worker calls ------------------------------------------------------------------------
+    def info(self) -> dict:
+        w = self._worker
+        return {"group_id": w.group_id, "degree": w.degree, "capacity": w.capacity,
+                "policy_version": w.policy_version, "config": dataclasses.asdict(w.config),
+                "pid": os.getpid()}
+
+    def set_policy(self, params: dict, version: int) -> int:
+        """Installs published weights (a pure dict of host arrays, resolved from the object
+        store by Ray) as ``version``."""
+        self._worker.set_policy(jax_tree_like(self._abstract, params), version)
+        return version
+
+    def load(self, lease) -> None:
+        self._worker.load(lease)
+
+    def plan(self):
+        return self._worker.plan()
+
+    def execute(self, plan: CallPlan):
+        commits = self._worker.execute(plan)
+        self._steps += plan.num * len(plan.rids)
+        return commits, self._notice
+
+    def flush(self):
+        return self._worker.flush()
+
+    def acknowledge(self, rid: str, status: str, step: int | None = None) -> int:
+        return self._worker.acknowledge(rid, status, step)
+
+    def abandon(self):
+        return self._worker.abandon()
+
+    def progress(self):
+        return self._worker.progress()
+
+    def lease_id(self):
+        return self._worker.lease_id
+
+    def steps_computed(self) -> int:
+        return self._steps
+
+    def leave(self) -> None:
+        """Exits the host process (after a notice was honoured)."""
+        os._exit(0)
+
+
+def jax_tree_like(abstract, pure: dict):
+    """An NNX state shaped like ``abstract`` holding the arrays of ``pure``."""
+    import jax  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+    state = jax.tree.map(lambda x: x, abstract)
+    nnx.replace_by_pure_dict(state, pure)
+    return state
+
+
+def spot_host_class(resources: dict | None = None, num_cpus: float = 1):
+    """``ray.remote(SpotHostImpl)`` placed on a spot host (``resources``, e.g.
+    ``{"spot_node": 1}`` to require a node that advertises that custom resource)."""
+    ray = _require_ray()
+    return ray.remote(num_cpus=num_cpus, resources=resources or {}, max_restarts=0,
+                      max_concurrency=1)(SpotHostImpl)
+
+
+def publish(params) -> object:
+    """Puts one policy version's weights (an NNX state or pure dict) into the object store as a
+    pure dict of host arrays; returns the ref every host pulls."""
+    ray = _require_ray()
+    import jax  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+    return ray.put(jax.tree.map(np.asarray, pure))
+
+
+class RayWorker(Worker):
+    """A :class:`~spotlight_jax.sched.worker.Worker` whose calls run on a :class:`SpotHostImpl`
+    actor. Any call to a dead actor raises :class:`WorkerLost`. ``notice`` turns true when the
+    host got its preemption notice (reported with the call that followed it)."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        info = self._call(actor.info)
+        self.group_id, self.degree = info["group_id"], info["degree"]
+        self.config = WorkerConfig(**info["config"])
+        self.pid = info["pid"]
+        self._capacity, self._version = info["capacity"], info["policy_version"]
+        self._lease_id = None
+        self.notice = False
+        self.steps = 0          # request-steps computed through this worker (padding excluded)
+
+    def _call(self, method, *args):
+        ray = _require_ray()
+        try:
+            return ray.get(method.remote(*args))
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+            raise WorkerLost(f"spot host behind {getattr(self, 'group_id', '?')} died: "
+                             f"{type(e).__name__}") from e
+
+    @property
+    def capacity(self) -> float:
+        return self._capacity
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def lease_id(self) -> str | None:
+        return self._lease_id
+
+    def set_policy(self, params, version: int) -> None:
+        """``params``: the ref returned by :func:`publish` (or host arrays)."""
+        self._version = self._call(self.actor.set_policy, params, int(version))
+
+    def load(self, lease) -> None:
+        self._call(self.actor.load, lease)
+        self._lease_id = lease.lease_id
+
+    def plan(self):
+        return self._call(self.actor.plan)
+
+    def execute(self, plan: CallPlan):
+        commits, notice = self._call(self.actor.execute, plan)
+        self.steps += plan.num * len(plan.rids)
+        self.notice = self.notice or notice
+        return commits
+
+    def flush(self):
+        return self._call(self.actor.flush)
+
+    def acknowledge(self, rid: str, status: str, step: int | None = None) -> int:
+        return self._call(self.actor.acknowledge, rid, status, step)
+
+    def abandon(self):
+        out = self._call(self.actor.abandon)
+        self._lease_id = None
+        return out
+
+    def progress(self):
+        return self._call(self.actor.progress)
+
+    def leave(self) -> None:
+        try:
+            self.actor.leave.remote()
+        except Exception:  # noqa: BLE001 - it is going away either way
+            pass
+
+
+class LockedQueue:
+    """The controller's :class:`RequestQueue` shared by serving threads: every call holds one
+    lock (the queue itself is single-threaded by design)."""
+
+    def __init__(self, queue: RequestQueue):
+        self._queue = queue
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name):
+        with self._lock:
+            attr = getattr(self._queue, name)   # properties are read under the lock too
+        if not callable(attr):
+            return attr
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return attr(*args, **kwargs)
+        return locked
+
+
+def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic,
+          idle_s: float = 0.05, stop: threading.Event | None = None) -> dict:
+    """The pull loop of one spot host until the queue is done (or ``stop`` is set, or the host
+    leaves). Returns ``{"leases", "calls", "commits", "left"}``; ``left`` is 'done', 'notice'
+    (progress committed, lease released) or 'lost' (host died; lease released, requests resume
+    from their last commit elsewhere)."""
+    stats = {"leases": 0, "calls": 0, "commits": 0, "left": "done"}
+    while not queue.all_done and not (stop is not None and stop.is_set()):
+        lease = queue.pull(worker.group_id, worker.capacity, worker.policy_version, now())
+        if lease is None:
+            time.sleep(idle_s)    # everything is leased: a lost host may hand requests back
+            continue
+        stats["leases"] += 1
+        try:
+            worker.load(lease)
+            while (plan := worker.plan()) is not None:
+                commits = worker.execute(plan)
+                stats["calls"] += 1
+                if not queue.heartbeat(lease.lease_id, now()):
+                    worker.abandon()
+                    break
+                worker.deliver(queue, commits, now(), lease_id=lease.lease_id)
+                stats["commits"] += len(commits)
+                if worker.notice:
+                    final = worker.flush()
+                    worker.deliver(queue, final, now(), lease_id=lease.lease_id)
+                    stats["commits"] += len(final)
+                    queue.release(lease.lease_id, now())
+                    worker.leave()
+                    stats["left"] = "notice"
+                    return stats
+            if worker.lease_id is not None:
+                queue.release(lease.lease_id, now())
+                worker.abandon()
+        except WorkerLost:
+            queue.release(lease.lease_id, now())
+            stats["left"] = "lost"
+            return stats
+    return stats
