@@ -22,6 +22,7 @@ from spotlight_jax.builders import (
     sampler_config,
 )
 from spotlight_jax.dry_run import dry_run
+from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.pretrain import PretrainConfig, pretrain
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
@@ -41,13 +42,17 @@ def shipped_base_dir(config) -> str | None:
     if not os.path.isdir(ASSETS):
         return None
     want = _model_fingerprint(config)
+    # fields added to MMDiTConfig after a checkpoint was recorded take their defaults (which
+    # leave the recorded model unchanged, e.g. pixel_head=0)
+    defaults = dataclasses.asdict(MMDiTConfig())
     for name in sorted(os.listdir(ASSETS)):
         path = os.path.join(ASSETS, name)
         meta = os.path.join(path, "meta.json")
         if os.path.exists(meta):
             with open(meta) as f:
-                if json.load(f).get("model") == want:
-                    return path
+                recorded = json.load(f).get("model")
+            if recorded is not None and {**defaults, **recorded} == want:
+                return path
     return None
 
 

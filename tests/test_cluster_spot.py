@@ -5,7 +5,6 @@ once, with the same bits as an undisturbed in-process run of the same signature 
 SP degree, strategy)."""
 import os
 import signal
-import threading
 import time
 
 import jax
@@ -66,18 +65,11 @@ def setup():
 
 
 def _host(name):
-    cls = spot.spot_host_class(num_cpus=1)
-    return spot.RayWorker(cls.remote(name, "tiny", OVERRIDES, cpu_devices=2, worker=WORKER))
+    return spot.start_host(name, "tiny", OVERRIDES, cpu_devices=2, worker=WORKER)
 
 
 def _serve_all(workers, queue):
-    out = {}
-    threads = [threading.Thread(target=lambda w=w: out.__setitem__(w.group_id,
-                                                                    spot.serve(w, queue)))
-               for w in workers]
-    for t in threads:
-        t.start()
-    return threads, out
+    return spot.serve_in_threads(workers, queue)
 
 
 def _wait(cond, timeout=240.0):

@@ -304,3 +304,26 @@ def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic
             stats["left"] = "lost"
             return stats
     return stats
+
+
+def start_host(name: str, config_name: str, overrides: dict, *, cpu_devices: int = 0,
+               worker: dict | None = None, resources: dict | None = None) -> RayWorker:
+    """Starts one spot host actor (a new process) and returns its :class:`RayWorker`."""
+    cls = spot_host_class(resources=resources)
+    return RayWorker(cls.remote(name, config_name, overrides, cpu_devices=cpu_devices,
+                                worker=worker))
+
+
+def serve_in_threads(workers, queue) -> tuple[list[threading.Thread], dict]:
+    """Starts :func:`serve` for each worker in its own thread; returns the threads and the dict
+    that receives each worker's stats (by group id) when its loop ends."""
+    out: dict = {}
+
+    def loop(w):
+        out[w.group_id] = serve(w, queue)
+
+    threads = [threading.Thread(target=loop, args=(w,), name=f"serve-{w.group_id}", daemon=True)
+               for w in workers]
+    for t in threads:
+        t.start()
+    return threads, out
