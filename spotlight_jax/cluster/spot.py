@@ -140,8 +140,9 @@ class SpotHostImpl:
         return self._steps
 
     def leave(self) -> None:
-        """Exits the host process (after a notice was honoured)."""
-        os._exit(0)
+        """Exits the host process cleanly (after a notice was honoured)."""
+        import ray  # noqa: PLC0415
+        ray.actor.exit_actor()
 
 
 def jax_tree_like(abstract, pure: dict):
