@@ -132,6 +132,10 @@ def add_spotlight_sections(c):
     # spot_rollout / spotlight: run each iteration's rollouts through the pull scheduler
     # (spotlight_jax.sched: leases, commits, preemptions from the trace) on the emulated pool
     d.scheduler = True
+    # 'emulated': spot groups are emulated devices in this process; 'ray': spot_rollout /
+    # spotlight rollouts run on Ray spot host actors (real processes; needs the cluster extra
+    # and a Ray cluster, or starts a local one), preempted by real signals, not the trace
+    d.transport = "emulated"
 
     t = c.trace = ml_collections.ConfigDict()
     t.path = ""                     # SkyPilot JSON; empty = synthetic Poisson trace below

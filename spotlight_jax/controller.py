@@ -151,6 +151,13 @@ class Run:
         # emulated devices carry group identities). A runtime with fewer (one GPU) runs the same
         # rollouts directly, with the same time accounting.
         need = 1 + self.deploy.cfg.spot_nodes
+        self.transport = config.deployment.get("transport", "emulated")
+        if self.transport not in ("emulated", "ray"):
+            raise ValueError(f"deployment.transport={self.transport!r}: choose 'emulated' or "
+                             "'ray'")
+        self.spot_hosts: list = []             # transport 'ray': live spot host workers
+        self._next_host = 0
+        self._published = None                 # (version, object ref) of the last weights
         self.scheduler_on = bool(config.deployment.scheduler) and len(jax.devices()) >= need
         if (config.deployment.scheduler and not self.scheduler_on
                 and self.mode in ("spot_rollout", "spotlight")):
@@ -259,6 +266,79 @@ class Run:
                 "sched_spot_busy_device_s": rep.busy_by_role.get("spot", 0.0)}
         return batch, info
 
+    def ray_rollout(self, k: int, prompts, seeds_per_prompt) -> tuple[dict, dict]:
+        """The rollout phase on real spot hosts (``deployment.transport='ray'``): one request
+        per (prompt, seed) in a queue owned here, pulled by Ray spot host actors (one per spot
+        node, started on first use and whenever fewer are alive than the deployment wants),
+        each served by a thread; this iteration's weights are published once and pulled by
+        every host. A host that dies hands its requests back (they resume from their last
+        commit on another host); whatever is left when no host remains runs on the trainer's
+        devices, which never leave."""
+        from spotlight_jax import sched  # noqa: PLC0415
+        from spotlight_jax.cluster import spot  # noqa: PLC0415
+
+        d = self.deploy
+        t0 = time.perf_counter()
+        state = self.trainer.policy_state()
+        if self._published is None or self._published[0] != k:
+            self._published = (k, spot.publish(state))
+        started = lost_idle = 0
+        for _ in range(3):   # top up to the wanted hosts; drop any that died since last phase
+            while len(self.spot_hosts) < d.cfg.spot_nodes:
+                i, self._next_host = self._next_host, self._next_host + 1
+                self.spot_hosts.append(spot.start_host(
+                    f"spot{i}", self.config, cpu_devices=d.cfg.spot_devices_per_node,
+                    worker={"commit_every": d.cfg.commit_every, "steps_per_call": 1,
+                            "microbatch": 4}))
+                started += 1
+            alive = []
+            for w in self.spot_hosts:
+                try:
+                    if w.policy_version != k:
+                        w.set_policy(self._published[1], k)
+                    alive.append(w)
+                except spot.WorkerLost:
+                    lost_idle += 1
+            self.spot_hosts = alive
+            if len(alive) == d.cfg.spot_nodes:
+                break
+        flat = [(p, int(s)) for p, ss in zip(prompts, seeds_per_prompt) for s in ss]
+        T = self.train_sampler_cfg.num_steps
+        image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
+        queue = spot.LockedQueue(sched.RequestQueue(image_shape,
+                                                    sched.QueueConfig(lease_s=3600.0)))
+        rids = [f"k{k:05d}r{i:04d}" for i in range(len(flat))]
+        queue.submit([sched.Request(rid=r, prompt=p, seed=s, num_steps=T, policy_version=k)
+                      for r, (p, s) in zip(rids, flat)])
+        steps_before = {w.group_id: w.steps for w in self.spot_hosts}
+        threads, stats = spot.serve_in_threads(self.spot_hosts, queue)
+        for t in threads:
+            t.join()
+        left = {g: s["left"] for g, s in stats.items()}
+        computed = sum(w.steps - steps_before[w.group_id] for w in self.spot_hosts)
+        self.spot_hosts = [w for w in self.spot_hosts if left.get(w.group_id) == "done"]
+        fallback = 0
+        if not queue.all_done:   # every host left: the trainer's devices finish the phase
+            local = sched.InProcessWorker(
+                "od0", sched.SamplerStepper(self.sampler, self.mcfg.text_len),
+                config=sched.WorkerConfig(commit_every=d.cfg.commit_every, microbatch=4),
+                params=state, version=k)
+            fallback = local.run(queue)["calls"]
+        res = queue.results()
+        trajs = [res[r].trajectory() for r in rids]
+        batch = {key: np.stack([t[key] for t in trajs]) for key in ("latents", "log_probs",
+                                                                     "images")}
+        flat_prompts = [p for p, _ in flat]
+        batch["tokens"], batch["mask"] = world.tokenize(flat_prompts, self.mcfg.text_len)
+        batch["rewards"] = np.asarray(self.engine.reward_fn(batch["images"], flat_prompts),
+                                      np.float32)
+        info = {"ray_hosts_started": started, "ray_hosts_lost": lost_idle + sum(
+                    v == "lost" for v in left.values()),
+                "ray_hosts_noticed": sum(v == "notice" for v in left.values()),
+                "ray_request_steps": computed, "ray_fallback_calls": fallback,
+                "ray_rollout_wall_s": time.perf_counter() - t0}
+        return _with_group_ids(batch, seeds_per_prompt), info
+
     def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False,
                 explorer=None):
         """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
@@ -307,6 +387,11 @@ class Run:
         if self._explore_pool is not None:
             self._explore_pool.shutdown(wait=True)
             self._explore_pool = None
+        if self.spot_hosts:
+            import ray  # noqa: PLC0415
+            for w in self.spot_hosts:
+                ray.kill(w.actor)
+            self.spot_hosts = []
 
     def train_on(self, batch, k: int) -> dict:
         adv = advantages(batch["rewards"], batch["prompt_ids"], global_std=self.rl.global_std,
@@ -361,7 +446,12 @@ class Run:
                 seeds = group_seeds(c.seed, k, P, G)
             use_spot = self.mode in ("spot_rollout", "spotlight") and spot_ok
             scheduled = use_spot and self.scheduler_on
-            if scheduled:
+            if use_spot and self.transport == "ray":
+                batch, ray_info = self.ray_rollout(k, prompts, seeds)
+                row.update(ray_info)
+                clock.run("rollout", d.od, d.rollout_s(n, use_spot))
+                scheduled = False
+            elif scheduled:
                 batch, sched_info = self.scheduled_rollout(k, prompts, seeds)
                 row.update(sched_info)
                 with clock.concurrent() as phase:

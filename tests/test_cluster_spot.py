@@ -65,7 +65,7 @@ def setup():
 
 
 def _host(name):
-    return spot.start_host(name, "tiny", OVERRIDES, cpu_devices=2, worker=WORKER)
+    return spot.start_host(name, load_config("tiny", OVERRIDES), cpu_devices=2, worker=WORKER)
 
 
 def _serve_all(workers, queue):
@@ -121,3 +121,34 @@ def test_sigterm_notice_loses_no_step(cluster, setup):
     assert queue.all_done and len(queue.completed()) == N
     assert results_equal(queue.results(), want) == []
     assert a.steps + b.steps == N * requests[0].num_steps     # nothing computed twice
+
+
+def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_path):
+    """``deployment.transport='ray'``: a spot_rollout run's rollouts go to real spot host
+    actors; one is SIGKILLed between iterations, the next iteration starts a replacement and
+    trains on; the rollouts match the trainer's own sampler up to float rounding."""
+    import numpy as np
+
+    from spotlight_jax import controller
+    from spotlight_jax.builders import create_model
+
+    c = load_config("tiny", {**MICRO_RUN_OVERRIDES, "mode": "spot_rollout", "rl.iterations": 2,
+                             "deployment.transport": "ray", "deployment.spot_nodes": 2})
+    graphdef, base = create_model(controller.model_config(c))
+    run = controller.Run(c, str(tmp_path), graphdef, base)
+    prompts = run.prompts(0)
+    seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
+    got, info = run.ray_rollout(0, prompts, seeds)
+    assert info["ray_hosts_started"] == 2 and info["ray_hosts_lost"] == 0
+    assert info["ray_request_steps"] == len(got["seeds"]) * c.sampler.num_steps
+    direct = run.rollout(prompts, seeds)
+    for key in ("latents", "log_probs", "images"):
+        np.testing.assert_allclose(got[key], direct[key], atol=1e-5)
+    np.testing.assert_array_equal(got["rewards"], direct["rewards"])
+    os.kill(run.spot_hosts[0].pid, signal.SIGKILL)
+    row = run.step(1)                        # found dead when handed the new weights
+    assert row["ray_hosts_lost"] == 1 and row["ray_hosts_started"] == 1
+    assert sorted(w.group_id for w in run.spot_hosts) == ["spot1", "spot2"]
+    assert row["ray_request_steps"] == len(got["seeds"]) * c.sampler.num_steps
+    assert np.isfinite(row["loss"])
+    run.close()

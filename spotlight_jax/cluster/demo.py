@@ -46,7 +46,7 @@ def main(argv=None):
              runtime_env={"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}})
     t0 = time.time()
     resources = {args.resource: 1} if args.resource else None
-    workers = [spot.start_host(f"spot{i}", args.config, overrides, cpu_devices=args.cpu_devices,
+    workers = [spot.start_host(f"spot{i}", config, cpu_devices=args.cpu_devices,
                                worker={"commit_every": 2, "steps_per_call": 1, "microbatch": 2},
                                resources=resources) for i in range(args.hosts)]
     ref = spot.publish(base)

@@ -56,19 +56,20 @@ class SpotHostImpl:
 
     Args:
       name: the host's group id in the queue.
-      config_name, overrides: the run's config (``builders.load_config``).
+      config: the run's config as a plain dict (``ConfigDict.to_dict()``).
       cpu_devices: emulated CPU devices of this process (0 = leave as is).
       worker: ``WorkerConfig`` fields (commit_every, steps_per_call, microbatch).
     """
 
-    def __init__(self, name: str, config_name: str, overrides: dict, cpu_devices: int = 0,
+    def __init__(self, name: str, config: dict, cpu_devices: int = 0,
                  worker: dict | None = None):
         import jax  # noqa: PLC0415 - device count before any backend use
         if cpu_devices:
             jax.config.update("jax_num_cpu_devices", int(cpu_devices))
+        import ml_collections  # noqa: PLC0415
+
         from spotlight_jax.builders import (  # noqa: PLC0415
             abstract_model,
-            load_config,
             model_config,
             sampler_config,
         )
@@ -79,7 +80,7 @@ class SpotHostImpl:
             SamplerStepper,
         )
 
-        config = load_config(config_name, overrides)
+        config = ml_collections.ConfigDict(config)
         mcfg = model_config(config)
         self._graphdef, self._abstract = abstract_model(mcfg, config.seed)
         (group,) = form_node_groups(name, jax.local_devices(),
@@ -307,12 +308,13 @@ def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic
     return stats
 
 
-def start_host(name: str, config_name: str, overrides: dict, *, cpu_devices: int = 0,
-               worker: dict | None = None, resources: dict | None = None) -> RayWorker:
-    """Starts one spot host actor (a new process) and returns its :class:`RayWorker`."""
+def start_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None = None,
+               resources: dict | None = None) -> RayWorker:
+    """Starts one spot host actor (a new process) for the run's ``config`` (a ConfigDict or
+    plain dict) and returns its :class:`RayWorker`."""
     cls = spot_host_class(resources=resources)
-    return RayWorker(cls.remote(name, config_name, overrides, cpu_devices=cpu_devices,
-                                worker=worker))
+    plain = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return RayWorker(cls.remote(name, plain, cpu_devices=cpu_devices, worker=worker))
 
 
 def serve_in_threads(workers, queue) -> tuple[list[threading.Thread], dict]:
