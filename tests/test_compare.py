@@ -44,6 +44,7 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
         compare.target_reward(hist, 0.0)
 
 
+@pytest.mark.e2e
 def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # noqa: F811
     from spotlight_jax import train
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from test_resume import micro_config
 
 from spotlight_jax import controller
@@ -69,6 +70,7 @@ def _spawn(workdir):
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
+@pytest.mark.e2e
 def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path):
     rng = np.random.default_rng(int(time.time()))
     killed = tmp_path / "killed"
