@@ -266,6 +266,16 @@ class Run:
                 "sched_spot_busy_device_s": rep.busy_by_role.get("spot", 0.0)}
         return batch, info
 
+    def _charge_shared_rollout(self, n: int, use_spot: bool) -> None:
+        """Emulated time of a rollout phase not run through the scheduler simulation: the
+        cost model's capacity-weighted split, every live group busy until the phase ends."""
+        d = self.deploy
+        dur = d.rollout_s(n, use_spot)
+        with d.clock.concurrent() as phase:
+            phase.run("rollout", d.od, dur)
+            if use_spot:
+                phase.run("rollout", d.spot_group(), dur)
+
     def ray_rollout(self, k: int, prompts, seeds_per_prompt) -> tuple[dict, dict]:
         """The rollout phase on real spot hosts (``deployment.transport='ray'``): one request
         per (prompt, seed) in a queue owned here, pulled by Ray spot host actors (one per spot
@@ -445,12 +455,11 @@ class Run:
             else:
                 seeds = group_seeds(c.seed, k, P, G)
             use_spot = self.mode in ("spot_rollout", "spotlight") and spot_ok
-            scheduled = use_spot and self.scheduler_on
+            scheduled = use_spot and self.scheduler_on and self.transport != "ray"
             if use_spot and self.transport == "ray":
                 batch, ray_info = self.ray_rollout(k, prompts, seeds)
                 row.update(ray_info)
-                clock.run("rollout", d.od, d.rollout_s(n, use_spot))
-                scheduled = False
+                self._charge_shared_rollout(n, use_spot)
             elif scheduled:
                 batch, sched_info = self.scheduled_rollout(k, prompts, seeds)
                 row.update(sched_info)
@@ -461,9 +470,7 @@ class Run:
                                  "rollout")
             else:
                 batch = self.rollout(prompts, seeds)
-                clock.run("rollout", d.od, d.rollout_s(n, use_spot))
-                if use_spot:
-                    clock.charge(d.spot_group(), 0.0, "rollout")
+                self._charge_shared_rollout(n, use_spot)
         clock.run("reward", d.od, d.reward_s(n))
         t1 = time.time()
         if scheduled:
