@@ -248,15 +248,7 @@ class Run:
             raise RuntimeError(f"iteration {k}: the scheduler finished with requests left "
                                f"({q.summary()}); no group could make progress")
         rep.check_accounting()
-        res = q.results()
-        trajs = [res[r].trajectory() for r in rids]
-        batch = {key: np.stack([t[key] for t in trajs]) for key in ("latents", "log_probs",
-                                                                     "images")}
-        flat_prompts = [p for p, _ in flat]
-        batch["tokens"], batch["mask"] = world.tokenize(flat_prompts, self.mcfg.text_len)
-        batch["rewards"] = np.asarray(self.engine.reward_fn(batch["images"], flat_prompts),
-                                      np.float32)
-        batch = _with_group_ids(batch, seeds_per_prompt)
+        batch = self._batch_from_results(q.results(), rids, flat, seeds_per_prompt)
         info = {"sched_makespan_s": rep.makespan, "sched_commits": rep.commits,
                 "sched_wasted_steps": rep.wasted_steps, "sched_lost_steps": rep.lost_steps,
                 "sched_events": rep.num_events,
@@ -334,20 +326,24 @@ class Run:
                 config=sched.WorkerConfig(commit_every=d.cfg.commit_every, microbatch=4),
                 params=state, version=k)
             fallback = local.run(queue)["calls"]
-        res = queue.results()
-        trajs = [res[r].trajectory() for r in rids]
+        batch = self._batch_from_results(queue.results(), rids, flat, seeds_per_prompt)
+        info = {"ray_hosts_started": started, "ray_hosts_lost": lost_idle + sum(
+                    v == "lost" for v in left.values()),
+                "ray_hosts_noticed": sum(v == "notice" for v in left.values()),
+                "ray_request_steps": computed, "ray_fallback_calls": fallback,
+                "ray_rollout_wall_s": time.perf_counter() - t0}
+        return batch, info
+
+    def _batch_from_results(self, results, rids, flat, seeds_per_prompt) -> dict:
+        """A training batch (as ``rollout``) from a drained queue's finished requests."""
+        trajs = [results[r].trajectory() for r in rids]
         batch = {key: np.stack([t[key] for t in trajs]) for key in ("latents", "log_probs",
                                                                      "images")}
         flat_prompts = [p for p, _ in flat]
         batch["tokens"], batch["mask"] = world.tokenize(flat_prompts, self.mcfg.text_len)
         batch["rewards"] = np.asarray(self.engine.reward_fn(batch["images"], flat_prompts),
                                       np.float32)
-        info = {"ray_hosts_started": started, "ray_hosts_lost": lost_idle + sum(
-                    v == "lost" for v in left.values()),
-                "ray_hosts_noticed": sum(v == "notice" for v in left.values()),
-                "ray_request_steps": computed, "ray_fallback_calls": fallback,
-                "ray_rollout_wall_s": time.perf_counter() - t0}
-        return _with_group_ids(batch, seeds_per_prompt), info
+        return _with_group_ids(batch, seeds_per_prompt)
 
     def explore(self, state, prompts, budget_s: float, per_candidate_s: float, keep=False,
                 explorer=None):

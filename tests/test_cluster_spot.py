@@ -72,6 +72,19 @@ def _serve_all(workers, queue):
     return spot.serve_in_threads(workers, queue)
 
 
+def _queue_and_hosts(setup, names):
+    """A locked queue holding the requests, the published weights, and started hosts that
+    installed them."""
+    params, shape, requests, _ = setup
+    queue = spot.LockedQueue(RequestQueue(shape, QueueConfig(lease_s=600.0)))
+    queue.submit(requests)
+    ref = spot.publish(params)
+    hosts = [_host(n) for n in names]
+    for w in hosts:
+        w.set_policy(ref, 0)
+    return queue, ref, hosts
+
+
 def _wait(cond, timeout=240.0):
     t0 = time.time()
     while not cond():
@@ -80,13 +93,8 @@ def _wait(cond, timeout=240.0):
 
 
 def test_sigkill_mid_rollout_and_a_late_joiner(cluster, setup):
-    params, shape, requests, want = setup
-    queue = spot.LockedQueue(RequestQueue(shape, QueueConfig(lease_s=600.0)))
-    queue.submit(requests)
-    ref = spot.publish(params)
-    a, b = _host("spot0"), _host("spot1")
-    for w in (a, b):
-        w.set_policy(ref, 0)
+    _, _, requests, want = setup
+    queue, ref, (a, b) = _queue_and_hosts(setup, ["spot0", "spot1"])
     c = _host("spot2")                       # a host coming up; it joins after the kill
     threads, out = _serve_all([a, b], queue)
     _wait(lambda: a.steps >= 3)              # spot0 is mid-rollout (between commits or not)
@@ -105,13 +113,8 @@ def test_sigkill_mid_rollout_and_a_late_joiner(cluster, setup):
 
 
 def test_sigterm_notice_loses_no_step(cluster, setup):
-    params, shape, requests, want = setup
-    queue = spot.LockedQueue(RequestQueue(shape, QueueConfig(lease_s=600.0)))
-    queue.submit(requests)
-    ref = spot.publish(params)
-    a, b = _host("spot3"), _host("spot4")
-    for w in (a, b):
-        w.set_policy(ref, 0)
+    _, _, requests, want = setup
+    queue, _, (a, b) = _queue_and_hosts(setup, ["spot3", "spot4"])
     threads, out = _serve_all([a, b], queue)
     _wait(lambda: a.steps >= 3)
     os.kill(a.pid, signal.SIGTERM)
