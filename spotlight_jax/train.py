@@ -13,7 +13,7 @@ import os
 import jax
 from absl import logging
 
-from spotlight_jax import checkpoint
+from spotlight_jax import checkpoint, world
 from spotlight_jax.builders import (
     abstract_model,
     create_model,
@@ -37,21 +37,31 @@ def _model_fingerprint(config) -> dict:
     return dataclasses.asdict(model_config(config))
 
 
+def _world_fingerprint(config) -> dict:
+    """The world a base model is pretrained on (the default world at the model's image size)."""
+    return json.loads(json.dumps(dataclasses.asdict(
+        world.WorldConfig(image_size=model_config(config).image_size))))
+
+
 def shipped_base_dir(config) -> str | None:
-    """The shipped base checkpoint whose model config equals this config's, if any."""
+    """The shipped base checkpoint whose model config and world equal this config's, if any
+    (a checkpoint that records no world was pretrained on an earlier world and never matches)."""
     if not os.path.isdir(ASSETS):
         return None
     want = _model_fingerprint(config)
     # fields added to MMDiTConfig after a checkpoint was recorded take their defaults (which
     # leave the recorded model unchanged, e.g. pixel_head=0)
     defaults = dataclasses.asdict(MMDiTConfig())
+    want_world = _world_fingerprint(config)
     for name in sorted(os.listdir(ASSETS)):
         path = os.path.join(ASSETS, name)
         meta = os.path.join(path, "meta.json")
         if os.path.exists(meta):
             with open(meta) as f:
-                recorded = json.load(f).get("model")
-            if recorded is not None and {**defaults, **recorded} == want:
+                meta = json.load(f)
+            recorded = meta.get("model")
+            if (recorded is not None and {**defaults, **recorded} == want
+                    and meta.get("world") == want_world):
                 return path
     return None
 
@@ -89,7 +99,8 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True):
                                   evaluation=True), workdir=workdir, seed=config.seed,
                                   progress=progress)
     checkpoint.save_params(local, ema, {
-        "model": _model_fingerprint(config), "pretrain": dataclasses.asdict(pcfg),
+        "model": _model_fingerprint(config), "world": _world_fingerprint(config),
+        "pretrain": dataclasses.asdict(pcfg),
         "code_version": checkpoint.code_version(), "history": history})
     return graphdef, ema, local
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.cluster
 OVERRIDES = {**MICRO_RUN_OVERRIDES, "sampler.num_steps": 6}
 WORKER = dict(commit_every=2, steps_per_call=1, microbatch=2)
 N = 16
-PROMPTS = ["a red circle", "two blue squares", 'the text "7"']
+PROMPTS = ["a red bar", "two blue squares", 'the text "7"']
 
 
 @pytest.fixture(scope="module")

@@ -97,7 +97,7 @@ def test_noise_is_a_pure_function_of_seed_and_step():
 def micro_sampler():
     cfg, graphdef, state = micro_model()
     sampler = Sampler(graphdef, (16, 16, 3), SamplerConfig(num_steps=6, shift=3.0, guidance=1.5))
-    prompts = ["a red circle", "two blue squares", 'the text "37"', "a green square"]
+    prompts = ["a red bar", "two blue squares", 'the text "37"', "a green square"]
     tokens, mask = world.tokenize(prompts, cfg.text_len)
     return sampler, state, tokens, mask, np.array([5, 6, 7, 8], np.uint32)
 

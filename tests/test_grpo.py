@@ -30,7 +30,7 @@ SAMPLER = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.7)
 @pytest.fixture(scope="module")
 def rollout_batch():
     cfg, graphdef, state = micro_model(seed=3)
-    prompts = ["a red circle"] * 4 + ["two blue squares"] * 4
+    prompts = ["a red bar"] * 4 + ["two blue squares"] * 4
     tokens, mask = world.tokenize(prompts, cfg.text_len)
     out = Sampler(graphdef, (16, 16, 3), SAMPLER).rollout(state, tokens, mask, np.arange(8))
     r = np.array([0.1, 0.5, 0.9, 0.3, 0.2, 0.2, 0.8, 0.4], np.float32)

@@ -19,8 +19,8 @@ def inputs(cfg, b=4, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(b, cfg.image_size, cfg.image_size, cfg.channels)).astype(np.float32)
     t = rng.uniform(size=(b,)).astype(np.float32)
-    prompts = ["a red circle", "two blue squares", 'the text "37"',
-               "a red circle on the left of a blue square"][:b]
+    prompts = ["a red bar", "two blue squares", 'the text "37"',
+               "a red bar on the left of a blue square"][:b]
     tokens, mask = world.tokenize(prompts, cfg.text_len)
     return x, t, tokens, mask
 

@@ -63,7 +63,7 @@ def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_pa
     # the explorer's rollouts really run on its devices ...
     out = r.spot_explorer.engine.sampler.rollout(
         r.pull_weights(r.trainer.policy_state())[0], *controller.world.tokenize(
-            ["a red circle"] * r.engine.chunk, r.mcfg.text_len),
+            ["a red bar"] * r.engine.chunk, r.mcfg.text_len),
         np.arange(r.engine.chunk, dtype=np.uint32))
     assert {d.id for d in out["images"].devices()} == spot
     # ... concurrently with the update: both wall intervals intersect

@@ -28,7 +28,7 @@ from spotlight_jax.sched import (
 
 SHAPE = (4, 4, 3)
 T = 8
-PROMPTS = ["a red circle", "two blue squares", 'the text "37"']
+PROMPTS = ["a red bar", "two blue squares", 'the text "37"']
 NODES = ("od0", "spot0", "spot1")
 SPOT = ("spot0", "spot1")
 

@@ -22,7 +22,7 @@ from spotlight_jax.sched import (
 
 SHAPE = (2, 2, 1)
 T = 4
-PROMPTS = ["a red circle", "two blue squares"]
+PROMPTS = ["a red bar", "two blue squares"]
 
 
 def chunk(req: Request, n: int, *, version=None, seed_offset=0):

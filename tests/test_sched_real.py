@@ -23,7 +23,7 @@ from spotlight_jax.sched import (
     results_equal,
 )
 
-PROMPTS = ["a red circle", "two blue squares", 'the text "37"', "a green square"]
+PROMPTS = ["a red bar", "two blue squares", 'the text "37"', "a green square"]
 T = 4
 
 

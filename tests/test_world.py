@@ -35,33 +35,33 @@ def test_parse_round_trips_every_prompt():
     for p in W.all_prompts():
         spec = W.parse(p)
         assert W.format_prompt(spec) == p
-    s = W.parse("a red circle on the left of a blue square")
+    s = W.parse("a red bar on the left of a blue square")
     assert s.kind == "position" and s.relation == "left"
-    assert s.groups == (W.Group(1, "red", "circle"), W.Group(1, "blue", "square"))
-    assert W.parse("three green triangles") == W.PromptSpec(
-        "counting", (W.Group(3, "green", "triangle"),)
+    assert s.groups == (W.Group(1, "red", "bar"), W.Group(1, "blue", "square"))
+    assert W.parse("three green columns") == W.PromptSpec(
+        "counting", (W.Group(3, "green", "column"),)
     )
     assert W.parse('the text "07"') == W.PromptSpec("text", text="07")
-    assert W.parse("  A Red Circle ").kind == "single"  # case and spacing tolerant
+    assert W.parse("  A Red Bar ").kind == "single"  # case and spacing tolerant
 
 
 @pytest.mark.parametrize(
     "prompt, fragment",
     [
-        ("a purple circle", 'unknown color "purple"'),
-        ("a white circle", "text color"),
+        ("a purple bar", 'unknown color "purple"'),
+        ("a white bar", "text color"),
         ("a red hexagon", 'unknown shape "hexagon"'),
-        ("two red circle", "plural"),
-        ("a red circles", "singular"),
-        ("seven red circles", 'unknown count word "seven"'),
-        ("a red circle and a red square", "its own color"),
-        ("a red circle on the left of", "expected"),
-        ("two red circles on the left of a blue square", "single objects"),
-        ("red circle", "expected"),
+        ("two red bar", "plural"),
+        ("a red bars", "singular"),
+        ("seven red bars", 'unknown count word "seven"'),
+        ("a red bar and a red square", "its own color"),
+        ("a red bar on the left of", "expected"),
+        ("two red bars on the left of a blue square", "single objects"),
+        ("red bar", "expected"),
         ('the text "ab"', "digits"),
         ('the text "123"', "allowed lengths"),
         ("the text 37", "malformed text prompt"),
-        ("three red circles and three blue squares", "at most 4"),
+        ("three red bars and three blue squares", "at most 4"),
         ("", "empty prompt"),
     ],
 )
@@ -98,19 +98,33 @@ def test_tokenizer():
     t, _ = W.tokenize(['the text "37"'])
     assert [W.VOCAB[i] for i in t[0, :6]] == ["the", "text", '"', "3", "7", '"']
     with pytest.raises(ValueError, match='unknown word "purple"'):
-        W.tokenize(["a purple circle"])
+        W.tokenize(["a purple bar"])
     with pytest.raises(ValueError, match="max_len"):
-        W.tokenize(["a red circle on the left of a blue square"], max_len=5)
+        W.tokenize(["a red bar on the left of a blue square"], max_len=5)
 
 
 # ---------------------------------------------------------------- renderer
 def test_shape_masks_fill_their_box():
-    for s in W.KNOWN_SHAPES:
+    for s in W.COMPACT_SHAPES:
         for h in range(3, 21):
             m = W.shape_mask(s, h, h)
             assert m.any(0).all() and m.any(1).all(), (s, h)
-    fills = {s: W.shape_mask(s, 12, 12).mean() for s in W.KNOWN_SHAPES}
+            np.testing.assert_array_equal(W.object_mask(s, h), m)
+    fills = {s: W.shape_mask(s, 12, 12).mean() for s in W.COMPACT_SHAPES}
     assert fills["square"] == 1.0 and 0.7 < fills["circle"] < 0.9 and fills["triangle"] < 0.65
+
+
+def test_bars_and_columns_are_centred_bands_of_their_box():
+    for s in range(3, 21):
+        bar, col = W.object_mask("bar", s), W.object_mask("column", s)
+        np.testing.assert_array_equal(col, bar.T)
+        rows = np.flatnonzero(bar.any(1))
+        assert bar[rows].all() and rows.size == max(1, round(W.DEFAULT.bar_thickness * s))
+        assert np.diff(rows).max(initial=1) == 1  # one contiguous band
+        top, bottom = rows[0], s - 1 - rows[-1]
+        assert abs(top - bottom) <= 1, (s, top, bottom)  # centred
+    with pytest.raises(ValueError, match="unknown compact shape"):
+        W.shape_mask("bar", 5, 5)
 
 
 def test_render_is_deterministic_and_uses_only_the_palette():
@@ -170,7 +184,7 @@ def test_data_stream():
     counts = {k: kinds.count(k) for k in W.KINDS}
     assert min(counts.values()) > 30, counts  # balanced: ~64 of each kind in 320 draws
     with pytest.raises(ValueError, match="unknown color"):
-        next(W.data_stream(["a purple circle"], 4, 0))
+        next(W.data_stream(["a purple bar"], 4, 0))
 
 
 def test_bigger_world_renders_and_reads_back():
@@ -208,17 +222,35 @@ def test_label_components_4_connectivity():
     assert len(np.unique(lab[lab >= 0])) == 1
 
 
-def test_detect_finds_objects_shapes_and_ignores_specks():
+@pytest.mark.parametrize("cfg", [W.DEFAULT, W.WorldConfig(shapes=W.KNOWN_SHAPES)],
+                         ids=["default", "all_shapes"])
+def test_detect_finds_objects_shapes_and_ignores_specks(cfg):
     rng = np.random.default_rng(0)
-    x = W.sample_batch(["three yellow triangles", "a red circle and a blue square"], rng)
+    a, b, c = ("triangle", "circle", "square") if "circle" in cfg.shapes else ("bar", "column",
+                                                                               "square")
+    x = W.sample_batch([f"three yellow {a}s", f"a red {b} and a blue {c}"], rng, cfg)
     x[0, 0, 0] = (1.0, 0.0, 0.0)  # one-pixel speck: below min_px, ignored
     x[1, 5:9, 0:4] = 0.5  # gray haze: far from every palette color -> background
-    d = W.detect(x)
+    d = W.detect(x, cfg)
     assert len(d) == 5
     i0, i1 = d.of_image(0), d.of_image(1)
-    assert len(i0) == 3 and set(d.shape[i0]) == {W.DEFAULT.shapes.index("triangle")}
-    names = {W.DEFAULT.class_names[c]: W.DEFAULT.shapes[s] for c, s in zip(d.cls[i1], d.shape[i1])}
-    assert names == {"red": "circle", "blue": "square"}
+    assert len(i0) == 3 and set(d.shape[i0]) == {cfg.shapes.index(a)}
+    names = {cfg.class_names[k]: cfg.shapes[s] for k, s in zip(d.cls[i1], d.shape[i1])}
+    assert names == {"red": b, "blue": c}
+
+
+def test_detect_tells_every_shape_from_every_other_at_every_size():
+    """Each shape, rendered at every object size, is classified as itself with all five shapes
+    known; a square blob never passes as a bar and a bar never as a square."""
+    cfg = W.WorldConfig(shapes=W.KNOWN_SHAPES)
+    lo, hi = cfg.size_range
+    for shape in cfg.shapes:
+        for s in range(lo, hi + 1):
+            x = np.zeros((1, 32, 32, 3), np.float32)
+            x[0, 5 : 5 + s, 7 : 7 + s][W.object_mask(shape, s)] = W.PALETTE["red"]
+            d = W.detect(x, cfg)
+            assert len(d) == 1 and cfg.shapes[d.shape[0]] == shape, (shape, s, d.shape_ious)
+            assert d.shape_iou[0] == 1.0
 
 
 def test_ocr_reads_every_text_prompt():

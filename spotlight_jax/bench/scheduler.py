@@ -79,7 +79,7 @@ SPS = {"od0": 4, "spot0": 2, "spot1": 2}
 # Seconds of one denoising step: 0.25 s per call (weights read, launches, collectives) + 1 s per
 # sample on one device, 90% SP efficiency per doubling; 20 ms to commit a request's chunk.
 COST = StepCost(sample_step_s=1.0, call_overhead_s=0.25, sp_efficiency=0.9, commit_s=0.02)
-PROMPTS = ["a red circle", "two blue squares", 'the text "37"', "a green square"]
+PROMPTS = ["a red bar", "two blue squares", 'the text "37"', "a green square"]
 MICRO = MMDiTConfig(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_ratio=2.0,
                     vocab_size=64, text_len=12, text_width=16, text_layers=1, text_heads=2,
                     conv_stem=4, conv_head=True)

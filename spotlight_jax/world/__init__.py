@@ -12,6 +12,8 @@ from spotlight_jax.world.config import (
     COUNT_WORDS,
     DEFAULT,
     KINDS,
+    COMPACT_SHAPES,
+    ELONGATED_SHAPES,
     KNOWN_SHAPES,
     PALETTE,
     RELATIONS,
@@ -28,7 +30,7 @@ from spotlight_jax.world.grammar import (
     train_prompts,
     val_prompts,
 )
-from spotlight_jax.world.render import data_stream, render, sample_batch, shape_mask
+from spotlight_jax.world.render import data_stream, object_mask, render, sample_batch, shape_mask
 from spotlight_jax.world.tokenizer import (
     DEFAULT_MAX_LEN,
     PAD_ID,
@@ -44,6 +46,8 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_MAX_LEN",
     "KINDS",
+    "COMPACT_SHAPES",
+    "ELONGATED_SHAPES",
     "KNOWN_SHAPES",
     "PALETTE",
     "PAD_ID",
@@ -60,6 +64,7 @@ __all__ = [
     "detect",
     "encode",
     "format_prompt",
+    "object_mask",
     "parse",
     "prompts_by_kind",
     "read_text",

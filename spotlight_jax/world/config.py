@@ -7,8 +7,9 @@ detector that scores its samples always agree on colors, shapes and sizes.
 The defaults are chosen for learnability by a tiny DiT with 4x4 patches on a 32x32 canvas (see
 /work/shared/CPU_CALIBRATION.md: a previous world with gray/black backgrounds and small objects was
 not learned): one black background, four saturated colors that are far apart in RGB, large objects
-(9-13 px, i.e. 2-3 patches wide), at most 3 objects of a kind, and digits drawn 3x larger than
-their 3x5 font. Sizes given as `None` are derived from `image_size`, so `WorldConfig(image_size=64)`
+(9-13 px, i.e. 2-3 patches wide), shapes that differ in extent (square, bar, column) rather than
+in sub-patch detail (a base model trained on circles, squares and triangles drew the same blob
+for all three), at most 3 objects of a kind, and digits drawn 3x larger than their 3x5 font. Sizes given as `None` are derived from `image_size`, so `WorldConfig(image_size=64)`
 is a consistent bigger world.
 """
 
@@ -30,7 +31,12 @@ PALETTE: dict[str, tuple[float, float, float]] = {
     "orange": (1.0, 0.5, 0.0),
     "white": (1.0, 1.0, 1.0),
 }
-KNOWN_SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+# Compact shapes fill a square box; elongated ones are a band across the middle of their box (a
+# "bar" lies horizontally, a "column" stands), so they differ from a square in their extent, at the
+# scale of whole 4x4 patches, rather than in sub-patch detail like a circle's rounded corners.
+COMPACT_SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+ELONGATED_SHAPES: tuple[str, ...] = ("bar", "column")
+KNOWN_SHAPES: tuple[str, ...] = COMPACT_SHAPES + ELONGATED_SHAPES
 # Count words; index = count. "a" is the count word for one object.
 COUNT_WORDS: tuple[str, ...] = ("", "a", "two", "three", "four", "five")
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
@@ -64,16 +70,20 @@ class WorldConfig:
       shape_min_iou: a component is classified as a shape only if its mask overlaps that shape's
         ideal template (drawn in the component's bounding box) with at least this IoU.
       shape_max_aspect: components whose bounding box is more elongated than this (long side /
-        short side) get no shape: the renderer only draws shapes in square boxes.
-      shape_min_frac: components whose bounding box's short side is below this fraction of the
-        smallest object size get no shape (a 4x4 patch-sized block is not a square of this world).
+        short side) get no compact shape (circle, square, triangle): those fill square boxes.
+      shape_min_frac: components whose bounding box's short side (long side for bars and columns)
+        is below this fraction of the smallest object size get no shape (a 4x4 patch-sized block
+        is not a square of this world).
+      bar_thickness: a bar's height (a column's width) as a fraction of its box side.
+      bar_min_aspect: components less elongated than this (long side / short side) are not bars
+        or columns.
       position_margin: centroid offset (fraction of image_size) that earns full credit for a
         relation; smaller correct offsets earn proportional credit.
     """
 
     image_size: int = 32
     colors: tuple[str, ...] = ("red", "green", "blue", "yellow")
-    shapes: tuple[str, ...] = KNOWN_SHAPES
+    shapes: tuple[str, ...] = ("square", "bar", "column")
     text_color: str = "white"
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)
     max_count: int = 3
@@ -90,6 +100,8 @@ class WorldConfig:
     shape_min_iou: float = 0.75
     shape_max_aspect: float = 1.3
     shape_min_frac: float = 0.6
+    bar_thickness: float = 0.45
+    bar_min_aspect: float = 1.6
     position_margin: float = 0.1
 
     def __post_init__(self):
@@ -129,6 +141,12 @@ class WorldConfig:
         n = max(self.text_lengths)
         if 2 * self.edge_margin + (4 * n - 1) * s > self.image_size or 5 * s > self.image_size:
             bad(f"{n} digits at text_scale {s} do not fit in {self.image_size} px")
+        if not 0.0 < self.bar_thickness <= 0.6:
+            bad(f"bar_thickness={self.bar_thickness} must be in (0, 0.6] (a bar is thinner than "
+                "its box)")
+        if not self.shape_max_aspect < self.bar_min_aspect <= 1.0 / self.bar_thickness:
+            bad(f"bar_min_aspect={self.bar_min_aspect} must lie between shape_max_aspect="
+                f"{self.shape_max_aspect} and 1 / bar_thickness = {1 / self.bar_thickness:.2f}")
         if not 0.0 < self.val_fraction < 1.0:
             bad(f"val_fraction={self.val_fraction} must be in (0, 1)")
 

@@ -8,10 +8,12 @@ Pipeline, vectorised over a batch:
 2. `label_components`: 4-connected components of equal class, by min-label hooking with pointer
    jumping on the flattened batch (no scipy). A 32x32 batch of 64 converges in a handful of rounds.
 3. `detect`: per component its class, area, bounding box, centroid and shape. Components smaller
-   than `cfg.min_px` are dropped as noise. The shape is the template (circle / square / triangle
-   drawn by the renderer's own `shape_mask` in the component's bounding box) with the highest IoU;
-   if even that IoU is below `cfg.shape_min_iou`, or the box is elongated (`cfg.shape_max_aspect`)
-   or much smaller than any object the renderer draws (`cfg.shape_min_frac`), the shape is "none":
+   than `cfg.min_px` are dropped as noise. The shape is the template with the highest IoU (a compact
+   shape drawn by the renderer's own `shape_mask` in the component's bounding box; a bar or column
+   as the renderer's `object_mask` in a square box of the component's long side); if even that IoU
+   is below `cfg.shape_min_iou`, the box has the wrong elongation for the shape
+   (`cfg.shape_max_aspect`, `cfg.bar_min_aspect`) or is much smaller than any object the renderer
+   draws (`cfg.shape_min_frac`), the shape is "none":
    ragged blobs do not pass as circles nor 4x4 patch blocks as squares (failures of an earlier
    design, see CPU_CALIBRATION.md).
 4. `read_text`: OCR for digits in the 3x5 font. Text pixels are the text-colored components; the
@@ -25,9 +27,9 @@ import dataclasses
 
 import numpy as np
 
-from spotlight_jax.world.config import DEFAULT, WorldConfig
+from spotlight_jax.world.config import DEFAULT, ELONGATED_SHAPES, WorldConfig
 from spotlight_jax.world.font import DIGITS, GLYPH_H, GLYPH_W, TEMPLATES
-from spotlight_jax.world.render import shape_mask
+from spotlight_jax.world.render import object_mask, shape_mask
 
 NO_SHAPE = "none"
 
@@ -121,22 +123,43 @@ class Detections:
 
 
 def _classify_shape(crop: np.ndarray, cfg: WorldConfig) -> tuple[int, float, np.ndarray]:
-    """(best shape or -1, its IoU, IoU with every template); gated components get all zeros."""
+    """(best shape or -1, its IoU, IoU with every template); gated templates get 0.
+
+    A compact shape's template is drawn in the component's bounding box (gated off when the box is
+    elongated or small). A bar's or column's template is the renderer's `object_mask` in a square
+    box of the component's long side, with the component centred in that box the way the renderer
+    centres the band, so a square blob overlaps it by only `bar_thickness` and a blob stretched
+    the right way gets a growing IoU (a slope for RL).
+    """
     h, w = crop.shape
-    best, best_iou = -1, 0.0
+    lo = cfg.size_range[0]
     ious = np.zeros(len(cfg.shapes), np.float64)
-    if max(h, w) > cfg.shape_max_aspect * min(h, w):
-        return best, best_iou, ious
-    if min(h, w) < cfg.shape_min_frac * cfg.size_range[0]:
-        return best, best_iou, ious
     n = crop.sum()
+    long_side = max(h, w)
+    square_box = None
     for k, s in enumerate(cfg.shapes):
-        t = shape_mask(s, h, w)
-        inter = np.logical_and(crop, t).sum()
+        if s in ELONGATED_SHAPES:
+            if long_side < cfg.shape_min_frac * lo:
+                continue
+            if square_box is None:
+                square_box = np.zeros((long_side, long_side), bool)
+                y, x = (long_side - h) // 2, (long_side - w) // 2
+                square_box[y : y + h, x : x + w] = crop
+            t = object_mask(s, long_side, cfg.bar_thickness)
+            inter = np.logical_and(square_box, t).sum()
+        else:
+            if long_side > cfg.shape_max_aspect * min(h, w):
+                continue
+            if min(h, w) < cfg.shape_min_frac * lo:
+                continue
+            t = shape_mask(s, h, w)
+            inter = np.logical_and(crop, t).sum()
         ious[k] = inter / (n + t.sum() - inter)
-        if ious[k] > best_iou:
-            best, best_iou = k, float(ious[k])
-    if best_iou < cfg.shape_min_iou:
+    best = int(ious.argmax())
+    best_iou = float(ious[best])
+    elongated = cfg.shapes[best] in ELONGATED_SHAPES
+    aspect = long_side / max(min(h, w), 1)
+    if best_iou < cfg.shape_min_iou or (elongated and aspect < cfg.bar_min_aspect):
         best = -1
     return best, best_iou, ious
 

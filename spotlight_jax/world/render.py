@@ -2,8 +2,9 @@
 
 Images are float32 [H, W, 3] in [0, 1]: a solid background with crisp (not anti-aliased) objects in
 exact palette colors, so that the detector can read the renderer's own images perfectly and a
-generated image is scored only on what the model drew. Each object is a square-bounded circle,
-square or triangle (apex up) of a random side in `cfg.size_range`, placed by rejection sampling so
+generated image is scored only on what the model drew. Each object lies in a square box of a random
+side in `cfg.size_range` (a circle, square or apex-up triangle fills it; a bar or column is a band
+across its middle, see `object_mask`), placed by rejection sampling so
 that bounding boxes keep `cfg.object_gap` pixels apart and `cfg.edge_margin` from the border. For
 position prompts the subject's box lies entirely on the asked side of the reference's box. Text
 prompts draw the digits in the 3x5 font of `spotlight_jax.world.font` at `cfg.glyph_scale`, in
@@ -20,7 +21,14 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from spotlight_jax.world.config import DEFAULT, KINDS, PALETTE, WorldConfig
+from spotlight_jax.world.config import (
+    COMPACT_SHAPES,
+    DEFAULT,
+    ELONGATED_SHAPES,
+    KINDS,
+    PALETTE,
+    WorldConfig,
+)
 from spotlight_jax.world.font import text_mask
 from spotlight_jax.world.grammar import PromptSpec, parse
 
@@ -29,11 +37,30 @@ _ATTEMPTS = 60  # full-layout retries before giving up
 
 
 @functools.lru_cache(maxsize=1024)
+def object_mask(shape: str, s: int, bar_thickness: float = DEFAULT.bar_thickness) -> np.ndarray:
+    """bool [s, s] mask of one object of `shape` in its s x s box, as the renderer paints it.
+
+    Compact shapes fill the box (`shape_mask`); a bar is a full-width band of
+    `round(bar_thickness * s)` rows across the middle of the box, a column the same band turned
+    upright. The detector compares elongated components with this mask.
+    """
+    if shape in ELONGATED_SHAPES:
+        t = max(1, round(bar_thickness * s))
+        m = np.zeros((s, s), bool)
+        m[(s - t) // 2 : (s - t) // 2 + t, :] = True
+        if shape == "column":
+            m = m.T.copy()
+        m.setflags(write=False)
+        return m
+    return shape_mask(shape, s, s)
+
+
+@functools.lru_cache(maxsize=1024)
 def shape_mask(shape: str, h: int, w: int) -> np.ndarray:
-    """bool [h, w] mask of `shape` inscribed in an h x w box (pixel-center sampling).
+    """bool [h, w] mask of a compact `shape` inscribed in an h x w box (pixel-center sampling).
 
     Every row and column of the box is non-empty, so the mask's bounding box is the whole box; the
-    detector compares components with these same masks drawn in the component's bounding box.
+    detector compares compact components with these same masks drawn in their bounding box.
     """
     yc = (np.arange(h) + 0.5)[:, None]
     xc = (np.arange(w) + 0.5)[None, :]
@@ -49,7 +76,7 @@ def shape_mask(shape: str, h: int, w: int) -> np.ndarray:
         half = (np.arange(h)[:, None] + 1) / h * (w / 2)
         m = np.abs(xc - w / 2) <= half + 1e-9
     else:
-        raise ValueError(f'unknown shape "{shape}"')
+        raise ValueError(f'unknown compact shape "{shape}"; known: {", ".join(COMPACT_SHAPES)}')
     m = np.broadcast_to(m, (h, w)).copy()
     m.setflags(write=False)
     return m
@@ -124,7 +151,7 @@ def _paint(img: np.ndarray, spec: PromptSpec, rng: np.random.Generator, cfg: Wor
         img[y : y + h, x : x + w][mask] = PALETTE[cfg.text_color]
         return
     for y, x, s, color, shape in layout(spec, rng, cfg):
-        img[y : y + s, x : x + s][shape_mask(shape, s, s)] = PALETTE[color]
+        img[y : y + s, x : x + s][object_mask(shape, s, cfg.bar_thickness)] = PALETTE[color]
 
 
 def render(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spotlight_jax.world.config import COUNT_WORDS, KNOWN_SHAPES, PALETTE
+from spotlight_jax.world.config import COMPACT_SHAPES, COUNT_WORDS, ELONGATED_SHAPES, PALETTE
 from spotlight_jax.world.grammar import split_words
 
 PAD = "<pad>"
@@ -25,8 +25,8 @@ VOCAB: tuple[str, ...] = (
     *[w for w in COUNT_WORDS if w],
     "an",
     *PALETTE,
-    *KNOWN_SHAPES,
-    *[s + "s" for s in KNOWN_SHAPES],
+    *COMPACT_SHAPES,
+    *[s + "s" for s in COMPACT_SHAPES],
     "and",
     "on",
     "the",
@@ -38,6 +38,9 @@ VOCAB: tuple[str, ...] = (
     "text",
     '"',
     *"0123456789",
+    # Words added after the first shipped base model go last, so the ids it was trained with stay.
+    *ELONGATED_SHAPES,
+    *[s + "s" for s in ELONGATED_SHAPES],
 )
 TOKEN_ID: dict[str, int] = {w: i for i, w in enumerate(VOCAB)}
 assert len(TOKEN_ID) == len(VOCAB), "duplicate word in VOCAB"
