@@ -38,10 +38,23 @@ def restore_target(abstract_state, shardings=None):
                         shardings)
 
 
+def _process_local_options() -> ocp.options.MultiprocessingOptions:
+    """Orbax options for a checkpoint that this process reads or writes alone (base weights,
+    the controller's run state in a multi-process trainer job): no barriers with the others."""
+    if jax.process_count() == 1:
+        return ocp.options.MultiprocessingOptions()
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+
+
+def _params_checkpointer() -> ocp.StandardCheckpointer:
+    return ocp.StandardCheckpointer(multiprocessing_options=_process_local_options())
+
+
 def save_params(path: str, state, meta: dict) -> None:
     path = os.path.abspath(path)
     os.makedirs(path, exist_ok=True)
-    ckptr = ocp.StandardCheckpointer()
+    ckptr = _params_checkpointer()
     ckptr.save(os.path.join(path, "params"), nnx.to_pure_dict(state), force=True)
     ckptr.wait_until_finished()
     with open(os.path.join(path, "meta.json"), "w") as f:
@@ -62,7 +75,7 @@ def load_params(path: str, abstract_state, shardings=None):
                          "or set --config.base_checkpoint")
     target = restore_target(abstract_state, shardings)
     try:
-        pure = ocp.StandardCheckpointer().restore(os.path.join(path, "params"), target)
+        pure = _params_checkpointer().restore(os.path.join(path, "params"), target)
     except Exception as e:  # Orbax raises several types for shape/structure mismatches
         raise ValueError(f"base checkpoint at {path} does not match the model config: {e}") from e
     state = jax.tree.map(lambda x: x, abstract_state)
@@ -79,7 +92,7 @@ def grow_params(path: str, state):
     path = os.path.abspath(path)
     if not os.path.isdir(os.path.join(path, "params")):
         raise ValueError(f"no checkpoint to grow from at {path} (expected {path}/params)")
-    saved = ocp.StandardCheckpointer().restore(os.path.join(path, "params"))
+    saved = _params_checkpointer().restore(os.path.join(path, "params"))
     flat_saved = dict(flatten_names(saved))
     pure = nnx.to_pure_dict(state)
     loaded, new = [], []
@@ -122,19 +135,33 @@ def tree_equal(a, b) -> bool:
 class RunCheckpointer:
     """Full training state in an Orbax ``CheckpointManager`` (async saves, latest-first restore).
 
+    ``this_process_only``: the manager runs in this process alone (the controller of a
+    multi-process trainer job), saving arrays it holds on its own devices.
     ``save(step, tree, meta)`` writes ``Composite(state=StandardSave(tree), meta=JsonSave(meta))``.
     ``restore(target)`` restores the newest readable checkpoint onto the shardings of ``target``
     (a tree of arrays or ShapeDtypeStructs); a corrupt or half-written newest checkpoint makes it
     fall back to the previous one with a warning, never silently start from scratch.
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 3):
+    def __init__(self, directory: str, max_to_keep: int = 3, this_process_only: bool = False):
         self.directory = os.path.abspath(directory)
+        self.this_process_only = this_process_only and jax.process_count() > 1
+        # In a multi-process job whose controller (process 0) alone saves arrays on its own
+        # devices, Orbax must not wait for the other processes at its barriers.
+        mp = (_process_local_options() if this_process_only
+              else ocp.options.MultiprocessingOptions())
+        if this_process_only:   # Orbax refuses create=True with active_processes
+            os.makedirs(self.directory, exist_ok=True)
         self.manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                                                 create=True))
+            self.directory, options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, create=not this_process_only,
+                multiprocessing_options=mp))
 
     def save(self, step: int, tree, meta: dict) -> None:
+        if self.this_process_only:
+            # Orbax serialises only global arrays in a multi-process job; this process's own
+            # copies go as host arrays (they restore onto any target, single-process included)
+            tree = jax.tree.map(np.asarray, tree)
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)))
 
@@ -149,9 +176,11 @@ class RunCheckpointer:
         """``(step, tree, meta)`` of the newest good checkpoint, or ``None`` if there is none."""
         from absl import logging  # noqa: PLC0415
 
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-            target)
+        if self.this_process_only:    # host arrays, as saved; the caller places them
+            abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), target)
+        else:
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+                x.shape, x.dtype, sharding=getattr(x, "sharding", None)), target)
         steps = self.steps()
         for step in reversed(steps):
             try:

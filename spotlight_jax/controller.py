@@ -87,22 +87,27 @@ def group_seeds(run_seed: int, k: int, num_prompts: int, group_size: int) -> lis
 class Run:
     """State and helpers of one post-training run in ``workdir``."""
 
-    def __init__(self, config, workdir, graphdef, base, devices=None):
+    def __init__(self, config, workdir, graphdef, base, devices=None, trainer=None):
         if config.mode not in MODES:
             raise ValueError(f"unknown mode {config.mode!r}; choose one of {MODES}")
         self.config, self.workdir, self.mode = config, workdir, config.mode
+        # This process's devices: the controller never places work on another process's
+        # devices (in a multi-process trainer job only the trainer's collectives span them).
+        self.devices = list(jax.local_devices())
         # The trainer's mesh: parameters placed by the rule table, batches split over data/fsdp.
+        # With a ``trainer`` given (a multi-process ``cluster.job.TrainerJob``), the update runs
+        # on that trainer's own mesh and this one holds the sampling weights.
         if devices is None and config.get("trainer_devices", 0):
-            devices = jax.devices()[:config.trainer_devices]
-        self.mesh = build_mesh(config, devices)
+            devices = self.devices[:config.trainer_devices]
+        self.mesh = build_mesh(config, devices if devices is not None else self.devices)
         base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
         self.rl = grpo_config(config)
         self.train_sampler_cfg = sampler_config(config)
         image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
-        self.trainer = GRPOTrainer(graphdef, base, self.rl, self.train_sampler_cfg,
-                                   mesh=self.mesh)
+        self.trainer = trainer if trainer is not None else GRPOTrainer(
+            graphdef, base, self.rl, self.train_sampler_cfg, mesh=self.mesh)
         self.sampler = Sampler(graphdef, image_shape, self.train_sampler_cfg, mesh=self.mesh)
         self.eval_sampler = Sampler(graphdef, image_shape, sampler_config(config, evaluation=True),
                                     mesh=self.mesh)
@@ -121,7 +126,8 @@ class Run:
         self.spot_explorer = self.explorer
         self._explore_pool = None
         if self.mode == "spotlight":
-            self.explore_mesh = explore_mesh(self.mesh, batch_multiple=self.engine.chunk)
+            self.explore_mesh = explore_mesh(self.mesh, self.devices,
+                                             batch_multiple=self.engine.chunk)
             if self.explore_mesh is not None:
                 sampler = Sampler(graphdef, image_shape, self.train_sampler_cfg,
                                   mesh=self.explore_mesh)
@@ -134,7 +140,8 @@ class Run:
                 max_workers=1, thread_name_prefix="explore")
         self.writer = MetricWriter(workdir, "rl")
         self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"),
-                                    config.checkpoint.max_to_keep)
+                                    config.checkpoint.max_to_keep,
+                                    this_process_only=jax.process_count() > 1)
         self.key = jax.random.key(config.seed)
         self.iteration = 0
         self.history: list[dict] = []
@@ -158,13 +165,13 @@ class Run:
         self.spot_hosts: list = []             # transport 'ray': live spot host workers
         self._next_host = 0
         self._published = None                 # (version, object ref) of the last weights
-        self.scheduler_on = bool(config.deployment.scheduler) and len(jax.devices()) >= need
+        self.scheduler_on = bool(config.deployment.scheduler) and len(self.devices) >= need
         if (config.deployment.scheduler and not self.scheduler_on
                 and self.mode in ("spot_rollout", "spotlight")):
             logging.warning("deployment.scheduler: %d device(s) cannot hold the scheduler's pool "
                             "(%d needed: one on-demand and one per spot node); rollouts run "
                             "directly with the same emulated-time accounting",
-                            len(jax.devices()), need)
+                            len(self.devices), need)
 
     # -- checkpointing -------------------------------------------------------------------------
     def _tree(self):
@@ -222,7 +229,7 @@ class Run:
         flat = [(p, int(s)) for p, ss in zip(prompts, seeds_per_prompt) for s in ss]
         T = self.train_sampler_cfg.num_steps
         horizon = 20 * d.rollout_s(len(flat), use_spot=True) + 3600.0
-        setup = d.scheduler_setup(len(jax.devices()), horizon)
+        setup = d.scheduler_setup(len(self.devices), horizon)
         image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         q = sched.RequestQueue(image_shape)
         rids = [f"k{k:05d}r{i:04d}" for i in range(len(flat))]
@@ -242,7 +249,8 @@ class Run:
                                                           microbatch=4),
                                 cost=setup["cost"],
                                 check_invariants=False),   # checked per event in the sched tests
-                policy=lambda node: (state, k), down_at_start=setup["down_at_start"])
+                policy=lambda node: (state, k), devices=self.devices,
+                down_at_start=setup["down_at_start"])
             rep = sim.run()
         if not q.all_done:
             raise RuntimeError(f"iteration {k}: the scheduler finished with requests left "
@@ -578,12 +586,13 @@ def shard_state(state, mesh):
 
 
 def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress: bool = True,
-        devices=None):
+        devices=None, trainer=None):
     """Runs ``config.rl.iterations`` post-training iterations; returns the history list.
 
-    ``devices``: the trainer's devices (default: all); the mesh comes from ``config.mesh``.
+    ``devices``: the trainer's devices (default: all of this process's); the mesh comes from
+    ``config.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob`` (process 0).
     """
-    r = Run(config, workdir, graphdef, base, devices)
+    r = Run(config, workdir, graphdef, base, devices, trainer=trainer)
     r.maybe_restore()
     c = config
     if r.iteration == 0 and not r.history:

@@ -66,8 +66,10 @@ def shipped_base_dir(config) -> str | None:
     return None
 
 
-def load_or_pretrain_base(config, workdir: str, *, progress: bool = True):
-    """``(graphdef, base_state, source)`` following the priority order in the module docstring."""
+def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
+                          allow_pretrain: bool = True):
+    """``(graphdef, base_state, source)`` following the priority order in the module docstring.
+    With ``allow_pretrain=False`` a missing base is a ValueError instead of a pretraining run."""
     cfg = model_config(config)
     choice = config.get("base_checkpoint", "auto")
     candidates = []
@@ -88,6 +90,10 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True):
         if path == choice:
             raise ValueError(f"config.base_checkpoint={choice!r} has no checkpoint "
                              f"(expected {choice}/params)")
+    if not allow_pretrain:
+        raise ValueError(f"no base model for this config: no shipped checkpoint matches it and "
+                         f"{local} has none; pretrain one first (python -m spotlight_jax.main "
+                         "... --config.rl.iterations=0) or set config.base_checkpoint")
     logging.info("base model: pretraining %d steps into %s", config.pretrain.steps, local)
     graphdef, state = create_model(cfg, seed=config.seed)
     pcfg = pretrain_config(config)

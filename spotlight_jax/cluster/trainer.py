@@ -1,9 +1,13 @@
 """The trainer's ``jax.distributed`` job: one process per on-demand host, one mesh over all.
 
 ``initialize`` joins the job; ``broadcast_tree`` hands process 0's host data (the rollout batch
-its controller assembled) to every process; ``update_from_files`` is a complete trainer process
-for one GRPO update on a saved batch, used by the multi-process tests and by
-``launch/local_cluster.sh``'s smoke step:
+its controller assembled) to every process; ``run_job`` is post-training with the controller in
+process 0 and the others following it (``spotlight_jax.cluster.job``):
+
+    python -m spotlight_jax.cluster.trainer --coordinator=127.0.0.1:12355 --num_processes=2 \
+        --process_id=0 --cpu_devices=2 --config=tiny --workdir=RUN_DIR
+
+``update_from_files`` is one GRPO update on a saved batch (the multi-process equivalence test):
 
     python -m spotlight_jax.cluster.trainer --coordinator=127.0.0.1:12355 --num_processes=2 \\
         --process_id=0 --cpu_devices=2 --config=configs/tiny.py --base=BASE_DIR \\
@@ -105,16 +109,69 @@ def update_from_files(config, base_dir: str, batch_path: str, out_path: str | No
     return metrics
 
 
+def run_job(config, workdir: str, *, progress: bool = False):
+    """Post-training of ``config`` by this trainer job: process 0 runs the controller
+    (``controller.run``) with a ``TrainerJob`` over every process's devices, writing the run
+    (metrics, samples, checkpoints) to ``workdir``; the other processes follow its commands.
+    The base model is process 0's (shipped, ``config.base_checkpoint`` or ``workdir/base``),
+    broadcast to the others. Returns the history in process 0, None in the others."""
+    from flax import nnx  # noqa: PLC0415
+
+    from spotlight_jax import controller, train  # noqa: PLC0415
+    from spotlight_jax.builders import (  # noqa: PLC0415
+        abstract_model,
+        build_mesh,
+        model_config,
+        sampler_config,
+    )
+    from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow  # noqa: PLC0415
+
+    mesh = build_mesh(config, jax.devices())
+    graphdef, abstract = abstract_model(model_config(config), config.seed)
+    base = None
+    if jax.process_index() == 0:
+        try:
+            if config.get("base_checkpoint", "auto") == "none":
+                raise ValueError("a trainer job does not pretrain: run the pretraining first "
+                                 "(python -m spotlight_jax.main ... --config.rl.iterations=0) "
+                                 "and point --config.base_checkpoint at it")
+            graphdef, base, source = train.load_or_pretrain_base(
+                config, workdir, progress=False, allow_pretrain=False)
+        except Exception:
+            broadcast_base({})     # releases the followers with an empty base
+            raise
+        logger.info("trainer job: base %s", source)
+    pure = broadcast_base(base)
+    if not pure:
+        raise RuntimeError("process 0 found no base model; see its log")
+    host = jax.tree.map(lambda x: x, abstract)
+    nnx.replace_by_pure_dict(host, pure)
+    grpo, samp = controller.grpo_config(config), sampler_config(config)
+    if jax.process_index() != 0:
+        follow(graphdef, host, grpo, samp, mesh)
+        return None
+    local = build_mesh(config, jax.local_devices())   # process 0's samplers and shadow weights
+    job = TrainerJob(graphdef, host, grpo, samp, mesh, local)
+    try:
+        return controller.run(config, workdir, graphdef, host, base_source=source,
+                              progress=progress, trainer=job, devices=list(local.devices.flat))
+    finally:
+        job.stop()
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="one GRPO update in a jax.distributed trainer job")
+    ap = argparse.ArgumentParser(description="the trainer's jax.distributed job: post-training "
+                                 "(--workdir) or one GRPO update on a saved batch (--batch)")
     ap.add_argument("--coordinator", default=None, help="host:port (default: auto-detect)")
     ap.add_argument("--num_processes", type=int, default=None)
     ap.add_argument("--process_id", type=int, default=None)
     ap.add_argument("--cpu_devices", type=int, default=0, help="emulated CPU devices per process")
     ap.add_argument("--config", required=True, help="configs/<name>.py or a name")
     ap.add_argument("--overrides", default="{}", help="JSON of dotted config overrides")
-    ap.add_argument("--base", required=True, help="base checkpoint directory")
-    ap.add_argument("--batch", required=True, help=".npz rollout batch (read by process 0)")
+    ap.add_argument("--workdir", default=None, help="post-train into this directory (process 0 "
+                    "runs the controller); the base comes from the config")
+    ap.add_argument("--base", default=None, help="--batch: base checkpoint directory")
+    ap.add_argument("--batch", default=None, help=".npz rollout batch (read by process 0)")
     ap.add_argument("--out", default=None, help=".npz of the updated trainable parameters")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
@@ -123,8 +180,17 @@ def main(argv=None):
     from spotlight_jax.builders import load_config  # noqa: PLC0415
 
     config = load_config(args.config, json.loads(args.overrides))
-    metrics = update_from_files(config, args.base, args.batch, args.out)
-    print(json.dumps({"process": jax.process_index(), **metrics}), flush=True)
+    if args.workdir:
+        history = run_job(config, args.workdir, progress=jax.process_index() == 0)
+        if history is not None:
+            evals = [h for h in history if "val_reward" in h]
+            print(json.dumps({"process": 0, "iterations": history[-1]["iteration"],
+                              "val_reward": [h["val_reward"] for h in evals]}), flush=True)
+    elif args.batch and args.base:
+        metrics = update_from_files(config, args.base, args.batch, args.out)
+        print(json.dumps({"process": jax.process_index(), **metrics}), flush=True)
+    else:
+        ap.error("give --workdir (post-training) or --batch and --base (one update)")
     jax.distributed.shutdown()
 
 

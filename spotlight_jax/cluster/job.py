@@ -1,0 +1,221 @@
+"""The controller's trainer when the trainer is a ``jax.distributed`` job of several processes.
+
+In a multi-process JAX job every process must run the same collective programs. The controller
+(rollouts, rewards, selection, evaluation, checkpoints) runs in process 0 only; the other
+processes run ``follow``, a loop that receives process 0's commands (``broadcast_tree``) and joins
+the collective program each one names:
+
+  update   the GRPO update on the global mesh, on the batch process 0 broadcasts with it;
+  gather   copies of the trainable weights / optimizer state / EMA on every process
+           (``process_allgather``), which process 0 keeps for its samplers and checkpoints;
+  set      new trainable weights / optimizer state / EMA (a resumed checkpoint), placed on
+           every process's part of the global mesh;
+  stop     leave the loop.
+
+``TrainerJob`` is what process 0's controller holds in place of a ``GRPOTrainer``: it has the same
+attributes (``trainable``, ``opt_state``, ``ema``, ``policy_state()``, ``eval_state()``,
+``update()``) and sends the command before running its part. Its weights for sampling live in a
+shadow ``GRPOTrainer`` on process 0's own devices, refreshed after every update, so rollouts and
+evaluation never touch the other processes' devices. Followers need no file system: process 0
+broadcasts the base weights when the job starts.
+"""
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+
+from spotlight_jax.cluster.trainer import broadcast_tree
+
+logger = logging.getLogger(__name__)
+_OP = "__op__"
+_PARTS = ("trainable", "opt_state", "ema")
+
+
+def _command(op: str, **arrays) -> dict:
+    return {_OP: np.frombuffer(op.encode(), np.uint8).copy(), **arrays}
+
+
+def _op(cmd: dict) -> str:
+    return bytes(cmd[_OP]).decode()
+
+
+def _flat(prefix: str, tree) -> dict:
+    return {f"{prefix}/{i:05d}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(tree))}
+
+
+def _unflat(prefix: str, cmd: dict, like):
+    leaves = [cmd[k] for k in sorted(k for k in cmd if k.startswith(prefix + "/"))]
+    treedef = jax.tree.structure(like)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(f"command has {len(leaves)} {prefix} leaves, the trainer "
+                         f"{treedef.num_leaves}")
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def broadcast_base(base) -> dict:
+    """Process 0's base weights (an NNX state or pure dict; others pass None) on every process,
+    as a host pure dict, so follower hosts need no copy of the checkpoint."""
+    from flax import nnx  # noqa: PLC0415
+
+    flat = None
+    if jax.process_index() == 0:
+        pure = base if isinstance(base, dict) else nnx.to_pure_dict(base)
+        flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+                for path, v in jax.tree_util.tree_leaves_with_path(pure)}
+    got = broadcast_tree(flat)
+    out: dict = {}
+    for name, v in got.items():
+        node = out
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(int(p) if p.isdigit() else p, {})
+        node[int(leaf) if leaf.isdigit() else leaf] = v
+    return out
+
+
+class _Replica:
+    """The GRPO trainer on the job's global mesh, as every process holds it."""
+
+    def __init__(self, graphdef, base_state, grpo_cfg, sampler_cfg, mesh):
+        from spotlight_jax.controller import shard_state  # noqa: PLC0415
+        from spotlight_jax.rl import GRPOTrainer  # noqa: PLC0415
+
+        self.trainer = GRPOTrainer(graphdef, shard_state(base_state, mesh), grpo_cfg,
+                                   sampler_cfg, mesh=mesh)
+
+    def run(self, cmd: dict):
+        """Runs one command's collective part on this process; returns what it produced."""
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        t, op = self.trainer, _op(cmd)
+        if op == "update":
+            batch = {k[2:]: v for k, v in cmd.items() if k.startswith("b/")}
+            key = jax.random.wrap_key_data(cmd["key"])
+            return t.update(batch, key, int(cmd["step"]))
+        if op == "gather":
+            parts = {p: getattr(t, p) for p in _PARTS if getattr(t, p) is not None}
+            return multihost_utils.process_allgather(parts, tiled=True)
+        if op == "set":
+            for p in _PARTS:
+                cur = getattr(t, p)
+                if cur is None or not any(k.startswith(p + "/") for k in cmd):
+                    continue
+                host = _unflat(p, cmd, cur)
+                setattr(t, p, jax.tree.map(lambda h, c: jax.device_put(
+                    np.asarray(h, c.dtype), c.sharding), host, cur))
+            return None
+        if op == "stop":
+            return None
+        raise ValueError(f"unknown trainer job command {op!r}")
+
+
+def follow(graphdef, base_state, grpo_cfg, sampler_cfg, mesh) -> int:
+    """A follower process's whole life in the job: serve process 0's commands until ``stop``.
+    Returns the number of updates it took part in."""
+    if jax.process_index() == 0:
+        raise RuntimeError("process 0 leads the trainer job (TrainerJob); it does not follow")
+    replica = _Replica(graphdef, base_state, grpo_cfg, sampler_cfg, mesh)
+    updates = 0
+    while True:
+        cmd = broadcast_tree(None)
+        op = _op(cmd)
+        replica.run(cmd)
+        updates += op == "update"
+        if op == "stop":
+            logger.info("trainer process %d: stop after %d updates", jax.process_index(),
+                        updates)
+            return updates
+
+
+class TrainerJob:
+    """Process 0's view of the job's trainer: a drop-in for ``GRPOTrainer`` in the controller.
+
+    ``mesh`` spans every process's devices (the job's trainer mesh); ``local_mesh`` is process
+    0's own devices, where the shadow trainer keeps the current weights for sampling."""
+
+    def __init__(self, graphdef, base_state, grpo_cfg, sampler_cfg, mesh, local_mesh):
+        from spotlight_jax.controller import shard_state  # noqa: PLC0415
+        from spotlight_jax.rl import GRPOTrainer  # noqa: PLC0415
+
+        if jax.process_index() != 0:
+            raise RuntimeError("TrainerJob runs in process 0; other processes call follow()")
+        self.mesh, self.local_mesh = mesh, local_mesh
+        self._replica = _Replica(graphdef, base_state, grpo_cfg, sampler_cfg, mesh)
+        self.local = GRPOTrainer(graphdef, shard_state(base_state, local_mesh), grpo_cfg,
+                                 sampler_cfg, mesh=local_mesh)
+        self.cfg = grpo_cfg
+        self._opt_stale = False      # the shadow's optimizer state lags the job's
+        self.stopped = False
+
+    def _send(self, op: str, **arrays):
+        if self.stopped:
+            raise RuntimeError("the trainer job was stopped")
+        cmd = broadcast_tree(_command(op, **arrays))
+        return self._replica.run(cmd)
+
+    def _pull(self, with_opt_state: bool):
+        """Copies the job's weights (and optimizer state) into the shadow trainer."""
+        got = self._send("gather")
+        for p in _PARTS:
+            if p not in got or (p == "opt_state" and not with_opt_state):
+                continue
+            cur = getattr(self.local, p)
+            setattr(self.local, p, jax.tree.map(
+                lambda h, c: jax.device_put(np.asarray(h, c.dtype), c.sharding), got[p], cur))
+        if with_opt_state:
+            self._opt_stale = False
+
+    # -- the GRPOTrainer interface the controller uses -----------------------------------------
+    def update(self, batch: dict, key, step: int) -> dict:
+        arrays = {f"b/{k}": np.asarray(v) for k, v in batch.items()}
+        metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
+                             step=np.asarray(step, np.int64), **arrays)
+        self._opt_stale = True
+        self._pull(with_opt_state=False)
+        return metrics
+
+    def policy_state(self):
+        return self.local.policy_state()
+
+    def eval_state(self):
+        return self.local.eval_state()
+
+    @property
+    def trainable(self):
+        return self.local.trainable
+
+    @trainable.setter
+    def trainable(self, value):
+        self._set("trainable", value)
+
+    @property
+    def opt_state(self):
+        if self._opt_stale:
+            self._pull(with_opt_state=True)
+        return self.local.opt_state
+
+    @opt_state.setter
+    def opt_state(self, value):
+        self._set("opt_state", value)
+
+    @property
+    def ema(self):
+        return self.local.ema
+
+    @ema.setter
+    def ema(self, value):
+        self._set("ema", value)
+
+    def _set(self, part: str, value):
+        self._send("set", **_flat(part, value))
+        cur = getattr(self.local, part)
+        setattr(self.local, part, jax.tree.map(
+            lambda h, c: jax.device_put(np.asarray(h, c.dtype), c.sharding), value, cur))
+
+    def stop(self):
+        """Releases the followers (they return from ``follow``)."""
+        if not self.stopped:
+            self._send("stop")
+            self.stopped = True
