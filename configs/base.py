@@ -136,6 +136,9 @@ def add_spotlight_sections(c):
     # spotlight rollouts run on Ray spot host actors (real processes; needs the cluster extra
     # and a Ray cluster, or starts a local one), preempted by real signals, not the trace
     d.transport = "emulated"
+    # 'ray': the custom resource a node must advertise to host a spot actor ('' = any node;
+    # the launch scripts give spot machines "spot_node")
+    d.ray_spot_resource = ""
 
     t = c.trace = ml_collections.ConfigDict()
     t.path = ""                     # SkyPilot JSON; empty = synthetic Poisson trace below

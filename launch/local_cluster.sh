@@ -1,49 +1,46 @@
 #!/usr/bin/env bash
-# A real multi-process cluster on one machine, with the pieces that exist today:
-#   1. the trainer's jax.distributed job: 2 processes x 2 emulated CPU devices, gloo collectives,
-#      running one GRPO update of the tiny config on a rollout batch (process 0 reads it and
-#      broadcasts it; both run the update over one 4-device mesh);
-#   2. a local Ray head advertising 2 "spot_node" resources, and 2 spot hosts (Ray actors, each
-#      a single-host JAX process with an SP group of 2 devices) serving a rollout queue owned by
-#      this driver, one of them preempted with a SIGTERM notice half-way.
-# Usage: launch/local_cluster.sh [WORKDIR]      (needs: pip install -e ".[cluster]")
+# A real multi-process cluster on one machine, running the tiny config end to end:
+#   1. a local Ray head advertising 2 "spot_node" resources (the spot machines);
+#   2. the trainer's jax.distributed job: 2 processes x 2 emulated CPU devices over gloo.
+#      Process 0 runs the controller (spot_rollout mode, Ray transport): each iteration's
+#      rollouts go to 2 spot host actors (single-host JAX processes with an SP group of 2
+#      devices) that pull requests from its queue; the GRPO update runs over all 4 trainer
+#      devices, process 1 joining every collective; evaluation and checkpoints in process 0;
+#   3. the spot hosts' preemption path: a host gets a SIGTERM notice half-way through a queue
+#      and hands its in-flight requests back, committed (every request completes exactly once);
+#   4. the trainer job's checkpoint resumed by the single-process command for one more
+#      iteration (the cluster's run continues on a laptop).
+# Usage: launch/local_cluster.sh [WORKDIR] [ITERATIONS]   (needs: pip install -e ".[cluster]")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/spotlight_local_cluster}
+ITERS=${2:-3}
 mkdir -p "$WORK"
 export JAX_PLATFORMS=cpu
 PORT=${PORT:-12355}
+OVERRIDES="{\"mode\": \"spot_rollout\", \"deployment.transport\": \"ray\", \
+\"deployment.spot_nodes\": 2, \"deployment.ray_spot_resource\": \"spot_node\", \
+\"rl.iterations\": $ITERS, \"rl.eval_every\": $ITERS}"
 
-echo "== rollout batch and base weights for the trainer job"
-python - "$WORK" <<'PY'
-import sys, numpy as np, jax
-jax.config.update("jax_num_cpu_devices", 1)
-from spotlight_jax import controller, train
-from spotlight_jax.builders import load_config
-work = sys.argv[1]
-c = load_config("tiny", {"mode": "flow_grpo", "num_cpu_devices": 1})
-graphdef, base, src = train.load_or_pretrain_base(c, work)
-run = controller.Run(c, f"{work}/run", graphdef, base)
-p = run.prompts(0)
-b = run.rollout(p, controller.group_seeds(c.seed, 0, len(p), c.rl.group_size))
-adv = controller.advantages(b["rewards"], b["prompt_ids"])
-np.savez(f"{work}/batch.npz", latents=b["latents"], log_probs=b["log_probs"], advantages=adv,
-         tokens=b["tokens"], mask=b["mask"])
-print("base:", src)
-PY
-BASE=$(python -c "from spotlight_jax import train; from spotlight_jax.builders import load_config; print(train.shipped_base_dir(load_config('tiny')) or '$WORK/base')")
-
-echo "== trainer job: 2 processes x 2 devices over gloo"
-for i in 0 1; do
-  python -m spotlight_jax.cluster.trainer --coordinator=127.0.0.1:$PORT --num_processes=2 \
-    --process_id=$i --cpu_devices=2 --config=tiny --base="$BASE" --batch="$WORK/batch.npz" \
-    --out="$WORK/params_after_update.npz" > "$WORK/trainer$i.log" 2>&1 &
-done
-wait
-grep '^{"process"' "$WORK"/trainer*.log
-
-echo "== Ray head with 2 spot nodes; 2 spot hosts serve a rollout queue"
+echo "== Ray head with 2 spot nodes"
 ray stop --force >/dev/null 2>&1 || true
 ray start --head --num-cpus=4 --resources='{"spot_node": 2}' --include-dashboard=false >/dev/null
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
+
+echo "== trainer job: 2 processes x 2 devices over gloo, $ITERS iterations (logs: $WORK/trainer*.log)"
+for i in 0 1; do
+  python -m spotlight_jax.cluster.trainer --coordinator=127.0.0.1:$PORT --num_processes=2 \
+    --process_id=$i --cpu_devices=2 --config=tiny --overrides="$OVERRIDES" \
+    --workdir="$WORK/run" > "$WORK/trainer$i.log" 2>&1 &
+done
+wait
+grep '^{"process"' "$WORK/trainer0.log"
+grep -h "stop after" "$WORK/trainer1.log"
+
+echo "== spot hosts serving a queue; the first one preempted with a SIGTERM notice"
 python -m spotlight_jax.cluster.demo --address=auto --hosts=2 --requests=16 --notice_after=4
+
+echo "== the trainer job's checkpoint, resumed in one process for one more iteration"
+python -m spotlight_jax.main --config=configs/tiny.py --workdir="$WORK/run" \
+  --config.mode=spot_rollout --config.rl.iterations=$((ITERS + 1)) --config.rl.eval_every=0 \
+  2>&1 | grep -E "resumed from|== spot_rollout|held-out"

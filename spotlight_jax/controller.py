@@ -299,7 +299,9 @@ class Run:
                 self.spot_hosts.append(spot.start_host(
                     f"spot{i}", self.config, cpu_devices=d.cfg.spot_devices_per_node,
                     worker={"commit_every": d.cfg.commit_every, "steps_per_call": 1,
-                            "microbatch": 4}))
+                            "microbatch": 4},
+                    resources={res: 1} if (res := self.config.deployment.get(
+                        "ray_spot_resource", "")) else None))
                 started += 1
             alive = []
             for w in self.spot_hosts:

@@ -17,7 +17,7 @@ import signal
 import time
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--address", default="auto", help="Ray cluster address ('' = local)")
     ap.add_argument("--config", default="tiny")
@@ -27,6 +27,11 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--notice_after", type=int, default=0, help="0 = no notice")
     ap.add_argument("--resource", default="spot_node", help="custom resource of spot machines")
+    return ap
+
+
+def main(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     import jax  # noqa: PLC0415

@@ -159,7 +159,7 @@ def run_job(config, workdir: str, *, progress: bool = False):
         job.stop()
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="the trainer's jax.distributed job: post-training "
                                  "(--workdir) or one GRPO update on a saved batch (--batch)")
     ap.add_argument("--coordinator", default=None, help="host:port (default: auto-detect)")
@@ -173,6 +173,11 @@ def main(argv=None):
     ap.add_argument("--base", default=None, help="--batch: base checkpoint directory")
     ap.add_argument("--batch", default=None, help=".npz rollout batch (read by process 0)")
     ap.add_argument("--out", default=None, help=".npz of the updated trainable parameters")
+    return ap
+
+
+def main(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     initialize(args.coordinator, args.num_processes, args.process_id,
