@@ -14,7 +14,8 @@ from spotlight_jax.builders import load_config
 from spotlight_jax.cluster import demo, trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHELL = sorted([ROOT / "launch" / "local_cluster.sh", *(ROOT / "launch" / "slurm").glob("*.sbatch")])
+SHELL = sorted([ROOT / "launch" / "local_cluster.sh",
+                *(ROOT / "launch" / "slurm").glob("*.sbatch")])
 YAML = sorted((ROOT / "launch" / "k8s").glob("*.yaml"))
 
 

@@ -9,11 +9,11 @@ build on. Everything is plain numpy; `WorldConfig` (`config`) holds every knob.
 """
 
 from spotlight_jax.world.config import (
+    COMPACT_SHAPES,
     COUNT_WORDS,
     DEFAULT,
-    KINDS,
-    COMPACT_SHAPES,
     ELONGATED_SHAPES,
+    KINDS,
     KNOWN_SHAPES,
     PALETTE,
     RELATIONS,
