@@ -23,6 +23,7 @@ def _velocity(cfg, graphdef, state):
 
 
 
+@pytest.mark.e2e   # ~25 s of compiles: kept out of the default command's budget (.ci/run runs it)
 def test_grown_pixel_head_model_equals_its_source_then_trains(tmp_path):
     cfg, graphdef, state = micro_model()
     checkpoint.save_params(str(tmp_path / "small"), state, {})
