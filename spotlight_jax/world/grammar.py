@@ -2,10 +2,10 @@
 
 The grammar mirrors the task kinds GenEval checks, restricted to what a 32x32 world can show:
 
-  single      "a red circle"
-  counting    "two blue squares", "three yellow triangles"
-  two_object  "a red circle and a green square"
-  position    "a red circle on the left of a blue square" (also "on the right of", "above",
+  single      "a red bar"
+  counting    "two blue squares", "three yellow columns"
+  two_object  "a red bar and a green square"
+  position    "a red bar on the left of a blue square" (also "on the right of", "above",
               "below")
   text        'the text "37"'  (1 or 2 digits)
 
