@@ -54,6 +54,12 @@ def _unflat(prefix: str, cmd: dict, like):
     return jax.tree.unflatten(treedef, leaves)
 
 
+def _place_like(host, like):
+    """Host arrays ``host`` placed with the dtypes and shardings of the arrays ``like``."""
+    return jax.tree.map(lambda h, c: jax.device_put(np.asarray(h, c.dtype), c.sharding),
+                        host, like)
+
+
 def broadcast_base(base) -> dict:
     """Process 0's base weights (an NNX state or pure dict; others pass None) on every process,
     as a host pure dict, so follower hosts need no copy of the checkpoint."""
@@ -102,9 +108,7 @@ class _Replica:
                 cur = getattr(t, p)
                 if cur is None or not any(k.startswith(p + "/") for k in cmd):
                     continue
-                host = _unflat(p, cmd, cur)
-                setattr(t, p, jax.tree.map(lambda h, c: jax.device_put(
-                    np.asarray(h, c.dtype), c.sharding), host, cur))
+                setattr(t, p, _place_like(_unflat(p, cmd, cur), cur))
             return None
         if op == "stop":
             return None
@@ -161,9 +165,7 @@ class TrainerJob:
         for p in _PARTS:
             if p not in got or (p == "opt_state" and not with_opt_state):
                 continue
-            cur = getattr(self.local, p)
-            setattr(self.local, p, jax.tree.map(
-                lambda h, c: jax.device_put(np.asarray(h, c.dtype), c.sharding), got[p], cur))
+            setattr(self.local, p, _place_like(got[p], getattr(self.local, p)))
         if with_opt_state:
             self._opt_stale = False
 
@@ -210,9 +212,7 @@ class TrainerJob:
 
     def _set(self, part: str, value):
         self._send("set", **_flat(part, value))
-        cur = getattr(self.local, part)
-        setattr(self.local, part, jax.tree.map(
-            lambda h, c: jax.device_put(np.asarray(h, c.dtype), c.sharding), value, cur))
+        setattr(self.local, part, _place_like(value, getattr(self.local, part)))
 
     def stop(self):
         """Releases the followers (they return from ``follow``)."""
