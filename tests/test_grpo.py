@@ -137,3 +137,27 @@ def test_lora_merge_is_w_plus_scaled_ab():
     flat_m, flat_b = flat(merged), flat(base)
     np.testing.assert_allclose(flat_m[key], flat_b[key] + 0.5 * lora[key]["a"] @ lora[key]["b"],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_cps_last_step_is_deterministic_and_its_kl_is_zero_not_nan():
+    # CPS's noise is sigma_next * sin(a pi / 2): the step into sigma = 0 has none. It is not a
+    # stochastic (trained) step, and a KL term over it must be 0, not 0 / 0.
+    cps = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.7, sde_type="cps")
+    np.testing.assert_array_equal(cps.stochastic_steps(), [1, 1, 1, 0])
+    cfg, graphdef, state = micro_model(seed=3)
+    prompts = ["a red bar"] * 4 + ["two blue squares"] * 4
+    tokens, mask = world.tokenize(prompts, cfg.text_len)
+    out = Sampler(graphdef, (16, 16, 3), cps).rollout(state, tokens, mask, np.arange(8))
+    lp = np.asarray(out["log_probs"])
+    assert (lp[:, 3] == 0).all() and (lp[:, :3] != 0).all()
+    r = np.array([0.1, 0.5, 0.9, 0.3, 0.2, 0.2, 0.8, 0.4], np.float32)
+    batch = {k: jnp.asarray(v) for k, v in
+             {"latents": out["latents"], "log_probs": out["log_probs"], "tokens": tokens,
+              "mask": mask, "advantages": advantages(r, np.repeat([0, 1], 4))}.items()}
+    ref = nnx.merge(graphdef, jax.tree.map(lambda x: x + 0.01, state))
+    last = jnp.full((8, 1), 3, jnp.int32)
+    _, m = grpo_loss(nnx.merge(graphdef, state), batch, last, cps, GRPOConfig(beta=0.1), ref)
+    assert float(m["kl"]) == 0.0
+    _, m = grpo_loss(nnx.merge(graphdef, state), batch, jnp.zeros((8, 1), jnp.int32), cps,
+                     GRPOConfig(beta=0.1), ref)
+    assert np.isfinite(float(m["kl"])) and float(m["kl"]) > 0.0

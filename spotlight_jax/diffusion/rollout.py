@@ -62,6 +62,10 @@ class SamplerConfig:
         if self.sde_type != "ode" and self.noise_level > 0:
             a, b = self.sde_window or (0, self.num_steps)
             mask[a:b] = True
+            if self.sde_type == "cps":
+                # CPS's noise is sigma_next * sin(a pi / 2): the step into sigma = 0 has none, so
+                # it is deterministic and carries no log-prob gradient (nothing to train).
+                mask &= self.sigmas[1:] > 0
         return mask
 
 

@@ -102,7 +102,9 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
         _, _, mean_ref, _ = step(x, v_ref, sigma, sigma_next, noise_level=sampler.noise_level,
                                  prev_sample=x_next, sigma_max=sigmas[1])
         sq = ((mean - mean_ref) ** 2).reshape(mean.shape[0], -1).mean(-1)
-        kl = sq / (2 * std.reshape(std.shape[0], -1)[:, 0] ** 2)
+        std0 = std.reshape(std.shape[0], -1)[:, 0]
+        # A deterministic step (std 0: CPS into sigma = 0) has no KL term, not 0/0.
+        kl = jnp.where(std0 > 0, sq / (2 * jnp.maximum(std0, 1e-12) ** 2), 0.0)
     return logp, logp_old, kl, rows
 
 
