@@ -129,6 +129,10 @@ def add_spotlight_sections(c):
     d.spot_devices_per_node = 2
     d.spot_sp = 2                   # SP degree of a spot group (one group per node)
     d.commit_every = 2              # periodic commits of in-flight rollouts (abrupt losses)
+    # spotlight, emulated transport: the spot nodes are a SpotFleet of emulated devices that the
+    # trace's preemptions and joins really regroup (weights deleted / pulled device-to-device,
+    # programs precompiled per node) and that runs the exploration (spotlight_jax.spot_fleet)
+    d.fleet = True
     # spot_rollout / spotlight: run each iteration's rollouts through the pull scheduler
     # (spotlight_jax.sched: leases, commits, preemptions from the trace) on the emulated pool
     d.scheduler = True

@@ -94,6 +94,18 @@ def explore_mesh(trainer_mesh: Mesh, devices=None, batch_multiple: int = 1) -> M
     return make_mesh(free[-n:], MeshConfig(data=-1, fsdp=1, sp=1))
 
 
+def fleet_devices(trainer_mesh: Mesh, devices, num_nodes: int, per_node: int):
+    """Where the emulated spot nodes live in ``spotlight`` mode: ``(devices, per_node)`` with
+    the last ``num_nodes * per_node`` devices the trainer's mesh does not use, or one device per
+    node when fewer are free (the groups then run unsharded), or None when not even that fits."""
+    used = {d.id for d in trainer_mesh.devices.flat}
+    free = [d for d in devices if d.id not in used]
+    for n in (per_node, 1):
+        if n >= 1 and len(free) >= num_nodes * n:
+            return free[len(free) - num_nodes * n:], n
+    return None
+
+
 def abstract_model(cfg: MMDiTConfig, seed: int = 0):
     """``(graphdef, abstract_state)`` without allocating parameters."""
     return nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(seed))))

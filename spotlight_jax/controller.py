@@ -51,6 +51,7 @@ from spotlight_jax import world
 from spotlight_jax.builders import (
     build_mesh,
     explore_mesh,
+    fleet_devices,
     model_config,
     pick_fields,
     sampler_config,
@@ -65,6 +66,8 @@ from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
+from spotlight_jax.spot_fleet import STAT_KEYS as FLEET_KEYS
+from spotlight_jax.spot_fleet import FleetExplorer
 
 MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight")
 
@@ -120,12 +123,38 @@ class Run:
         self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, config.rl.reward,
                                     chunk=max(config.rl.group_size, 32))
         self.explorer = Explorer(self.engine)
+        self.deploy = Deployment(config)
+        self.transport = config.deployment.get("transport", "emulated")
+        if self.transport not in ("emulated", "ray"):
+            raise ValueError(f"deployment.transport={self.transport!r}: choose 'emulated' or "
+                             "'ray'")
         # spotlight: stale-weight exploration on devices disjoint from the trainer's, in a
-        # worker thread concurrent with the update (the trainer's devices if none are free)
+        # worker thread concurrent with the update (the trainer's devices if none are free).
+        # With the emulated transport the spot nodes are a SpotFleet on those devices, which the
+        # trace's preemptions and joins regroup (deployment.fleet; else one data-parallel mesh).
         self.explore_mesh = None
         self.spot_explorer = self.explorer
+        self.fleet = None
         self._explore_pool = None
-        if self.mode == "spotlight":
+        dc = config.deployment
+        layout = (fleet_devices(self.mesh, self.devices, dc.spot_nodes, dc.spot_devices_per_node)
+                  if self.mode == "spotlight" and self.transport == "emulated"
+                  and dc.get("fleet", True) else None)
+        if layout is not None:
+            devs, per_node = layout
+            self.fleet = FleetExplorer(
+                devs, dc.spot_nodes, per_node, graphdef, base, self.mcfg,
+                self.train_sampler_cfg, sp_degree=dc.spot_sp, reward=config.rl.reward,
+                chunk=self.engine.chunk, alive_nodes=self.deploy.alive_nodes)
+            self.spot_explorer = self.fleet
+            logging.info("spotlight: %d spot nodes x %d devices as a SpotFleet (groups %s); "
+                         "precompiled in %.1fs", dc.spot_nodes, per_node,
+                         [g.device_ids for _, _, g in self.fleet.groups], self.fleet.setup_s)
+        elif self.mode == "spotlight" and self.transport == "emulated" and dc.get("fleet", True):
+            logging.warning("spotlight: %d device(s) cannot hold %d spot nodes besides the "
+                            "trainer's; exploring on one mesh without regroups",
+                            len(self.devices), dc.spot_nodes)
+        if self.mode == "spotlight" and self.fleet is None:
             self.explore_mesh = explore_mesh(self.mesh, self.devices,
                                              batch_multiple=self.engine.chunk)
             if self.explore_mesh is not None:
@@ -136,6 +165,7 @@ class Run:
             else:
                 logging.warning("spotlight: the trainer uses every device; exploration shares "
                                 "its devices")
+        if self.mode == "spotlight":
             self._explore_pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="explore")
         self.writer = MetricWriter(workdir, "rl")
@@ -146,7 +176,6 @@ class Run:
         self.iteration = 0
         self.history: list[dict] = []
         self.next_seeds: list[list[int]] | None = None   # spotlight: S_{k+1}
-        self.deploy = Deployment(config)
         e = config.explore
         key_fn = world.grammar.kind_of if e.cluster_by_kind else None
         self.planner = Planner(PlannerConfig(group_size=config.rl.group_size,
@@ -158,10 +187,6 @@ class Run:
         # emulated devices carry group identities). A runtime with fewer (one GPU) runs the same
         # rollouts directly, with the same time accounting.
         need = 1 + self.deploy.cfg.spot_nodes
-        self.transport = config.deployment.get("transport", "emulated")
-        if self.transport not in ("emulated", "ray"):
-            raise ValueError(f"deployment.transport={self.transport!r}: choose 'emulated' or "
-                             "'ray'")
         self.spot_hosts: list = []             # transport 'ray': live spot host workers
         self._next_host = 0
         self._published = None                 # (version, object ref) of the last weights
@@ -198,6 +223,7 @@ class Run:
             self.planner.load_state_dict(meta["planner"])
         if "deployment" in meta:
             self.deploy.load_state_dict(meta["deployment"])
+            self.sync_fleet()
         logging.info("resumed from iteration %d in %s", step, self.ckpt.directory)
         return True
 
@@ -381,6 +407,8 @@ class Run:
     def pull_weights(self, state):
         """θ_k onto the exploration mesh (replicated): device-to-device copies, the spot
         groups' weight pull. Returns ``(state, seconds, bytes)``."""
+        if self.fleet is not None:
+            return state, *self.fleet.pull(state)
         if self.explore_mesh is None:
             return state, 0.0, 0
         t0 = time.perf_counter()
@@ -399,7 +427,20 @@ class Run:
             return out, (t0, time.perf_counter())
         return self._explore_pool.submit(work)
 
+    def sync_fleet(self, row: dict | None = None) -> None:
+        """Applies the deployment's alive spot nodes to the SpotFleet (real regroups; see
+        :mod:`spotlight_jax.spot_fleet`) and adds what they measured to ``row``."""
+        if self.fleet is None:
+            return
+        got = self.fleet.sync(self.deploy.alive_nodes, self.trainer.policy_state)
+        if row is not None:
+            for key, v in got.items():
+                row[key] = max(row.get(key, 0), v) if key.endswith("max_s") else (
+                    row.get(key, 0) + v)
+
     def close(self):
+        if self.fleet is not None:
+            self.fleet.close()
         if self._explore_pool is not None:
             self._explore_pool.shutdown(wait=True)
             self._explore_pool = None
@@ -440,6 +481,8 @@ class Run:
         if spot_ok:
             self._degraded_logged = False
         row: dict = {"iteration": k + 1}
+        if self.fleet is not None:
+            row.update(dict.fromkeys(FLEET_KEYS, 0))
         scheduled = False
         t0 = time.time()
         # ---- rollout phase -------------------------------------------------------------------
@@ -487,6 +530,7 @@ class Run:
         else:
             d.advance(busy_spot_phase_s=d.rollout_s(n, True) if self.mode in
                       ("spot_rollout", "spotlight") else 0.0)
+        self.sync_fleet(row)
         # ---- train (+ concurrent exploration in spotlight mode) ------------------------------
         stale_state = self.trainer.policy_state()          # θ_k, before the update
         train_s = d.train_s(n)
@@ -519,6 +563,7 @@ class Run:
         if self.mode in ("spot_rollout", "spotlight") and d.spot_devices > 0:
             clock.run("broadcast", d.spot_group(), d.cost.broadcast())
         d.advance()
+        self.sync_fleet(row)
         row.update(reward_mean=float(batch["rewards"].mean()),
                    reward_std=float(batch["rewards"].std()), **m, **explore_info,
                    time_rollout=t1 - t0, time_train=t2 - t1,

@@ -148,6 +148,12 @@ def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
                      f"${last['dollars']:.2f}, spot utilisation "
                      f"{last.get('spot_util', 0):.0%}, preemptions "
                      f"{last.get('preemptions', 0)}")
+    regroups = [h for h in history if h.get("fleet_regroups")]
+    if regroups:
+        worst = max(h["fleet_regroup_max_s"] for h in regroups)
+        lines.append(f"spot fleet: {sum(h['fleet_regroups'] for h in regroups)} node regroups "
+                     f"(slowest {1e3 * worst:.1f} ms, "
+                     f"{sum(h['fleet_compiles'] for h in regroups)} compiles)")
     lines += [f"metrics:  {os.path.join(workdir, 'rl.jsonl')}  (TensorBoard: "
               f"{os.path.join(workdir, 'tb')})",
               f"samples:  {os.path.join(workdir, 'samples')}",

@@ -91,6 +91,7 @@ def test_reachable_sets_coverage():
     assert len(reachable_survivor_sets(devs[:4])) == 15  # auto -> every subset
     assert len(reachable_survivor_sets(devs, "contiguous")) == 36
     assert len(reachable_survivor_sets(devs, "prefix")) == 8
+    assert reachable_survivor_sets(devs[2:4], "node") == (tuple(devs[2:4]),)
     auto8 = reachable_survivor_sets(devs)  # contiguous runs + every single loss
     assert len(auto8) == 36 + 8 - 2
     assert tuple(d for d in devs if d.id != 3) in auto8

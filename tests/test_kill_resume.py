@@ -18,7 +18,8 @@ from spotlight_jax.builders import create_model
 
 ITERATIONS = 3
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
-                   "overlap_wall_s", "pull_s"}   # real seconds, not state
+                   "overlap_wall_s", "pull_s", "fleet_regroup_s",
+                   "fleet_regroup_max_s"}   # real seconds, not state
 
 CHILD = """
 import sys

@@ -58,20 +58,62 @@ def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_pa
     c = mode_config("spotlight", iterations=1)
     r = controller.Run(c, str(tmp_path), graphdef, state)
     trainer = {d.id for d in r.mesh.devices.flat}
-    spot = {d.id for d in r.explore_mesh.devices.flat}
+    spot = {d for _, _, g in r.fleet.groups for d in g.device_ids}
+    assert len(r.fleet.groups) == c.deployment.spot_nodes
     assert spot and not trainer & spot, (trainer, spot)
-    # the explorer's rollouts really run on its devices ...
-    out = r.spot_explorer.engine.sampler.rollout(
-        r.pull_weights(r.trainer.policy_state())[0], *controller.world.tokenize(
-            ["a red bar"] * r.engine.chunk, r.mcfg.text_len),
-        np.arange(r.engine.chunk, dtype=np.uint32))
-    assert {d.id for d in out["images"].devices()} == spot
+    # the explorer's rollouts really run on the spot groups' devices ...
+    r.pull_weights(r.trainer.policy_state())
+    for node, i, g in r.fleet.groups:
+        out = node.rollout(*controller.world.tokenize(["a red bar"] * r.engine.chunk,
+                                                      r.mcfg.text_len),
+                           np.arange(r.engine.chunk, dtype=np.uint32), group=i)
+        assert {d.id for d in out["images"].devices()} == set(g.device_ids)
     # ... concurrently with the update: both wall intervals intersect
     row = r.step(0)
     r.close()
     assert row["pull_bytes"] > 0 and row["pull_s"] > 0
     assert row["overlap_wall_s"] > 0, row
     assert row["overlap_wall_s"] <= min(row["explore_wall_s"], row["train_wall_s"]) + 1e-9
+
+
+def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_path, base):
+    graphdef, state = base
+    c = mode_config("spotlight", iterations=1)
+    r = controller.Run(c, str(tmp_path), graphdef, state)
+    params = r.trainer.policy_state()
+    r.pull_weights(params)
+    prompts = ["a red bar", "two blue squares", "a green column"]
+    cands = [controller.candidate_seeds(0, 1, i, 5) for i in range(3)]
+    # 15 candidates in chunks of 32 on whichever group: the same rewards as the trainer's own
+    # single-device sampler (same program, other devices)
+    want = r.explorer.score(params, prompts, cands)
+    got = r.fleet.score(None, prompts, cands)
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # the trace preempts a node: its devices are lost and its weight buffers really deleted
+    d = r.deploy
+    lost = sorted(d.alive_nodes)[0]
+    snode = r.fleet.fleet.nodes[lost]
+    bufs = snode.device_buffers(snode.devices)
+    d.alive_nodes.discard(lost)
+    row = {}
+    r.sync_fleet(row)
+    assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
+    assert all(b.is_deleted() for b in bufs) and not snode.groups
+    assert lost not in r.fleet.alive_nodes
+    np.testing.assert_array_equal(np.concatenate(r.fleet.score(None, prompts, cands)),
+                                  np.concatenate(got))   # exploration goes on without it
+    # ... and rejoins: it pulls the weights device-to-device from a live peer, compiling nothing
+    d.alive_nodes.add(lost)
+    row = {}
+    r.sync_fleet(row)
+    assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
+    assert row["fleet_bytes_copied"] > 0 and row["fleet_regroup_s"] < 1.0
+    assert snode.groups
+    got = [jax.device_get(x) for x in jax.tree.leaves(snode.group_params(0))]
+    for a, b in zip(got, jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    r.close()
 
 
 def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tmp_path, base):

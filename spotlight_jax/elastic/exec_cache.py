@@ -15,6 +15,8 @@ Which groups are "reachable" (:func:`reachable_survivor_sets`) is a coverage cho
 * ``'contiguous'``: every contiguous run of the node's device order (``n(n+1)/2``), which includes
   every prefix and suffix: the survivors when devices are lost from either end, and every
   group-sized chunk of a node that is cut into several groups.
+* ``'node'``: the whole node only. For deployments whose nodes are preempted and rejoin as a
+  whole (spot VMs: the trace's unit is the node), the only group a node ever forms again.
 * ``'auto'`` (default): ``'all'`` while that is at most ``max_sets`` sets, otherwise contiguous runs
   plus every set that lost at most ``max_lost`` devices anywhere (a single failed GPU in the middle
   of an 8-GPU node is the common non-contiguous case). For 8 devices and ``max_lost=1``: 42 sets
@@ -199,9 +201,11 @@ def reachable_survivor_sets(devices: Sequence[jax.Device], coverage: str = "auto
                 sets.update(itertools.combinations(range(n), k))
     elif coverage == "prefix":
         sets.update(tuple(range(k)) for k in range(1, n + 1))
+    elif coverage == "node":
+        sets.add(tuple(range(n)))
     else:
         raise ValueError(f"unknown coverage {coverage!r}; use 'auto', 'all', 'contiguous', "
-                         "'contiguous+lost' or 'prefix'")
+                         "'contiguous+lost', 'prefix' or 'node'")
     return tuple(tuple(devices[i] for i in s) for s in sorted(sets, key=lambda s: (-len(s), s)))
 
 
