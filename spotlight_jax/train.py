@@ -38,9 +38,11 @@ def _model_fingerprint(config) -> dict:
 
 
 def _world_fingerprint(config) -> dict:
-    """The world a base model is pretrained on (the default world at the model's image size)."""
+    """The world a base model is pretrained on (the default world at the model's image size),
+    with derived sizes resolved (a default that changes how the world is drawn changes it)."""
+    w = world.WorldConfig(image_size=model_config(config).image_size)
     return json.loads(json.dumps(dataclasses.asdict(
-        world.WorldConfig(image_size=model_config(config).image_size))))
+        dataclasses.replace(w, text_scale=w.glyph_scale))))
 
 
 def shipped_base_dir(config) -> str | None:

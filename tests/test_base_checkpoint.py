@@ -56,3 +56,21 @@ def test_short_run_of_the_pretraining_command_raises_the_detector_reward(tmp_pat
     losses = [r["loss"] for r in read_jsonl(str(tmp_path / "pretrain.jsonl")) if "loss" in r]
     assert np.mean(losses[-2:]) < 0.5 * losses[0], losses
     assert history[-1]["reward"] > history[0]["reward"] + 0.1, history
+
+
+def test_a_base_of_another_world_is_not_used(tmp_path, monkeypatch):
+    # the world fingerprint resolves derived sizes: a base pretrained when text was drawn at 3 px
+    # per font cell (recorded as text_scale null then) does not match today's default world
+    c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
+    shipped = pathlib.Path(train.shipped_base_dir(c))
+    meta = json.loads((shipped / "meta.json").read_text())
+    assert meta["world"]["text_scale"] == world.WorldConfig().glyph_scale == 4
+    for scale in (None, 3):
+        fake = tmp_path / f"scale{scale}" / "base_tiny"
+        fake.mkdir(parents=True)
+        (fake / "meta.json").write_text(json.dumps(
+            {**meta, "world": {**meta["world"], "text_scale": scale}}))
+        monkeypatch.setattr(train, "ASSETS", str(fake.parent))
+        assert train.shipped_base_dir(c) is None
+    monkeypatch.setattr(train, "ASSETS", str(shipped.parent))
+    assert train.shipped_base_dir(c) == str(shipped)

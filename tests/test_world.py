@@ -189,7 +189,7 @@ def test_data_stream():
 
 def test_bigger_world_renders_and_reads_back():
     cfg = W.WorldConfig(image_size=64)
-    assert cfg.size_range == (18, 26) and cfg.glyph_scale == 6
+    assert cfg.size_range == (18, 26) and cfg.glyph_scale == 8
     prompts = W.train_prompts(cfg)[::9]
     x = W.sample_batch(prompts, np.random.default_rng(0), cfg)
     assert x.shape == (len(prompts), 64, 64, 3)

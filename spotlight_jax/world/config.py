@@ -61,7 +61,9 @@ class WorldConfig:
       object_gap: minimum empty pixels between two objects' bounding boxes.
       edge_margin: minimum empty pixels between an object or text and the canvas border.
       text_lengths: allowed numbers of digits in text prompts.
-      text_scale: pixels per font cell (3x5 cells per digit); None -> about image_size * 3 / 32.
+      text_scale: pixels per font cell (3x5 cells per digit); None -> image_size / 8: at 32 px a
+        cell is one 4x4 patch, so strokes are as wide as the tiny model's patches (at 3 px they
+        fell inside patches and the base model drew no legible digit; 3 = the earlier worlds).
       val_fraction: fraction of each task kind held out for validation.
       split_seed: seed of the train/validation split.
       color_tolerance: a pixel farther than this (RGB Euclidean) from every palette color and from
@@ -163,7 +165,7 @@ class WorldConfig:
     def glyph_scale(self) -> int:
         if self.text_scale is not None:
             return int(self.text_scale)
-        return max(1, round(3 * self.image_size / 32))
+        return max(1, round(self.image_size / 8))
 
     @property
     def min_px(self) -> int:
