@@ -137,9 +137,10 @@ class Run:
         self.fleet = None
         self._explore_pool = None
         dc = config.deployment
+        want_fleet = (self.mode == "spotlight" and self.transport == "emulated"
+                      and dc.get("fleet", True))
         layout = (fleet_devices(self.mesh, self.devices, dc.spot_nodes, dc.spot_devices_per_node)
-                  if self.mode == "spotlight" and self.transport == "emulated"
-                  and dc.get("fleet", True) else None)
+                  if want_fleet else None)
         if layout is not None:
             devs, per_node = layout
             self.fleet = FleetExplorer(
@@ -150,7 +151,7 @@ class Run:
             logging.info("spotlight: %d spot nodes x %d devices as a SpotFleet (groups %s); "
                          "precompiled in %.1fs", dc.spot_nodes, per_node,
                          [g.device_ids for _, _, g in self.fleet.groups], self.fleet.setup_s)
-        elif self.mode == "spotlight" and self.transport == "emulated" and dc.get("fleet", True):
+        elif want_fleet:
             logging.warning("spotlight: %d device(s) cannot hold %d spot nodes besides the "
                             "trainer's; exploring on one mesh without regroups",
                             len(self.devices), dc.spot_nodes)

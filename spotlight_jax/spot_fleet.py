@@ -30,6 +30,7 @@ from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig
 from spotlight_jax.elastic.node import SpotFleet
+from spotlight_jax.explore.explorer import padded_chunks
 from spotlight_jax.models import MMDiTConfig
 
 STAT_KEYS = ("fleet_regroups", "fleet_regroup_s", "fleet_regroup_max_s", "fleet_compiles",
@@ -139,12 +140,7 @@ class FleetExplorer:
         flat_p = [p for p, ss in zip(prompts, seeds_per_prompt) for _ in range(len(ss))]
         flat_s = np.concatenate([np.asarray(s, np.uint32) for s in seeds_per_prompt])
         calls = []
-        for j, i in enumerate(range(0, len(flat_p), self.chunk)):
-            ps, ss = flat_p[i:i + self.chunk], flat_s[i:i + self.chunk]
-            n = len(ps)
-            if n < self.chunk:   # one compiled batch size: pad with copies of the last pair
-                ps = ps + [ps[-1]] * (self.chunk - n)
-                ss = np.concatenate([ss, np.repeat(ss[-1:], self.chunk - n)])
+        for j, (ps, ss, n) in enumerate(padded_chunks(flat_p, flat_s, self.chunk)):
             tokens, mask = world.tokenize(ps, self.model_cfg.text_len)
             node, g, _ = groups[j % len(groups)]
             out = node.rollout(tokens, mask, ss, group=g)   # asynchronous dispatch

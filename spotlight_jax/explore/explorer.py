@@ -34,14 +34,8 @@ class RolloutEngine:
 
         Every chunk has the same size (the last is padded) so one compiled program serves all.
         """
-        prompts, seeds = list(prompts), np.asarray(seeds, np.uint32)
         outs, futures = [], []
-        for i in range(0, len(prompts), self.chunk):
-            ps, ss = prompts[i:i + self.chunk], seeds[i:i + self.chunk]
-            n = len(ps)
-            if n < self.chunk:
-                ps = ps + [ps[-1]] * (self.chunk - n)
-                ss = np.concatenate([ss, np.repeat(ss[-1:], self.chunk - n)])
+        for ps, ss, n in padded_chunks(prompts, seeds, self.chunk):
             tokens, mask = world.tokenize(ps, self.text_len)
             out = self.sampler.rollout(state, tokens, mask, ss)
             out = {k: np.asarray(v)[:n] for k, v in out.items()}   # waits for this chunk only
@@ -51,6 +45,19 @@ class RolloutEngine:
         batch = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
         batch["rewards"] = np.concatenate([f.result() for f in futures]).astype(np.float32)
         return batch
+
+
+def padded_chunks(prompts, seeds, chunk: int):
+    """``(prompts, seeds, n)`` chunks of exactly ``chunk`` pairs, the last padded with copies of
+    its last pair (``n`` real ones), so one compiled batch size serves every call."""
+    prompts, seeds = list(prompts), np.asarray(seeds, np.uint32)
+    for i in range(0, len(prompts), chunk):
+        ps, ss = prompts[i:i + chunk], seeds[i:i + chunk]
+        n = len(ps)
+        if n < chunk:
+            ps = ps + [ps[-1]] * (chunk - n)
+            ss = np.concatenate([ss, np.repeat(ss[-1:], chunk - n)])
+        yield ps, ss, n
 
 
 def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, n: int) -> np.ndarray:
