@@ -159,22 +159,39 @@ def spot_timeline(path: str, replay, devices_per_node: int, history=(), until_s=
 
 def main(argv=None):
     """``python -m spotlight_jax.plots --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]``:
-    held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table."""
+    held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table.
+
+    ``--group NAME RUN_DIR [RUN_DIR ...]`` (repeatable) draws one band per named group in the
+    same plot (e.g. ``--group flow_grpo A0 A1 A2 --group explore_sync B0 B1 B2``); ``--key``
+    picks another logged metric (e.g. ``reward_mean``, the training rollouts' reward)."""
     import argparse  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+")
+    ap.add_argument("runs", nargs="*")
+    ap.add_argument("--group", nargs="+", action="append", default=[],
+                    metavar=("NAME", "RUN_DIR"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="held-out reward")
+    ap.add_argument("--key", default="val_reward")
     ap.add_argument("--title", default="")
     args = ap.parse_args(argv)
-    c = seed_curves(args.runs)
-    plot_curves(args.out, {f"{args.label} (mean, min-max over {len(args.runs)} runs)":
-                           (c["x"], c["mean"], c["lo"], c["hi"])},
-                ylabel="held-out reward (ODE)", title=args.title)
-    print("| iteration | mean | min | max |\n|---|---|---|---|")
-    for x, m, lo, hi in zip(c["x"], c["mean"], c["lo"], c["hi"]):
-        print(f"| {x} | {m:.3f} | {lo:.3f} | {hi:.3f} |")
+    groups = [(args.label, args.runs)] if args.runs else []
+    for g in args.group:
+        if len(g) < 2:
+            ap.error(f"--group {g[0]!r} names no run directory; use --group NAME RUN_DIR ...")
+        groups.append((g[0], g[1:]))
+    if not groups:
+        ap.error("give run directories, or one or more --group NAME RUN_DIR ...")
+    series = {}
+    print("| group | iteration | mean | min | max |\n|---|---|---|---|---|")
+    for name, runs in groups:
+        c = seed_curves(runs, args.key)
+        series[f"{name} (mean, min-max over {len(runs)} runs)"] = (c["x"], c["mean"], c["lo"],
+                                                                  c["hi"])
+        for x, m, lo, hi in zip(c["x"], c["mean"], c["lo"], c["hi"]):
+            print(f"| {name} | {x} | {m:.3f} | {lo:.3f} | {hi:.3f} |")
+    ylabel = "held-out reward (ODE)" if args.key == "val_reward" else args.key
+    plot_curves(args.out, series, ylabel=ylabel, title=args.title)
     print(f"wrote {args.out}")
 
 

@@ -25,8 +25,16 @@ def test_seed_curves_use_common_evaluations_and_plot(tmp_path, capsys):
     np.testing.assert_allclose(c["lo"], [0.4, 0.6])
     np.testing.assert_allclose(c["hi"], [0.5, 0.8])
     plots.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.png")])
-    assert "| 10 | 0.700 | 0.600 | 0.800 |" in capsys.readouterr().out
+    assert "| held-out reward | 10 | 0.700 | 0.600 | 0.800 |" in capsys.readouterr().out
     assert os.path.getsize(tmp_path / "c.png") > 0
+    # named groups in one plot, and another metric
+    plots.main(["--group", "base", str(tmp_path / "a"), "--group", "other", str(tmp_path / "b"),
+                "--key", "reward_mean", "--out", str(tmp_path / "g.png")])
+    out = capsys.readouterr().out
+    assert "| base | 1 | 0.200 | 0.200 | 0.200 |" in out and "| other | 11 | 0.200" in out
+    assert "| base | 0 | 0.100 |" in out
+    with pytest.raises(SystemExit):
+        plots.main(["--group", "lonely", "--out", str(tmp_path / "x.png")])
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ValueError, match="no 'val_reward'"):
         plots.seed_curves([tmp_path / "empty"])
