@@ -78,16 +78,17 @@ def test_loss_gradient_matches_finite_differences(rollout_batch):
 
     # direction: perturb the final projection kernel (reaches the loss through every step)
     direction = jax.random.normal(jax.random.key(7), state["final"]["kernel"].get_value().shape)
-    loss = jax.jit(lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg, ref)[0])
+    # one program for the loss and its gradient (the finite differences reuse it)
+    loss_and_grad = jax.jit(jax.value_and_grad(
+        lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg, ref)[0]))
 
     def loss_at(eps):
         s = jax.tree.map(lambda x: x, state)
         k = s["final"]["kernel"]
         k.set_value(k.get_value() + eps * direction)
-        return loss(s)
+        return loss_and_grad(s)[0]
 
-    grads = jax.jit(jax.grad(lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg,
-                                                 ref)[0]))(state)
+    grads = loss_and_grad(state)[1]
     analytic = float(jnp.sum(grads["final"]["kernel"].get_value() * direction))
     h = 1e-3
     numeric = float((loss_at(h) - loss_at(-h)) / (2 * h))
@@ -119,7 +120,9 @@ def test_lora_starts_at_base_and_trains_only_adapters(rollout_batch):
 def test_nan_loss_stops_with_iteration_in_message(rollout_batch):
     graphdef, state, batch = rollout_batch
     bad = dict(batch, latents=np.full_like(batch["latents"], np.nan))
-    trainer = GRPOTrainer(graphdef, state, GRPOConfig(train_steps=1, minibatches=1), SAMPLER)
+    # the first tests' program (same shapes and options): no compile of its own
+    cfg = GRPOConfig(train_steps=2, minibatches=2, lr=1e-3, beta=0.0)
+    trainer = GRPOTrainer(graphdef, state, cfg, SAMPLER)
     with pytest.raises(FloatingPointError, match="iteration 7"):
         trainer.update(bad, jax.random.key(0), step=7)
 

@@ -109,16 +109,17 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
 
 
 def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_model=None,
-              on_policy: bool = False):
-    """Clipped GRPO loss and metrics. ``on_policy``: the weights are the ones that sampled the
-    batch (first minibatch of an iteration), so the old log-prob *is* this forward's log-prob."""
+              on_policy=False):
+    """Clipped GRPO loss and metrics. ``on_policy`` (bool or traced bool scalar): the weights are
+    the ones that sampled the batch (first minibatch of an iteration), so the old log-prob *is*
+    this forward's log-prob."""
     logp, logp_old, kl, rows = step_terms(model, batch["latents"], batch["log_probs"], idx,
                                           batch["tokens"], batch["mask"], sampler, ref_model)
     rollout_dev = jnp.max(jnp.abs(logp - logp_old))
-    if on_policy:
-        logp_old = jax.lax.stop_gradient(logp)
-    elif "logp_old" in batch:  # re-scored with the pre-update weights (GRPOTrainer.update)
+    if "logp_old" in batch:  # re-scored with the pre-update weights (GRPOTrainer.update)
         logp_old = batch["logp_old"]
+    # A traced flag (not a static one): both minibatch kinds share one compiled program.
+    logp_old = jnp.where(on_policy, jax.lax.stop_gradient(logp), logp_old)
     adv = batch["advantages"][rows]
     ratio = jnp.exp(logp - logp_old)
     unclipped = -adv * ratio
@@ -181,7 +182,7 @@ class GRPOTrainer:
     # and configs, so every trainer of the same model shares compiled executables.
     @property
     def _step(self):
-        return _train_step(self.graphdef, self.cfg, self.sampler)
+        return _train_step(self.graphdef, _program_config(self.cfg), self.sampler)
 
     @property
     def _score(self):
@@ -224,10 +225,17 @@ class GRPOTrainer:
             logp, dev = self._score(self.trainable, self.base, sub, idx)
             sub["logp_old"] = logp
             devs.append(dev)
+        # Every minibatch carries ``logp_old`` (the rollout's log-probs of its trained steps unless
+        # re-scored above; the first minibatch's is replaced by its own forward's), so all of them
+        # have one batch structure and share one compiled program.
+        for sub, idx in plan:
+            if "logp_old" not in sub:
+                sub["logp_old"] = jnp.take_along_axis(sub["log_probs"], idx, axis=1).reshape(-1)
         metrics = []
         for i, (sub, idx) in enumerate(plan):
             self.trainable, self.opt_state, self.ema, m = self._step(
-                self.trainable, self.opt_state, self.ema, self.base, sub, idx, i == 0)
+                self.trainable, self.opt_state, self.ema, self.base, sub, idx,
+                np.bool_(i == 0))
             metrics.append(m)
         out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]}
         out["first_ratio_dev"] = float(jax.device_get(metrics[0]["ratio_dev"]))
@@ -240,6 +248,13 @@ class GRPOTrainer:
                 raise FloatingPointError(f"GRPO {k} is {out[k]} at iteration {step}; lower rl.lr "
                                          "or raise rl.beta")
         return out
+
+
+def _program_config(cfg: GRPOConfig) -> GRPOConfig:
+    """``cfg`` with the fields the train-step program does not read reset, so trainers that
+    differ only in batching, advantage or re-scoring options share one compiled program."""
+    return dataclasses.replace(cfg, group_size=0, adv_clip=0.0, global_std=False, train_steps=0,
+                               minibatches=1, inner_epochs=1, rescore=False)
 
 
 def make_optimizer(cfg: GRPOConfig):
@@ -272,7 +287,7 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
             ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
         return trainable, opt_state, ema, {**metrics, "loss": loss, "grad_norm": gnorm}
 
-    return jax.jit(step, donate_argnums=(0, 1, 2), static_argnums=(6,))
+    return jax.jit(step, donate_argnums=(0, 1, 2))
 
 
 @functools.lru_cache(maxsize=32)
