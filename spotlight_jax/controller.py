@@ -65,7 +65,7 @@ from spotlight_jax.explore.explorer import Explorer, RolloutEngine, candidate_se
 from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.plots import plot_curves, save_grid
-from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
+from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages, group_stats
 from spotlight_jax.spot_fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.spot_fleet import FleetExplorer
 
@@ -566,7 +566,8 @@ class Run:
         d.advance()
         self.sync_fleet(row)
         row.update(reward_mean=float(batch["rewards"].mean()),
-                   reward_std=float(batch["rewards"].std()), **m, **explore_info,
+                   reward_std=float(batch["rewards"].std()),
+                   **group_stats(batch["rewards"], batch["prompt_ids"]), **m, **explore_info,
                    time_rollout=t1 - t0, time_train=t2 - t1,
                    vtime_s=clock.now(), dollars=d.dollars(), spot_alive=d.spot_devices,
                    spot_util=clock.utilisation("spot"), **dict(d.stats))

@@ -8,7 +8,7 @@ from helpers import micro_model
 
 from spotlight_jax import world
 from spotlight_jax.diffusion import Sampler, SamplerConfig
-from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages, grpo_loss
+from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages, group_stats, grpo_loss
 from spotlight_jax.rl import lora as lora_lib
 
 
@@ -22,6 +22,9 @@ def test_advantages_constant_group_is_zero_and_others_normalised():
     ag = advantages(r, ids, global_std=True)
     np.testing.assert_allclose(ag[3:], (g - g.mean()) / (r.std() + 1e-4), rtol=1e-6)
     assert np.abs(advantages(np.array([0, 0, 0, 100.0]), np.zeros(4), clip=5.0)).max() <= 5.0
+    st = group_stats(r, ids)
+    assert st["zero_var_groups"] == 0.5
+    np.testing.assert_allclose(st["group_std"], (0.0 + g.std()) / 2)
 
 
 SAMPLER = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.7)

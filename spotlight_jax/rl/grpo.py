@@ -66,6 +66,16 @@ def advantages(rewards, prompt_ids, *, global_std: bool = False, clip: float = 5
     return np.clip(adv, -clip, clip).astype(np.float32)
 
 
+def group_stats(rewards, prompt_ids) -> dict:
+    """Mean within-group reward std (``group_std``) and the share of groups whose rewards are all
+    equal (``zero_var_groups``: they get advantage 0 and teach nothing). What seed exploration
+    is meant to raise and lower."""
+    r, ids = np.asarray(rewards, np.float64), np.asarray(prompt_ids)
+    groups = [r[ids == pid] for pid in np.unique(ids)]
+    return {"group_std": float(np.mean([g.std() for g in groups])),
+            "zero_var_groups": float(np.mean([np.all(g == g[0]) for g in groups]))}
+
+
 def select_steps(key, stochastic: np.ndarray, batch: int, k: int):
     """``[batch, k]`` distinct stochastic step indices per trajectory (uniform, no repeats)."""
     steps = np.flatnonzero(stochastic)
