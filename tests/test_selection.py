@@ -184,3 +184,19 @@ def test_bootstrap_mean_ci():
         bootstrap_mean_ci([])
     with pytest.raises(ValueError):
         bootstrap_mean_ci([1.0, 2.0], confidence=1.0)
+
+
+def test_contrast_table_compares_first_g_with_the_max_variance_subset():
+    from spotlight_jax.bench.contrast import contrast_table
+    r = np.array([[0.5, 0.5, 0.0, 1.0],     # first 2 equal (no signal); best pair 0 and 1
+                  [0.2, 0.4, 0.3, 0.3]])
+    t = contrast_table(r, 2)
+    assert t["first"]["zero_var_groups"] == 0.5 and t["selected"]["zero_var_groups"] == 0.0
+    np.testing.assert_allclose(t["first"]["group_std"], (0.0 + 0.1) / 2)
+    np.testing.assert_allclose(t["selected"]["group_std"], (0.5 + 0.1) / 2)
+    np.testing.assert_allclose(t["selected"]["reward_mean"], (0.0 + 1.0 + 0.2 + 0.4) / 4)
+    # per-prompt std: every non-constant pair gets advantages of about +-1
+    np.testing.assert_allclose(t["first"]["mean_abs_advantage"], 0.5, atol=1e-3)
+    np.testing.assert_allclose(t["selected"]["mean_abs_advantage"], 1.0, atol=1e-3)
+    with pytest.raises(ValueError, match="pool >= 3"):
+        contrast_table(r[:, :2], 3)
