@@ -192,6 +192,11 @@ class Run:
         self._next_host = 0
         self._published = None                 # (version, object ref) of the last weights
         self.scheduler_on = bool(config.deployment.scheduler) and len(self.devices) >= need
+        self._group_samplers = None
+        self.group_steppers: list = []         # this phase's steppers (rollout_on_groups)
+        if self.scheduler_on and config.deployment.get("rollout_on_groups", False):
+            from spotlight_jax.sched import SamplerCache  # noqa: PLC0415
+            self._group_samplers = SamplerCache(graphdef, image_shape, self.train_sampler_cfg)
         if (config.deployment.scheduler and not self.scheduler_on
                 and self.mode in ("spot_rollout", "spotlight")):
             logging.warning("deployment.scheduler: %d device(s) cannot hold the scheduler's pool "
@@ -263,12 +268,10 @@ class Run:
         q.submit([sched.Request(rid=r, prompt=p, seed=s, num_steps=T, policy_version=k)
                   for r, (p, s) in zip(rids, flat)])
         state = self.trainer.policy_state()
-        # On CPU every group computes on the trainer's device with the run's sampler (one
-        # compiled segment program); groups differ in identity and speed (from the cost model).
+        self.group_steppers = []
         with _quiet("spotlight_jax.elastic", "spotlight_jax.sched"):  # a pool per phase
             sim = sched.Simulation(
-                q, lambda group: sched.SamplerStepper(self.sampler, self.mcfg.text_len),
-                setup["events"],
+                q, self._group_stepper, setup["events"],
                 sched.SimConfig(pool=setup["pool"],
                                 groups=GroupConfig(heads=self.mcfg.num_heads,
                                                    sp_degree=d.cfg.spot_sp),
@@ -291,7 +294,26 @@ class Run:
                                     if rep.alive_device_s else 0.0),
                 "sched_lost_work_s": rep.wasted_steps * setup["sample_step_s"],
                 "sched_spot_busy_device_s": rep.busy_by_role.get("spot", 0.0)}
+        if self._group_samplers is not None:
+            # devices that really computed segments this phase (one group per device set)
+            info["sched_group_devices"] = len({d for st in self.group_steppers if st.calls
+                                               for d in st.group.device_ids})
         return batch, info
+
+    def _group_stepper(self, group):
+        """The scheduler's stepper for an SP group. With ``deployment.rollout_on_groups`` the
+        group runs its requests on its own devices (weights placed there when it forms,
+        attention laid out by its SP strategy, one segment program per group layout, kept
+        across iterations); otherwise every group computes on the trainer's device with the
+        run's sampler (one program), the groups differing only in identity and emulated speed.
+        """
+        from spotlight_jax import sched  # noqa: PLC0415
+        if self._group_samplers is None:
+            return sched.SamplerStepper(self.sampler, self.mcfg.text_len)
+        stepper = sched.SamplerStepper(self._group_samplers.get(group), self.mcfg.text_len,
+                                       group)
+        self.group_steppers.append(stepper)
+        return stepper
 
     def _charge_shared_rollout(self, n: int, use_spot: bool) -> None:
         """Emulated time of a rollout phase not run through the scheduler simulation: the

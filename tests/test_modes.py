@@ -21,6 +21,9 @@ def mode_config(mode, iterations=2):
     c.explore.max_extra_per_prompt = 4
     c.explore.sync_extra_per_prompt = 2
     c.checkpoint.every = 10
+    # one segment program for the scheduled rollouts (the per-group programs are compiled and
+    # checked by test_scheduled_rollout_computes_on_the_groups_own_devices)
+    c.deployment.rollout_on_groups = False
     return c
 
 
@@ -125,7 +128,7 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
 
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    c.deployment.commit_every = 1
+    c.deployment.commit_every = 1              # (one program: bitwise equal whoever resumes)
     r = controller.Run(c, str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
@@ -150,6 +153,37 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
         np.testing.assert_allclose(got[key], direct[key], atol=1e-5)
     for key in ("tokens", "seeds", "prompt_ids"):
         np.testing.assert_array_equal(got[key], direct[key])
+
+
+def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
+    # deployment.rollout_on_groups: every SP group runs its requests on its own devices (SP 2
+    # on the on-demand node's pairs, SP 1 on each spot node here); a request handed from one
+    # group to another by a notice still ends equal to the one-program direct rollout
+    from spotlight_jax.clock import EventCursor
+    from spotlight_jax.elastic.traces import SpotEvent
+
+    graphdef, state = base
+    c = mode_config("spotlight", iterations=1)
+    c.deployment.rollout_on_groups = True
+    c.deployment.commit_every = 1
+    r = controller.Run(c, str(tmp_path), graphdef, state)
+    prompts = r.prompts(0)
+    seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
+    t = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
+    r.deploy.events = EventCursor([SpotEvent(0.5 * t, "notice", "spot0", deadline=3 * t),
+                                   SpotEvent(1.5 * t, "loss", "spot1", abrupt=True)])
+    got, info = r.scheduled_rollout(0, prompts, seeds)
+    assert info["sched_events"] >= 2
+    ran = {d for st in r.group_steppers if st.calls for d in st.group.device_ids}
+    assert info["sched_group_devices"] == len(ran)
+    assert len(ran) >= 4 and ran - {d.id for d in r.mesh.devices.flat}, ran
+    assert any(st.group.degree == 2 and st.calls for st in r.group_steppers)
+    direct = r.rollout(prompts, seeds)
+    for key in ("latents", "log_probs", "images"):
+        np.testing.assert_allclose(got[key], direct[key], atol=1e-5)
+    for key in ("tokens", "seeds", "prompt_ids"):
+        np.testing.assert_array_equal(got[key], direct[key])
+    r.close()
 
 
 def test_too_few_devices_for_the_scheduler_pool_runs_rollouts_directly(tmp_path, base, caplog):

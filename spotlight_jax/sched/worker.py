@@ -168,6 +168,7 @@ class SamplerStepper(Stepper):
         self.text_len = text_len
         self.group = group
         self.params = None
+        self.calls = 0                      # segment calls made (what ran on this group)
         self._sharding = None
         if group is not None:
             from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
@@ -195,6 +196,7 @@ class SamplerStepper(Stepper):
         if self.params is None:
             raise RuntimeError("SamplerStepper has no parameters: call set_params first")
         tokens, mask = tokenize(list(prompts), self.text_len)
+        self.calls += 1
         out = self.sampler.segment(self.params, x, start, tokens, mask,
                                    np.asarray(seeds, np.uint32), num)
         return out["x"], out["latents"], out["log_probs"]
