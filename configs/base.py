@@ -136,10 +136,12 @@ def add_spotlight_sections(c):
     # spot_rollout / spotlight: run each iteration's rollouts through the pull scheduler
     # (spotlight_jax.sched: leases, commits, preemptions from the trace) on the emulated pool
     d.scheduler = True
-    # scheduled rollouts: each SP group computes its requests on its own devices (the weights
-    # placed on them when it forms, one segment program per group layout); False = every group
-    # computes on the trainer's device (one program) and differs only in identity and speed
-    d.rollout_on_groups = True
+    # scheduled rollouts: "true" = each SP group computes its requests on its own devices (the
+    # weights placed on them when it forms, one segment program per group layout); "false" = every
+    # group computes on the trainer's device (one program) and differs only in identity and
+    # speed; "auto" = "true" except on the CPU backend, whose emulated devices share the cores
+    # (there: 1.45x slower rollout phases, README "Spotlight mode")
+    d.rollout_on_groups = "auto"
     # 'emulated': spot groups are emulated devices in this process; 'ray': spot_rollout /
     # spotlight rollouts run on Ray spot host actors (real processes; needs the cluster extra
     # and a Ray cluster, or starts a local one), preempted by real signals, not the trace

@@ -23,7 +23,7 @@ def mode_config(mode, iterations=2):
     c.checkpoint.every = 10
     # one segment program for the scheduled rollouts (the per-group programs are compiled and
     # checked by test_scheduled_rollout_computes_on_the_groups_own_devices)
-    c.deployment.rollout_on_groups = False
+    c.deployment.rollout_on_groups = "false"
     return c
 
 
@@ -164,7 +164,7 @@ def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
 
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    c.deployment.rollout_on_groups = True
+    c.deployment.rollout_on_groups = "true"
     c.deployment.commit_every = 1
     r = controller.Run(c, str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
@@ -199,3 +199,11 @@ def test_too_few_devices_for_the_scheduler_pool_runs_rollouts_directly(tmp_path,
     assert "sched_makespan_s" not in row and row["vtime_s"] > 0
     c.deployment.spot_nodes = 2
     assert controller.Run(c, str(tmp_path / "b"), graphdef, state).scheduler_on
+
+
+def test_rollout_on_groups_setting_resolves_and_rejects_bad_values():
+    assert controller.rollout_on_groups("auto") is False        # emulated CPU devices
+    assert controller.rollout_on_groups("True") is True
+    assert controller.rollout_on_groups(False) is False
+    with pytest.raises(ValueError, match="'sometimes'"):
+        controller.rollout_on_groups("sometimes")
