@@ -157,14 +157,16 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
 
 def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
     # deployment.rollout_on_groups: every SP group runs its requests on its own devices (SP 2
-    # on the on-demand node's pairs, SP 1 on each spot node here); a request handed from one
-    # group to another by a notice still ends equal to the one-program direct rollout
+    # on the on-demand node's pair, SP 1 on each of two spot nodes: three programs to compile);
+    # a request handed from one group to another by a notice still ends equal to the
+    # one-program direct rollout
     from spotlight_jax.clock import EventCursor
     from spotlight_jax.elastic.traces import SpotEvent
 
     graphdef, state = base
-    c = mode_config("spotlight", iterations=1)
+    c = mode_config("spot_rollout", iterations=1)   # (no spot fleet to build)
     c.deployment.rollout_on_groups = "true"
+    c.deployment.on_demand_devices, c.deployment.spot_nodes = 2, 2
     c.deployment.commit_every = 1
     r = controller.Run(c, str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
@@ -176,7 +178,7 @@ def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
     assert info["sched_events"] >= 2
     ran = {d for st in r.group_steppers if st.calls for d in st.group.device_ids}
     assert info["sched_group_devices"] == len(ran)
-    assert len(ran) >= 4 and ran - {d.id for d in r.mesh.devices.flat}, ran
+    assert len(ran) == 4 and ran - {d.id for d in r.mesh.devices.flat}, ran
     assert any(st.group.degree == 2 and st.calls for st in r.group_steppers)
     direct = r.rollout(prompts, seeds)
     for key in ("latents", "log_probs", "images"):
