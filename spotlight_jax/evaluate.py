@@ -41,9 +41,12 @@ def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
     result = {"reward": float(scores.mean()),
               "reward_ci95": float(1.96 * scores.std(ddof=1) / np.sqrt(len(scores)))}
     if reward == "geneval_lite":
-        from spotlight_jax.rewards import constraint_breakdown
+        from spotlight_jax.rewards import constraint_breakdown, missing_credit
+        graded = constraint_breakdown(images, ps)
         for k, v in constraint_breakdown(images, ps, exact=True).items():
             v = np.asarray(v, np.float64)
             if np.isfinite(v).any():
                 result[f"acc_{k}"] = float(np.nanmean(v))
+        # where the reward's shortfall from 1 is, per constraint (the shares sum to 1 - reward)
+        result.update({f"missing_{k}": v for k, v in missing_credit(graded).items()})
     return result, images, ps

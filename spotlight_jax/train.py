@@ -143,8 +143,12 @@ def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
         a, b = evals[0], evals[-1]
         lines.append(f"held-out {config.rl.reward}: {a['val_reward']:.3f} -> "
                      f"{b['val_reward']:.3f} (±{b.get('val_reward_ci95', 0):.3f} 95%)")
+        if any(k.startswith("val_acc_") for k in b):
+            lines.append("  constraint  exact accuracy   its share of the missing reward")
         for k in sorted(k for k in b if k.startswith("val_acc_")):
-            lines.append(f"  {k[8:]:<9} {a.get(k, float('nan')):.2f} -> {b[k]:.2f}")
+            m = "val_missing_" + k[8:]
+            share = (f"   {a.get(m, float('nan')):.3f} -> {b[m]:.3f}" if m in b else "")
+            lines.append(f"  {k[8:]:<9}   {a.get(k, float('nan')):.2f} -> {b[k]:.2f}{share}")
     if "vtime_s" in last:
         lines.append(f"emulated deployment: {last['vtime_s'] / 3600:.2f} h, "
                      f"${last['dollars']:.2f}, spot utilisation "

@@ -38,6 +38,26 @@ def test_geneval_scores_the_renderers_own_images_high(renders):
     assert np.isnan(bd["color"][kinds == "text"]).all()
 
 
+def test_missing_credit_shares_sum_to_the_reward_shortfall(renders):
+    # the per-constraint shares of 1 - mean(reward) add up exactly (closed form), and a constraint
+    # that is always met has no share
+    prompts, images = renders
+    rng = np.random.default_rng(2)
+    shuffled = [prompts[i] for i in rng.permutation(len(prompts))]
+    for ps in (prompts, shuffled):
+        bd = R.constraint_breakdown(images, ps)
+        shares = R.missing_credit(bd)
+        reward = R.get("geneval_lite")(images, ps).astype(np.float64)
+        assert set(shares) == set(bd)
+        np.testing.assert_allclose(sum(shares.values()), 1.0 - reward.mean(), atol=1e-6)
+        assert all(v >= 0 for v in shares.values())
+    perfect = {k: np.where(np.isnan(v), np.nan, 1.0) for k, v in bd.items()}
+    assert all(v == 0.0 for v in R.missing_credit(perfect).values())
+    only_text = dict(perfect, text=np.where(np.isnan(bd["text"]), np.nan, 0.0))
+    kinds = np.array([W.parse(p).kind for p in ps])
+    np.testing.assert_allclose(R.missing_credit(only_text)["text"], (kinds == "text").mean())
+
+
 def test_geneval_scores_mismatched_prompts_low(renders):
     prompts, images = renders
     g = R.get("geneval_lite")

@@ -20,7 +20,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from spotlight_jax.rewards.geneval import constraint_breakdown, geneval_lite, make_geneval_lite
+from spotlight_jax.rewards.geneval import (
+    constraint_breakdown,
+    geneval_lite,
+    make_geneval_lite,
+    missing_credit,
+)
 from spotlight_jax.rewards.jpeg import jpeg_compressibility
 from spotlight_jax.rewards.ocr import edit_distance, make_ocr_lite, ocr_lite, ocr_score
 
@@ -86,6 +91,7 @@ register("jpeg_compressibility", jpeg_compressibility)
 __all__ = [
     "RewardFn",
     "constraint_breakdown",
+    "missing_credit",
     "edit_distance",
     "geneval_lite",
     "get",

@@ -111,6 +111,21 @@ def constraint_breakdown(
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
+def missing_credit(breakdown: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each constraint's share of the mean graded reward's shortfall from 1.
+
+    An image's reward is the mean of its applicable constraints, so constraint ``k`` costs it
+    ``(1 - score_k) / n_applicable``; averaged over images these shares sum to
+    ``1 - mean(geneval_lite)``. ``breakdown`` is :func:`constraint_breakdown`'s graded output.
+    Shows where a policy loses reward (and what a gain must come from).
+    """
+    stack = np.stack([np.asarray(breakdown[k], np.float64) for k in CONSTRAINTS], axis=1)
+    ok = ~np.isnan(stack)
+    n = np.maximum(ok.sum(1, keepdims=True), 1)
+    lost = np.where(ok, (1.0 - np.nan_to_num(stack)) / n, 0.0).mean(0)
+    return {k: float(v) for k, v in zip(CONSTRAINTS, lost)}
+
+
 def make_geneval_lite(cfg: WorldConfig | None = None):
     """A `geneval_lite` reward for world `cfg` (None: the default world at the images' size)."""
 
