@@ -78,6 +78,10 @@ def get_config():
     s.sde_type = "sde"
     s.guidance = 1.0
     s.sde_window = ml_collections.config_dict.placeholder(tuple)
+    # True: a prompt's rollouts (and exploration candidates) share their initial noise x_T and
+    # differ only in SDE noise (DanceGRPO's switch; here x_T explains little of a group's reward
+    # spread at noise level 0.7, README "Flow-GRPO")
+    s.shared_initial_noise = False
     s.eval_steps = 20
     s.eval_guidance = 1.0           # evaluate with the training rollouts' guidance
 

@@ -72,7 +72,14 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
         return SamplerConfig(num_steps=s.eval_steps, shift=s.shift, noise_level=0.0,
                              sde_type="ode", guidance=s.eval_guidance).validate()
     return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level,
-                         sde_type=s.sde_type, guidance=s.guidance, sde_window=window).validate()
+                         sde_type=s.sde_type, guidance=s.guidance, sde_window=window,
+                         shared_init_bits=SHARED_INIT_BITS if s.get("shared_initial_noise")
+                         else 0).validate()
+
+
+# Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds
+# (group plus exploration candidates) per slot.
+SHARED_INIT_BITS = 8
 
 
 def build_mesh(config, devices=None) -> Mesh:

@@ -96,9 +96,11 @@ def rollout_on_groups(setting) -> bool:
     return jax.default_backend() != "cpu" if choice == "auto" else choice == "true"
 
 
-def group_seeds(run_seed: int, k: int, num_prompts: int, group_size: int) -> list[np.ndarray]:
+def group_seeds(run_seed: int, k: int, num_prompts: int, group_size: int,
+                shared_bits: int = 0) -> list[np.ndarray]:
     """The random baseline's seeds: the first G exploration candidates of each prompt slot."""
-    return [candidate_seeds(run_seed, k, i, group_size) for i in range(num_prompts)]
+    return [candidate_seeds(run_seed, k, i, group_size, shared_bits)
+            for i in range(num_prompts)]
 
 
 class Run:
@@ -427,7 +429,8 @@ class Run:
         k_next = self.iteration
         G = self.config.rl.group_size
         plan = self.planner.plan(prompts, budget_s, per_candidate_s)
-        cands = [candidate_seeds(self.config.seed, k_next, i, plan[p])
+        cands = [candidate_seeds(self.config.seed, k_next, i, plan[p],
+                                 self.train_sampler_cfg.shared_init_bits)
                  for i, p in enumerate(prompts)]
         out = (explorer or self.explorer).score(state, prompts, cands, keep_trajectories=keep)
         rewards, batch = out if keep else (out, None)
@@ -540,7 +543,7 @@ class Run:
             if self.mode == "spotlight" and self.next_seeds is not None:
                 seeds = [np.asarray(ss, np.uint32) for ss in self.next_seeds]
             else:
-                seeds = group_seeds(c.seed, k, P, G)
+                seeds = group_seeds(c.seed, k, P, G, self.train_sampler_cfg.shared_init_bits)
             use_spot = self.mode in ("spot_rollout", "spotlight") and spot_ok
             scheduled = use_spot and self.scheduler_on and self.transport != "ray"
             if use_spot and self.transport == "ray":

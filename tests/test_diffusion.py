@@ -136,3 +136,41 @@ def test_sde_window_steps_outside_are_ode(micro_sampler):
     assert (lp[:, [0, 3, 4, 5]] == 0).all() and (lp[:, 1:3] != 0).all()
     with pytest.raises(ValueError, match="sde_window"):
         SamplerConfig(num_steps=6, sde_window=(4, 9)).validate()
+
+
+def test_shared_initial_noise_within_a_slot(micro_sampler):
+    # shared_init_bits: seeds equal above their low bits start from one x_T (a stream no plain
+    # seed uses) and differ from the first SDE step on; the scheduler's stepper starts a
+    # request from the same x_T; candidate seeds of a slot are laid out to share it
+    from spotlight_jax.explore import candidate_seeds
+    from spotlight_jax.sched import SamplerStepper
+
+    sampler, state, tokens, mask, _ = micro_sampler
+    cfg = SamplerConfig(num_steps=6, shift=3.0, shared_init_bits=8)
+    s = Sampler(sampler.graphdef, (16, 16, 3), cfg)
+    slot = candidate_seeds(0, 3, 1, 4, shared_bits=8)
+    assert len(set(slot >> 8)) == 1 and list(slot & 255) == [0, 1, 2, 3]
+    other = candidate_seeds(0, 3, 2, 4, shared_bits=8)
+    assert (other >> 8)[0] != (slot >> 8)[0]
+    out = s.rollout(state, tokens, mask, slot)
+    x_t = np.asarray(out["latents"][:, 0])
+    for j in range(1, 4):
+        np.testing.assert_array_equal(x_t[j], x_t[0])
+        assert not np.array_equal(out["latents"][j, 1], out["latents"][0, 1])
+    assert not np.array_equal(x_t[0], initial_noise(jnp.asarray(slot[:1]), (16, 16, 3))[0])
+    np.testing.assert_array_equal(SamplerStepper(s, 8).initial(int(slot[2])), x_t[2])
+    # the plain layout is untouched
+    np.testing.assert_array_equal(candidate_seeds(0, 3, 1, 4),
+                                  candidate_seeds(0, 3, 1, 4, shared_bits=0))
+    with pytest.raises(ValueError, match="300 candidate seeds"):
+        candidate_seeds(0, 3, 1, 300, shared_bits=8)
+    with pytest.raises(ValueError, match="shared_init_bits"):
+        SamplerConfig(shared_init_bits=20).validate()
+
+
+def test_shared_initial_noise_config_reaches_training_sampler_only():
+    from spotlight_jax.builders import SHARED_INIT_BITS, load_config, sampler_config
+    c = load_config("tiny", {"sampler.shared_initial_noise": True})
+    assert sampler_config(c).shared_init_bits == SHARED_INIT_BITS
+    assert sampler_config(c, evaluation=True).shared_init_bits == 0      # fixed eval seeds
+    assert sampler_config(load_config("tiny")).shared_init_bits == 0

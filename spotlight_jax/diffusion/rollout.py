@@ -6,6 +6,12 @@ A *seed* fixes a rollout's whole noise sequence: the initial noise is
 ``i`` (committing its latent) and later continues from ``(i, latent)`` — on another device group —
 is bit-identical to one that never stopped.
 
+With ``SamplerConfig.shared_init_bits = b > 0`` the initial noise comes from ``seed >> b``
+instead (a separate stream), so seeds that differ only in their low ``b`` bits share ``x_T`` and
+differ only in their SDE step noise (DanceGRPO's shared initial noise within a group; the
+controller then gives each prompt slot's seeds one high part, see
+``explore.candidate_seeds``).
+
 ``denoise`` is the single primitive: a ``lax.scan`` over ``n`` steps from a *dynamic* start index,
 so one compiled program serves a full rollout (start 0, n = T) and every resumed segment of the
 same length. No Python runs per step.
@@ -33,6 +39,8 @@ class SamplerConfig:
     ``sde_window``: ``(start, end)`` step indices that are stochastic (and trained); the other
     steps are deterministic ODE steps with log-prob 0. ``None`` = every step is SDE.
     ``noise_level=0`` or ``sde_type='ode'`` gives the evaluation (ODE) sampler.
+    ``shared_init_bits``: ``b > 0`` draws ``x_T`` from ``seed >> b`` (seeds equal above their low
+    ``b`` bits share it); 0 = from the seed itself.
     """
 
     num_steps: int = 10
@@ -41,8 +49,11 @@ class SamplerConfig:
     sde_type: str = "sde"           # 'sde' | 'cps' | 'ode'
     guidance: float = 1.0           # classifier-free guidance scale (1 = off: one forward)
     sde_window: tuple[int, int] | None = None
+    shared_init_bits: int = 0
 
     def validate(self) -> SamplerConfig:
+        if not 0 <= self.shared_init_bits <= 16:
+            raise ValueError(f"shared_init_bits={self.shared_init_bits} must be in 0..16")
         if self.sde_type not in ("sde", "cps", "ode"):
             raise ValueError(f"unknown sde_type {self.sde_type!r}; choose 'sde', 'cps' or 'ode'")
         if self.sde_window is not None:
@@ -73,9 +84,17 @@ def seed_key(seed):
     return jax.random.fold_in(jax.random.key(0), seed.astype(jnp.uint32))
 
 
-def initial_noise(seeds, shape):
-    """``[B, *shape]`` initial latents, a pure function of each seed."""
+def initial_noise(seeds, shape, shared_bits: int = 0):
+    """``[B, *shape]`` initial latents, a pure function of each seed (of ``seed >> shared_bits``
+    when ``shared_bits > 0``, from a stream no plain seed uses)."""
+    seeds = jnp.asarray(seeds, jnp.uint32)
+    if shared_bits:
+        return jax.vmap(lambda s: jax.random.normal(
+            jax.random.fold_in(seed_key(s >> shared_bits), _SHARED_STREAM), shape))(seeds)
     return jax.vmap(lambda s: jax.random.normal(jax.random.fold_in(seed_key(s), 0), shape))(seeds)
+
+
+_SHARED_STREAM = 2**31 - 1      # fold-in index of shared initial noise (step noise uses 1..T)
 
 
 def step_noise(seeds, step, shape):
@@ -187,7 +206,7 @@ class Sampler:
 def _rollout_program(graphdef, image_shape, cfg: SamplerConfig, attn):
     def run(state, tokens, mask, seeds):
         model = nnx.merge(graphdef, state)
-        x0 = initial_noise(seeds, image_shape)
+        x0 = initial_noise(seeds, image_shape, cfg.shared_init_bits)
         x_end, xs, logps = denoise(model, x0, 0, cfg.num_steps, seeds, tokens, mask, cfg, attn)
         latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
         return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}

@@ -87,7 +87,7 @@ def rollout_fn(graphdef, image_shape, cfg: SamplerConfig, attn: AttentionSpec = 
 
     def run(params, tokens, mask, seeds):
         model = nnx.merge(graphdef, params)
-        x0 = initial_noise(seeds, image_shape)
+        x0 = initial_noise(seeds, image_shape, cfg.shared_init_bits)
         x_end, xs, logps = denoise(model, x0, 0, cfg.num_steps, seeds, tokens, mask, cfg, attn)
         latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
         return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}

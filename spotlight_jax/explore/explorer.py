@@ -60,14 +60,25 @@ def padded_chunks(prompts, seeds, chunk: int):
         yield ps, ss, n
 
 
-def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, n: int) -> np.ndarray:
+def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, n: int,
+                    shared_bits: int = 0) -> np.ndarray:
     """Candidate seeds of one prompt slot of one iteration: a pure function of its arguments.
 
     The first ``G`` candidates are the ones plain Flow-GRPO would use, so exploration only ever
-    adds seeds to the random baseline's group.
+    adds seeds to the random baseline's group. With ``shared_bits = b > 0`` (a sampler with
+    ``shared_init_bits = b``) the slot's seeds are ``(h << b) | j`` for one random ``h`` and
+    ``j = 0..n-1``: they share ``x_T`` and differ in their SDE noise.
     """
     rng = np.random.default_rng([run_seed, iteration, prompt_index, 31])
-    return rng.integers(0, 2**31 - 1, size=n, dtype=np.int64).astype(np.uint32)
+    if not shared_bits:
+        return rng.integers(0, 2**31 - 1, size=n, dtype=np.int64).astype(np.uint32)
+    if n > 2**shared_bits:
+        raise ValueError(f"{n} candidate seeds per prompt slot do not fit in {shared_bits} "
+                         f"shared-noise bits (at most {2**shared_bits}); lower "
+                         "explore.max_extra_per_prompt or rl.group_size")
+    high = int(rng.integers(0, 2**(31 - shared_bits)))
+    return ((np.uint64(high) << np.uint64(shared_bits)) | np.arange(n, dtype=np.uint64)).astype(
+        np.uint32)
 
 
 class Explorer:

@@ -185,7 +185,8 @@ class SamplerStepper(Stepper):
         import jax.numpy as jnp  # noqa: PLC0415
 
         from spotlight_jax.diffusion import initial_noise  # noqa: PLC0415
-        return self._put(initial_noise(jnp.asarray([seed], jnp.uint32), self.latent_shape)[0])
+        return self._put(initial_noise(jnp.asarray([seed], jnp.uint32), self.latent_shape,
+                                       self.sampler.cfg.shared_init_bits)[0])
 
     def stack(self, rows):
         import jax.numpy as jnp  # noqa: PLC0415
