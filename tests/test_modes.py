@@ -37,6 +37,13 @@ def test_mode_runs_and_charges_the_clock(tmp_path, base, mode):
     assert rows[1]["dollars"] > 0
     if mode in ("spotlight", "explore_sync"):
         assert all(r["explore_candidates"] >= 2 * 4 for r in rows)
+    # evaluations say where the held-out reward is lost: the shares add up to 1 - reward
+    evals = [r for r in h if "val_reward" in r]
+    assert evals
+    for r in evals:
+        shares = [v for k, v in r.items() if k.startswith("val_missing_")]
+        assert len(shares) == 5
+        assert sum(shares) == pytest.approx(1.0 - r["val_reward"], abs=1e-5)
 
 
 def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_path, base):
