@@ -42,8 +42,9 @@ def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
               "reward_ci95": float(1.96 * scores.std(ddof=1) / np.sqrt(len(scores)))}
     if reward == "geneval_lite":
         from spotlight_jax.rewards import constraint_breakdown, missing_credit
-        graded = constraint_breakdown(images, ps)
-        for k, v in constraint_breakdown(images, ps, exact=True).items():
+        from spotlight_jax.rewards.geneval import exact_scores
+        graded = constraint_breakdown(images, ps)            # one detection for both views
+        for k, v in exact_scores(graded).items():
             v = np.asarray(v, np.float64)
             if np.isfinite(v).any():
                 result[f"acc_{k}"] = float(np.nanmean(v))

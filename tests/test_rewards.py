@@ -217,3 +217,14 @@ def test_contract_errors_and_jax_input():
         g(np.full_like(x, np.nan), ["a red bar", "a blue square"])
     with pytest.raises(ValueError, match="shape"):
         g(x[..., :2], ["a red bar", "a blue square"])
+
+
+def test_exact_scores_of_the_graded_breakdown_equal_the_exact_breakdown(renders):
+    from spotlight_jax.rewards.geneval import exact_scores
+    prompts, images = renders
+    shuffled = [prompts[i] for i in np.random.default_rng(3).permutation(len(prompts))]
+    for ps in (prompts, shuffled):
+        exact = R.constraint_breakdown(images, ps, exact=True)
+        derived = exact_scores(R.constraint_breakdown(images, ps))
+        for k in exact:
+            np.testing.assert_array_equal(derived[k], exact[k])

@@ -104,11 +104,18 @@ def constraint_breakdown(
                 }[spec.relation]
                 out["position"][i] = float(np.clip(d / margin, 0.0, 1.0))
     if exact:
-        out = {
-            k: np.where(np.isnan(v), np.nan, (v >= 1.0 - 1e-9).astype(np.float64))
-            for k, v in out.items()
-        }
+        return exact_scores(out)
     return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+def exact_scores(breakdown: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A graded breakdown as all-or-nothing successes: 1.0 where the graded score is 1, else 0.0
+    (NaN stays NaN). ``constraint_breakdown(..., exact=True)`` without detecting twice."""
+    out = {}
+    for k, v in breakdown.items():
+        v = np.asarray(v, np.float64)
+        out[k] = np.where(np.isnan(v), np.nan, (v >= 1.0 - 1e-9)).astype(np.float32)
+    return out
 
 
 def missing_credit(breakdown: dict[str, np.ndarray]) -> dict[str, float]:
