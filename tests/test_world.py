@@ -8,7 +8,9 @@ import pytest
 from spotlight_jax import world as W
 from spotlight_jax.world.detect import label_components
 from spotlight_jax.world.font import text_mask
+from spotlight_jax.world.grammar import split_words
 from spotlight_jax.world.render import layout
+from spotlight_jax.world.tokenizer import canonical_words
 
 
 # ---------------------------------------------------------------- grammar and split
@@ -94,13 +96,41 @@ def test_tokenizer():
     assert (mask.sum(1) >= 2).all()
     # Prefix masks (right padding) and exact round trip.
     assert (np.diff(mask.astype(int), axis=1) <= 0).all()
-    assert W.decode(ids) == prompts
+    # Round trip up to the canonical relation order: the decoded prompt is the same scene, with
+    # "right of" / "below" read as "left of" / "above" from the other object.
+    flip = {"right": "left", "below": "above"}
+    for p, back in zip(prompts, W.decode(ids)):
+        a, b = W.parse(p), W.parse(back)
+        if a.relation in flip:
+            assert (b.relation, b.groups) == (flip[a.relation], a.groups[::-1]), (p, back)
+        else:
+            assert back == p
     t, _ = W.tokenize(['the text "37"'])
     assert [W.VOCAB[i] for i in t[0, :6]] == ["the", "text", '"', "3", "7", '"']
     with pytest.raises(ValueError, match='unknown word "purple"'):
         W.tokenize(["a purple bar"])
     with pytest.raises(ValueError, match="max_len"):
         W.tokenize(["a red bar on the left of a blue square"], max_len=5)
+
+
+def test_relations_are_encoded_in_canonical_order():
+    ids = lambda p: W.encode(p)  # noqa: E731
+    assert ids("a red bar on the right of a blue square") == ids(
+        "a blue square on the left of a red bar")
+    assert ids("a red bar below a blue square") == ids("a blue square above a red bar")
+    assert ids("a red bar on the left of a blue square") != ids(
+        "a blue square on the left of a red bar")
+    # The first-named object of the canonical form is the left (upper) one in the renderer's images.
+    for p in ("a red bar on the right of a blue square", "a red bar below a blue square"):
+        spec = W.parse(W.decode(W.tokenize([p])[0])[0])
+        (y0, x0, *_), (y1, x1, *_) = layout(spec, np.random.default_rng(0))[:2]
+        assert (x0 < x1) if spec.relation == "left" else (y0 < y1)
+    # Other prompts are untouched, and the words are only reordered.
+    w = ["two", "red", "bars"]
+    assert canonical_words(w) == w
+    words = split_words("a red bar on the right of a blue square")
+    assert sorted(canonical_words(words)) == sorted(
+        split_words("a blue square on the left of a red bar"))
 
 
 # ---------------------------------------------------------------- renderer
