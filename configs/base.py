@@ -69,6 +69,8 @@ def get_config():
     p.eval_seeds = 2
     p.grad_clip = 1.0
     p.init_from = ""                # grow from this checkpoint's matching parameters ("" = scratch)
+    p.kinds = ""                    # curriculum: only these task kinds, e.g. "position" ("" = all)
+    p.t_min = 0.0                   # curriculum: only flow times t >= t_min (layout regime)
 
     # Sampler (spotlight_jax.diffusion.SamplerConfig).
     s = c.sampler = ml_collections.ConfigDict()

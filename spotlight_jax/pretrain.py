@@ -45,6 +45,23 @@ class PretrainConfig:
     # Start from the parameters of this checkpoint where names and shapes match (a model grown
     # by zero-initialised modules continues from the smaller one); "" = from scratch.
     init_from: str = ""
+    # Curriculum stages: train only on these task kinds (comma-separated, e.g. "position";
+    # "" = every kind, balanced) and only at flow times t >= t_min (the high-noise regime where
+    # the layout is decided; the t distribution above is rescaled onto [t_min, 1]).
+    kinds: str = ""
+    t_min: float = 0.0
+
+    def __post_init__(self):
+        bad = [k for k in self.kind_list if k not in world.KINDS]
+        if bad:
+            raise ValueError(f"pretrain.kinds has unknown kind(s) {bad}; known kinds: "
+                             f"{', '.join(world.KINDS)}")
+        if not 0.0 <= self.t_min < 1.0:
+            raise ValueError(f"pretrain.t_min={self.t_min} must be in [0, 1)")
+
+    @property
+    def kind_list(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
 
 
 def make_optimizer(cfg: PretrainConfig):
@@ -58,6 +75,7 @@ def flow_matching_loss(model, x0, tokens, mask, key, cfg: PretrainConfig):
     b = x0.shape[0]
     k_t, k_n, k_d = jax.random.split(key, 3)
     t = sample_t(k_t, b, kind=cfg.t_sampling, shift=cfg.t_shift)
+    t = cfg.t_min + (1.0 - cfg.t_min) * t
     noise = jax.random.normal(k_n, x0.shape)
     tb = t[:, None, None, None]
     xt = (1 - tb) * x0 + tb * noise
@@ -124,6 +142,8 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
     ema = jax.tree.map(jnp.copy, state) if ema is None else ema
     step_fn = make_train_step(graphdef, optimizer, cfg)
     prompts = world.train_prompts(world_cfg)
+    if cfg.kind_list:
+        prompts = [p for p in prompts if world.parse(p, world_cfg).kind in cfg.kind_list]
     val = world.val_prompts(world_cfg)
     rng = np.random.default_rng(seed)
     val = [val[i] for i in sorted(rng.choice(len(val), min(cfg.eval_prompts, len(val)),
