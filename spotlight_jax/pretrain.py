@@ -141,9 +141,11 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
     opt_state = optimizer.init(state) if opt_state is None else opt_state
     ema = jax.tree.map(jnp.copy, state) if ema is None else ema
     step_fn = make_train_step(graphdef, optimizer, cfg)
-    prompts = world.train_prompts(world_cfg)
     if cfg.kind_list:
-        prompts = [p for p in prompts if world.parse(p, world_cfg).kind in cfg.kind_list]
+        by_kind = world.prompts_by_kind(world_cfg, "train")
+        prompts = [p for k in cfg.kind_list for p in by_kind[k]]
+    else:
+        prompts = world.train_prompts(world_cfg)
     val = world.val_prompts(world_cfg)
     rng = np.random.default_rng(seed)
     val = [val[i] for i in sorted(rng.choice(len(val), min(cfg.eval_prompts, len(val)),
