@@ -84,6 +84,9 @@ def get_config():
     # differ only in SDE noise (DanceGRPO's switch; here x_T explains little of a group's reward
     # spread at noise level 0.7, README "Flow-GRPO")
     s.shared_initial_noise = False
+    # > 1: block noise — SDE steps diffuse only the images constant on p x p pixel blocks
+    # (marginals kept; a policy over HWC/p^2 dimensions; spotlight_jax.diffusion.sde_step)
+    s.noise_patch = 1
     s.eval_steps = 20
     s.eval_guidance = 1.0           # evaluate with the training rollouts' guidance
 

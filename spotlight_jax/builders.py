@@ -74,7 +74,7 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
     return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level,
                          sde_type=s.sde_type, guidance=s.guidance, sde_window=window,
                          shared_init_bits=SHARED_INIT_BITS if s.get("shared_initial_noise")
-                         else 0).validate()
+                         else 0, noise_patch=s.get("noise_patch", 1)).validate()
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds

@@ -50,12 +50,16 @@ class SamplerConfig:
     guidance: float = 1.0           # classifier-free guidance scale (1 = off: one forward)
     sde_window: tuple[int, int] | None = None
     shared_init_bits: int = 0
+    noise_patch: int = 1            # > 1: block noise on p x p pixel blocks (sde_step)
 
     def validate(self) -> SamplerConfig:
         if not 0 <= self.shared_init_bits <= 16:
             raise ValueError(f"shared_init_bits={self.shared_init_bits} must be in 0..16")
         if self.sde_type not in ("sde", "cps", "ode"):
             raise ValueError(f"unknown sde_type {self.sde_type!r}; choose 'sde', 'cps' or 'ode'")
+        if self.noise_patch < 1 or (self.noise_patch > 1 and self.sde_type != "sde"):
+            raise ValueError(f"noise_patch={self.noise_patch} must be 1, or > 1 with "
+                             f"sde_type='sde' (got {self.sde_type!r})")
         if self.sde_window is not None:
             a, b = self.sde_window
             if not 0 <= a < b <= self.num_steps:
@@ -116,6 +120,8 @@ def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=Atten
 
 
 def step_fn(cfg: SamplerConfig):
+    if cfg.noise_patch > 1 and cfg.sde_type == "sde":
+        return functools.partial(sde_step, noise_patch=cfg.noise_patch)
     return {"sde": sde_step, "cps": cps_step, "ode": sde_step}[cfg.sde_type]
 
 

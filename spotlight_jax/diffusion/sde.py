@@ -32,14 +32,34 @@ def _noise(key, noise, x):
     return jax.random.normal(key, x.shape, jnp.float32)
 
 
+def block_mean(a, p: int):
+    """``[B, H, W, C] -> [B, H/p, W/p, C]``: means over ``p x p`` pixel blocks, per channel."""
+    b, h, w, c = a.shape
+    return a.reshape(b, h // p, p, w // p, p, c).mean(axis=(2, 4))
+
+
+def block_project(a, p: int):
+    """Orthogonal projection onto images constant on ``p x p`` blocks (per channel)."""
+    return jnp.repeat(jnp.repeat(block_mean(a, p), p, axis=1), p, axis=2)
+
+
 def sde_step(x, v, sigma, sigma_next, *, noise_level, key=None, prev_sample=None,
-             sigma_max=None, noise=None):
+             sigma_max=None, noise=None, noise_patch: int = 1):
     """One Flow-GRPO SDE step. Returns ``(prev_sample, log_prob, mean, std)``.
 
     ``std`` is ``std_t = a * sqrt(sigma / (1 - sigma_safe))`` (before the ``sqrt(-dt)`` factor);
     ``sigma_safe`` is ``sigma_max`` (the schedule's second sigma) where ``sigma == 1``. With
     ``prev_sample`` given the step only scores it; otherwise it samples with ``key`` (or the
     explicit standard-normal ``noise``). ``log_prob`` is averaged over all non-batch elements.
+
+    ``noise_patch = p > 1`` (images ``[B, H, W, C]``): block noise. The diffusion acts only on
+    the subspace of images constant on ``p x p`` blocks: its noise is the block mean of the
+    standard-normal draw (the same low frequencies as the per-pixel step's noise, none of its
+    within-block detail) and the score correction is projected onto that subspace too, so the
+    step still preserves the ODE's marginals (an SDE with diffusion ``g^2 P`` and drift
+    ``v - g^2 P score / 2``). The step is deterministic off the subspace, so ``log_prob`` is the
+    density of the block coordinates (averaged over them): a policy over ``HWC / p^2``
+    dimensions instead of ``HWC``, whose score-function gradient is correspondingly less noisy.
     """
     x = x.astype(jnp.float32)
     v = v.astype(jnp.float32)
@@ -52,12 +72,22 @@ def sde_step(x, v, sigma, sigma_next, *, noise_level, key=None, prev_sample=None
     std_t = noise_level * jnp.sqrt(s / (1.0 - s_safe))
     mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
     scale = std_t * jnp.sqrt(-dt)
+    std_out = jnp.broadcast_to(std_t, x.shape[:1] + std_t.shape[1:])
+    if noise_patch > 1:
+        ode = x + v * dt
+        mean = ode + block_project(mean - ode, noise_patch)
+        if prev_sample is None:
+            prev_sample = mean + scale * block_project(_noise(key, noise, x), noise_patch)
+        prev_sample = prev_sample.astype(jnp.float32)
+        # orthonormal block coordinates: p * (block mean)
+        y = noise_patch * block_mean(prev_sample - mean, noise_patch)
+        log_prob = -(y**2) / (2 * scale**2) - jnp.log(scale) - _LOG_SQRT_2PI
+        return prev_sample, _mean_over_elements(log_prob), mean, std_out
     if prev_sample is None:
         prev_sample = mean + scale * _noise(key, noise, x)
     prev_sample = prev_sample.astype(jnp.float32)
     log_prob = (-((prev_sample - mean) ** 2) / (2 * scale**2) - jnp.log(scale) - _LOG_SQRT_2PI)
-    return prev_sample, _mean_over_elements(log_prob), mean, jnp.broadcast_to(std_t, x.shape[:1]
-                                                                                + std_t.shape[1:])
+    return prev_sample, _mean_over_elements(log_prob), mean, std_out
 
 
 def cps_step(x, v, sigma, sigma_next, *, noise_level, key=None, prev_sample=None,
