@@ -272,8 +272,9 @@ class Workload:
 def workload_from_config(config) -> Workload:
     """The :class:`Workload` of a run config (reads ``config.sampler`` and ``config.rl``)."""
     s, r = config.sampler, config.rl
-    window = s.get("sde_window")
-    stochastic = (window[1] - window[0]) if window is not None else s.num_steps
+    from spotlight_jax.diffusion.rollout import resolve_window  # noqa: PLC0415 - light module
+    start, end = resolve_window(s.get("sde_window"), int(s.num_steps))
+    stochastic = end - start
     ts = int(r.train_steps)
     return Workload(num_steps=int(s.num_steps),
                     train_steps=ts if 0 < ts < stochastic else int(stochastic),

@@ -271,9 +271,11 @@ def test_cost_config_section_round_trip_and_workload():
     assert CostConfig.from_config(section).mfu == 0.5
     base = runpy.run_path(str(CONFIGS / "base.py"))["get_config"]()
     w = cost_lib.workload_from_config(base)
-    # base.py trains every SDE step (train_steps = 0) with LoRA rank 16
-    assert w == Workload(num_steps=10, train_steps=10, inner_epochs=1, kl=True, cfg_passes=1,
+    # base.py trains every SDE step (train_steps = 0; its window is steps 0-7) with LoRA rank 16
+    assert w == Workload(num_steps=10, train_steps=8, inner_epochs=1, kl=True, cfg_passes=1,
                          lora_rank=16)
+    base.sampler.sde_window = None
+    assert cost_lib.workload_from_config(base).train_steps == 10
     base.rl.train_steps, base.rl.lora_rank = 4, 0
     assert cost_lib.workload_from_config(base) == Workload(
         num_steps=10, train_steps=4, inner_epochs=1, kl=True, cfg_passes=1, lora_rank=0)

@@ -208,8 +208,15 @@ def test_sde_window_steps_outside_are_ode(micro_sampler):
     assert (lp[:, [0, 3, 4, 5]] == 0).all() and (lp[:, 1:3] != 0).all()
     with pytest.raises(ValueError, match="sde_window"):
         SamplerConfig(num_steps=6, sde_window=(4, 9)).validate()
+    # slice-style negative end: all but the last two steps
+    np.testing.assert_array_equal(SamplerConfig(num_steps=6, sde_window=(0, -2))
+                                  .stochastic_steps(), [1, 1, 1, 1, 0, 0])
+    with pytest.raises(ValueError, match="sde_window"):
+        SamplerConfig(num_steps=6, sde_window=(0, -6)).validate()
     with pytest.raises(ValueError, match="noise_patch"):
         SamplerConfig(noise_patch=2, sde_type="cps").validate()
+    with pytest.raises(ValueError, match="noise_patch=3 does not divide the 16x16"):
+        Sampler(micro_sampler[0].graphdef, (16, 16, 3), SamplerConfig(noise_patch=3))
 
 
 def test_shared_initial_noise_within_a_slot(micro_sampler):

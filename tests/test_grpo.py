@@ -167,3 +167,14 @@ def test_cps_last_step_is_deterministic_and_its_kl_is_zero_not_nan():
     _, m = grpo_loss(nnx.merge(graphdef, state), batch, jnp.zeros((8, 1), jnp.int32), cps,
                      GRPOConfig(beta=0.1), ref)
     assert np.isfinite(float(m["kl"])) and float(m["kl"]) > 0.0
+
+
+def test_gradient_bench_summary_shares_and_cosines():
+    """bench.grpo_gradient's per-step table: energy shares sum to 1, cosines of agreeing and
+    opposing batch gradients are +1 and -1."""
+    from spotlight_jax.bench.grpo_gradient import summarize
+    grads = {0: [np.array([1.0, 0.0]), np.array([1.0, 0.0])],
+             1: [np.array([0.0, 3.0]), np.array([0.0, -3.0])]}
+    (j0, share0, cos0), (j1, share1, cos1) = summarize(grads)
+    assert (j0, j1) == (0, 1)
+    np.testing.assert_allclose([share0, share1, cos0, cos1], [0.1, 0.9, 1.0, -1.0], atol=1e-12)

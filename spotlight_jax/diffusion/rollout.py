@@ -37,7 +37,8 @@ class SamplerConfig:
     """How trajectories are sampled.
 
     ``sde_window``: ``(start, end)`` step indices that are stochastic (and trained); the other
-    steps are deterministic ODE steps with log-prob 0. ``None`` = every step is SDE.
+    steps are deterministic ODE steps with log-prob 0. ``None`` = every step is SDE. A negative
+    index counts from ``num_steps`` as in a Python slice: ``(0, -2)`` = all but the last two.
     ``noise_level=0`` or ``sde_type='ode'`` gives the evaluation (ODE) sampler.
     ``shared_init_bits``: ``b > 0`` draws ``x_T`` from ``seed >> b`` (seeds equal above their low
     ``b`` bits share it); 0 = from the seed itself.
@@ -57,15 +58,24 @@ class SamplerConfig:
             raise ValueError(f"shared_init_bits={self.shared_init_bits} must be in 0..16")
         if self.sde_type not in ("sde", "cps", "ode"):
             raise ValueError(f"unknown sde_type {self.sde_type!r}; choose 'sde', 'cps' or 'ode'")
-        if self.noise_patch < 1 or (self.noise_patch > 1 and self.sde_type != "sde"):
-            raise ValueError(f"noise_patch={self.noise_patch} must be 1, or > 1 with "
-                             f"sde_type='sde' (got {self.sde_type!r})")
+        if self.noise_patch < 1:
+            raise ValueError(f"noise_patch={self.noise_patch} must be >= 1 (1 = per-pixel noise)")
+        if self.noise_patch > 1 and self.sde_type == "cps":
+            raise ValueError(f"noise_patch={self.noise_patch}: block noise has no "
+                             f"coefficients-preserving form (sde_type={self.sde_type!r}); set "
+                             "sampler.noise_patch=1 with it")
         if self.sde_window is not None:
-            a, b = self.sde_window
+            a, b = self.window
             if not 0 <= a < b <= self.num_steps:
-                raise ValueError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= "
+                raise ValueError(f"sde_window {self.sde_window} (steps {a}..{b - 1}) must "
+                                 "satisfy 0 <= start < end <= "
                                  f"num_steps={self.num_steps}")
         return self
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The stochastic steps ``[start, end)`` with negative indices resolved."""
+        return resolve_window(self.sde_window, self.num_steps)
 
     @property
     def sigmas(self) -> np.ndarray:
@@ -75,13 +85,22 @@ class SamplerConfig:
         """Boolean ``[num_steps]``: which steps sample with noise (and carry a log-prob)."""
         mask = np.zeros(self.num_steps, bool)
         if self.sde_type != "ode" and self.noise_level > 0:
-            a, b = self.sde_window or (0, self.num_steps)
+            a, b = self.window
             mask[a:b] = True
             if self.sde_type == "cps":
                 # CPS's noise is sigma_next * sin(a pi / 2): the step into sigma = 0 has none, so
                 # it is deterministic and carries no log-prob gradient (nothing to train).
                 mask &= self.sigmas[1:] > 0
         return mask
+
+
+def resolve_window(window, num_steps: int) -> tuple[int, int]:
+    """``sde_window`` (``None``, or ``(start, end)`` with slice-style negative indices) as
+    ``(start, end)`` step indices of a ``num_steps`` schedule."""
+    if window is None:
+        return 0, num_steps
+    a, b = (int(i) + num_steps if int(i) < 0 else int(i) for i in window)
+    return a, b
 
 
 def seed_key(seed):
@@ -182,6 +201,12 @@ class Sampler:
         self.graphdef = graphdef
         self.image_shape = tuple(image_shape)
         self.cfg = cfg.validate()
+        h, w = self.image_shape[:2]
+        if cfg.noise_patch > 1 and cfg.sde_type == "sde" and (h % cfg.noise_patch
+                                                              or w % cfg.noise_patch):
+            raise ValueError(f"noise_patch={cfg.noise_patch} does not divide the {h}x{w} image; "
+                             "set sampler.noise_patch to a divisor of the image size (1 = "
+                             "per-pixel noise)")
         self.attn = attn
         self.mesh = mesh if mesh is not None else attn.mesh
 
