@@ -6,6 +6,7 @@ ran in bfloat16, because log-prob ratios of ~1e-4 are what PPO clips on.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -72,22 +73,20 @@ def sde_step(x, v, sigma, sigma_next, *, noise_level, key=None, prev_sample=None
     std_t = noise_level * jnp.sqrt(s / (1.0 - s_safe))
     mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
     scale = std_t * jnp.sqrt(-dt)
-    std_out = jnp.broadcast_to(std_t, x.shape[:1] + std_t.shape[1:])
+    project, coords = (lambda a: a), (lambda a: a)
     if noise_patch > 1:
+        project = functools.partial(block_project, p=noise_patch)
+        # orthonormal coordinates of the block subspace: p * (block mean)
+        coords = lambda a: noise_patch * block_mean(a, noise_patch)  # noqa: E731
         ode = x + v * dt
-        mean = ode + block_project(mean - ode, noise_patch)
-        if prev_sample is None:
-            prev_sample = mean + scale * block_project(_noise(key, noise, x), noise_patch)
-        prev_sample = prev_sample.astype(jnp.float32)
-        # orthonormal block coordinates: p * (block mean)
-        y = noise_patch * block_mean(prev_sample - mean, noise_patch)
-        log_prob = -(y**2) / (2 * scale**2) - jnp.log(scale) - _LOG_SQRT_2PI
-        return prev_sample, _mean_over_elements(log_prob), mean, std_out
+        mean = ode + project(mean - ode)
     if prev_sample is None:
-        prev_sample = mean + scale * _noise(key, noise, x)
+        prev_sample = mean + scale * project(_noise(key, noise, x))
     prev_sample = prev_sample.astype(jnp.float32)
-    log_prob = (-((prev_sample - mean) ** 2) / (2 * scale**2) - jnp.log(scale) - _LOG_SQRT_2PI)
-    return prev_sample, _mean_over_elements(log_prob), mean, std_out
+    y = coords(prev_sample - mean)
+    log_prob = -(y**2) / (2 * scale**2) - jnp.log(scale) - _LOG_SQRT_2PI
+    return prev_sample, _mean_over_elements(log_prob), mean, jnp.broadcast_to(std_t, x.shape[:1]
+                                                                                + std_t.shape[1:])
 
 
 def cps_step(x, v, sigma, sigma_next, *, noise_level, key=None, prev_sample=None,
