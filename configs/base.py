@@ -109,9 +109,15 @@ def get_config():
     r.reward = "geneval_lite"
     r.lr = 5e-4                     # LoRA lr (best of three measured settings, README)
     r.beta = 0.01
+    # KL weight of the within-block detail, which block noise leaves without a policy gradient
+    # (rl.grpo.GRPOConfig.detail_beta; None = rl.beta)
+    r.detail_beta = ml_collections.config_dict.placeholder(float)
     r.clip_eps = 1e-3
     r.adv_clip = 5.0
     r.global_std = False
+    # 'reward': advantages of the scalar reward; 'decoupled': each of geneval_lite's
+    # constraints normalised within its group on its own, then averaged (rl.grpo)
+    r.advantage = "reward"
     r.train_steps = 0               # timesteps trained per trajectory (0 = all SDE steps)
     r.inner_epochs = 1
     r.minibatches = 2

@@ -65,7 +65,14 @@ from spotlight_jax.explore.explorer import Explorer, RolloutEngine, candidate_se
 from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.plots import plot_curves, save_grid
-from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages, group_stats
+from spotlight_jax.rewards import get_components
+from spotlight_jax.rl import (
+    GRPOConfig,
+    GRPOTrainer,
+    advantages,
+    decoupled_advantages,
+    group_stats,
+)
 from spotlight_jax.spot_fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.spot_fleet import FleetExplorer
 
@@ -122,6 +129,14 @@ class Run:
         base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
         self.rl = grpo_config(config)
+        self.reward_parts = None
+        if self.rl.advantage == "decoupled":
+            if self.rl.global_std:
+                raise ValueError("rl.advantage='decoupled' normalises within each group; it "
+                                 "cannot be combined with rl.global_std=True")
+            self.reward_parts = get_components(config.rl.reward)
+        elif self.rl.advantage != "reward":
+            raise ValueError(f"rl.advantage={self.rl.advantage!r}: use 'reward' or 'decoupled'")
         self.train_sampler_cfg = sampler_config(config)
         image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
@@ -491,9 +506,14 @@ class Run:
                 ray.kill(w.actor)
             self.spot_hosts = []
 
-    def train_on(self, batch, k: int) -> dict:
-        adv = advantages(batch["rewards"], batch["prompt_ids"], global_std=self.rl.global_std,
-                         clip=self.rl.adv_clip)
+    def train_on(self, batch, k: int, prompts) -> dict:
+        if self.reward_parts is not None:
+            flat = [prompts[i] for i in batch["prompt_ids"]]
+            adv = decoupled_advantages(self.reward_parts(batch["images"], flat),
+                                       batch["prompt_ids"], clip=self.rl.adv_clip)
+        else:
+            adv = advantages(batch["rewards"], batch["prompt_ids"],
+                             global_std=self.rl.global_std, clip=self.rl.adv_clip)
         train = {"latents": batch["latents"], "log_probs": batch["log_probs"],
                  "advantages": adv, "tokens": batch["tokens"], "mask": batch["mask"]}
         return self.trainer.update(train, self.key, k)
@@ -588,7 +608,7 @@ class Run:
             elif self.mode == "spotlight":
                 self.next_seeds = None
             t_train = time.perf_counter()
-            m = self.train_on(batch, k)
+            m = self.train_on(batch, k, prompts)
             t_train = (t_train, time.perf_counter())
             if future is not None:
                 (cands, chosen, _, explore_info), t_explore = future.result()

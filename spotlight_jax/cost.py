@@ -278,7 +278,8 @@ def workload_from_config(config) -> Workload:
     ts = int(r.train_steps)
     return Workload(num_steps=int(s.num_steps),
                     train_steps=ts if 0 < ts < stochastic else int(stochastic),
-                    inner_epochs=int(r.inner_epochs), kl=float(r.beta) > 0,
+                    inner_epochs=int(r.inner_epochs),
+                    kl=float(r.beta) > 0 or bool(r.get("detail_beta")),
                     rescore=bool(r.get("rescore", False)),
                     cfg_passes=1 if float(s.guidance) == 1.0 else 2,
                     lora_rank=int(r.get("lora_rank", 0)))
@@ -440,7 +441,8 @@ class CostModel:
                 Assumption("train_steps", w.train_steps, "steps/trajectory",
                            "run config rl.train_steps (0 = every stochastic step)"),
                 Assumption("inner_epochs", w.inner_epochs, "", "run config rl.inner_epochs"),
-                Assumption("kl_reference_forward", w.kl, "", "run config rl.beta > 0")]
+                Assumption("kl_reference_forward", w.kl, "",
+                           "run config rl.beta > 0 or rl.detail_beta > 0")]
 
 
 class ProfileCost(CostModel):

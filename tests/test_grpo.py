@@ -8,7 +8,14 @@ from helpers import micro_model
 
 from spotlight_jax import world
 from spotlight_jax.diffusion import Sampler, SamplerConfig
-from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages, group_stats, grpo_loss
+from spotlight_jax.rl import (
+    GRPOConfig,
+    GRPOTrainer,
+    advantages,
+    decoupled_advantages,
+    group_stats,
+    grpo_loss,
+)
 from spotlight_jax.rl import lora as lora_lib
 
 
@@ -25,6 +32,37 @@ def test_advantages_constant_group_is_zero_and_others_normalised():
     st = group_stats(r, ids)
     assert st["zero_var_groups"] == 0.5
     np.testing.assert_allclose(st["group_std"], (0.0 + g.std()) / 2)
+
+
+def test_decoupled_advantages_normalise_each_part_then_the_group():
+    nan = np.nan
+    # group 0: two parts; part 0 spreads widely, part 1 a little (and opposite); group 1: one
+    # part applies (NaN column), constant part 0 in group 2 -> only part 1 matters there
+    parts = np.array([[0.0, 0.6], [1.0, 0.5], [0.0, 0.5], [1.0, 0.4],
+                      [0.2, nan], [0.8, nan], [0.5, nan], [0.5, nan],
+                      [1.0, 0.0], [1.0, 0.5], [1.0, 1.0], [1.0, 0.5]])
+    ids = np.repeat(np.arange(3), 4)
+    a = decoupled_advantages(parts, ids)
+
+    def z(x):
+        return (x - x.mean()) / (x.std() + 1e-4)
+
+    want0 = z((z(parts[:4, 0]) + z(parts[:4, 1])) / 2)
+    np.testing.assert_allclose(a[:4], want0, rtol=1e-5)
+    # the scalar reward (mean of parts) ranks row 3 above row 0 (its wide part 0 wins);
+    # decoupled, part 1's small spread counts as much, and row 0 comes first
+    assert parts[3].mean() > parts[0].mean() and a[0] > a[3]
+    # one part (up to the twice-applied eps): the plain advantage; a constant part counts 0
+    np.testing.assert_allclose(a[4:8], z(z(parts[4:8, 0])), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a[8:], z(z(parts[8:, 1]) / 2), rtol=1e-5, atol=1e-6)
+    # every group normalised: mean 0, std 1
+    for g in range(3):
+        np.testing.assert_allclose(a[ids == g].mean(), 0.0, atol=1e-6)
+        np.testing.assert_allclose(a[ids == g].std(), 1.0, atol=1e-3)
+    # all parts constant: no signal
+    np.testing.assert_array_equal(decoupled_advantages(np.ones((4, 2)), np.zeros(4)), 0.0)
+    with pytest.raises(ValueError, match=r"\[B, K\]"):
+        decoupled_advantages(np.ones(4), np.zeros(4))
 
 
 SAMPLER = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.7)
@@ -167,6 +205,48 @@ def test_cps_last_step_is_deterministic_and_its_kl_is_zero_not_nan():
     _, m = grpo_loss(nnx.merge(graphdef, state), batch, jnp.zeros((8, 1), jnp.int32), cps,
                      GRPOConfig(beta=0.1), ref)
     assert np.isfinite(float(m["kl"])) and float(m["kl"]) > 0.0
+
+
+def test_block_noise_kl_splits_into_subspace_and_detail_terms(rollout_batch):
+    """With block noise the KL term splits orthogonally: its on-subspace and within-block
+    (detail) parts add up to the whole mean difference's term, detail_beta weighs the second
+    alone, and per-pixel noise has no detail part."""
+    graphdef, state, batch = rollout_batch
+    b = {k: jnp.asarray(v) for k, v in batch.items()}
+    ref = nnx.merge(graphdef, jax.tree.map(lambda x: x + 0.01, state))
+    pol = nnx.merge(graphdef, state)
+    idx = jnp.array([[0, 2]] * 8, jnp.int32)
+    block = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.7, noise_patch=4)
+    loss, m = grpo_loss(pol, b, idx, block, GRPOConfig(beta=0.1), ref)
+    _, m_pix = grpo_loss(pol, b, idx, SAMPLER, GRPOConfig(beta=0.1), ref)
+    # the detail term equals a direct computation from the two policies' step means
+    from spotlight_jax.diffusion import velocity
+    from spotlight_jax.diffusion.rollout import step_fn
+    from spotlight_jax.diffusion.sde import block_project
+    sig = jnp.asarray(block.sigmas)
+    x, xn = b["latents"][:, 2], b["latents"][:, 3]
+    step = step_fn(block)
+    means, std = [], None
+    for model in (pol, ref):
+        v = velocity(model, x, sig[2], b["tokens"], b["mask"], guidance=1.0)
+        _, _, mu, std = step(x, v, sig[2], sig[3], noise_level=0.7, prev_sample=xn,
+                             sigma_max=sig[1])
+        means.append(mu)
+    d = means[0] - means[1]
+    det = d - block_project(d, 4)
+    per = jnp.mean(det.reshape(8, -1) ** 2, -1) / (2 * std.reshape(8, -1)[:, 0] ** 2)
+    used = b["advantages"] != 0               # the loss skips zero-advantage samples
+    want_detail = float(per[used].mean())
+    # idx trains steps 0 and 2 of each trajectory: the metric averages both
+    assert float(m["kl_detail"]) > 0 and float(m["kl"]) > float(m["kl_detail"])
+    _, m2 = grpo_loss(pol, b, jnp.array([[2]] * 8, jnp.int32), block, GRPOConfig(beta=0.1), ref)
+    np.testing.assert_allclose(float(m2["kl_detail"]), want_detail, rtol=1e-4)
+    assert float(m_pix["kl_detail"]) == 0.0
+    # detail_beta: the loss moves by (detail_beta - beta) * kl_detail, nothing else changes
+    loss2, m3 = grpo_loss(pol, b, idx, block, GRPOConfig(beta=0.1, detail_beta=2.0), ref)
+    np.testing.assert_allclose(float(loss2 - loss), (2.0 - 0.1) * float(m["kl_detail"]),
+                               rtol=1e-4)
+    assert float(m3["kl"]) == float(m["kl"])
 
 
 def test_gradient_bench_summary_shares_and_cosines():

@@ -216,3 +216,38 @@ def test_rollout_on_groups_setting_resolves_and_rejects_bad_values():
     assert controller.rollout_on_groups(False) is False
     with pytest.raises(ValueError, match="'sometimes'"):
         controller.rollout_on_groups("sometimes")
+
+
+def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base):
+    from spotlight_jax.rewards import get_components
+    from spotlight_jax.rl import advantages, decoupled_advantages
+    graphdef, state = base
+    c = mode_config("flow_grpo", iterations=1)
+    c.rl.advantage = "decoupled"
+    r = controller.Run(c, str(tmp_path), graphdef, state)
+    seen = {}
+    update = r.trainer.update
+
+    def capture(batch, key, k):
+        seen.update(batch)
+        return update(batch, key, k)
+
+    r.trainer.update = capture
+    prompts = r.prompts(0)
+    batch = r.rollout(prompts, controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
+    r.train_on(batch, 0, prompts)
+    flat = [prompts[i] for i in batch["prompt_ids"]]
+    parts = get_components("geneval_lite")(batch["images"], flat)
+    want = decoupled_advantages(parts, batch["prompt_ids"])
+    np.testing.assert_array_equal(seen["advantages"], want)
+    assert np.any(want != 0)
+    # the scalar reward's advantages differ (the constraints are not weighted by their spread)
+    assert not np.allclose(want, advantages(batch["rewards"], batch["prompt_ids"]))
+    r.close()
+    for bad, match in (({"advantage": "per_part"}, "use 'reward' or 'decoupled'"),
+                       ({"advantage": "decoupled", "global_std": True}, "global_std"),
+                       ({"advantage": "decoupled", "reward": "ocr_lite"}, "no components")):
+        c2 = mode_config("flow_grpo", iterations=1)
+        c2.rl.update(bad)
+        with pytest.raises(ValueError, match=match):
+            controller.Run(c2, str(tmp_path / "bad"), graphdef, state)

@@ -228,3 +228,25 @@ def test_exact_scores_of_the_graded_breakdown_equal_the_exact_breakdown(renders)
         derived = exact_scores(R.constraint_breakdown(images, ps))
         for k in exact:
             np.testing.assert_array_equal(derived[k], exact[k])
+
+
+def test_reward_components_average_to_the_reward(renders):
+    prompts, images = renders
+    prompts, images = prompts[::7], images[::7]
+    parts = R.get_components("geneval_lite")(images, prompts)
+    assert parts.shape == (len(prompts), 5)          # color, count, shape, position, text
+    assert np.isnan(parts).any() and (~np.isnan(parts)).sum(1).min() >= 1
+    np.testing.assert_allclose(np.nanmean(parts, axis=1), R.get("geneval_lite")(images, prompts),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="has no components.*geneval_lite"):
+        R.get_components("ocr_lite")
+    with pytest.raises(ValueError, match="unknown reward"):
+        R.get_components("pickscore")
+    R.register("test_parts", lambda images, prompts: np.ones(len(prompts)),
+               components=lambda images, prompts: {"a": np.ones(len(prompts))})
+    try:
+        assert R.get_components("test_parts")(images[:2], prompts[:2]).shape == (2, 1)
+    finally:
+        R.unregister("test_parts")
+    with pytest.raises(ValueError, match="unknown reward"):
+        R.get_components("test_parts")

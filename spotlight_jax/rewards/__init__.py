@@ -32,10 +32,17 @@ from spotlight_jax.rewards.ocr import edit_distance, make_ocr_lite, ocr_lite, oc
 RewardFn = Callable[[np.ndarray, Sequence[str]], np.ndarray]
 
 _REGISTRY: dict[str, RewardFn] = {}
+# A reward's parts, for rewards that are the mean of several (GRPO's decoupled advantages):
+# `(images, prompts) -> {part: float32 [B]}`, NaN where a part does not apply to a prompt.
+_COMPONENTS: dict[str, Callable] = {}
 
 
-def register(name: str, fn: RewardFn, *, overwrite: bool = False) -> None:
-    """Register `fn` under `name`; a taken name raises ValueError unless `overwrite=True`."""
+def register(name: str, fn: RewardFn, *, overwrite: bool = False,
+             components: Callable | None = None) -> None:
+    """Register `fn` under `name`; a taken name raises ValueError unless `overwrite=True`.
+
+    `components`, if given, returns the parts `fn` averages (`{part: [B]}`, NaN where a part
+    does not apply); :func:`get_components` hands it out."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"reward name must be a non-empty str, got {name!r}")
     if not callable(fn):
@@ -44,7 +51,12 @@ def register(name: str, fn: RewardFn, *, overwrite: bool = False) -> None:
         raise ValueError(
             f"reward {name!r} is already registered; pass overwrite=True to replace it"
         )
+    if components is not None and not callable(components):
+        raise ValueError(f"components of reward {name!r} must be callable")
     _REGISTRY[name] = fn
+    _COMPONENTS.pop(name, None)
+    if components is not None:
+        _COMPONENTS[name] = components
 
 
 def unregister(name: str) -> None:
@@ -52,6 +64,7 @@ def unregister(name: str) -> None:
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(names())}")
     del _REGISTRY[name]
+    _COMPONENTS.pop(name, None)
 
 
 def names() -> list[str]:
@@ -84,7 +97,25 @@ def get(name: str) -> RewardFn:
     return reward
 
 
-register("geneval_lite", geneval_lite)
+def get_components(name: str) -> Callable:
+    """The parts of reward `name`: `(images, prompts) -> float32 [B, K]`, column `k` the
+    `k`-th part's score (NaN where it does not apply); the reward is the mean of each row's
+    applicable parts. ValueError if `name` is unknown or is not a mean of parts."""
+    get(name)                                              # unknown names: the usual error
+    if name not in _COMPONENTS:
+        with_parts = ", ".join(sorted(_COMPONENTS)) or "none"
+        raise ValueError(f"reward {name!r} has no components (rewards with components: "
+                         f"{with_parts}); use rl.advantage='reward' with it")
+    parts_fn = _COMPONENTS[name]
+
+    def parts(images, prompts: Sequence[str]) -> np.ndarray:
+        got = parts_fn(images, list(prompts))
+        return np.stack([np.asarray(v, np.float32) for v in got.values()], axis=1)
+
+    return parts
+
+
+register("geneval_lite", geneval_lite, components=constraint_breakdown)
 register("ocr_lite", ocr_lite)
 register("jpeg_compressibility", jpeg_compressibility)
 
@@ -95,6 +126,7 @@ __all__ = [
     "edit_distance",
     "geneval_lite",
     "get",
+    "get_components",
     "jpeg_compressibility",
     "make_geneval_lite",
     "make_ocr_lite",

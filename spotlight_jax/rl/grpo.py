@@ -20,6 +20,7 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, velocity
 from spotlight_jax.diffusion.rollout import step_fn
+from spotlight_jax.diffusion.sde import block_project
 from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
 
@@ -29,9 +30,20 @@ class GRPOConfig:
     group_size: int = 8
     lr: float = 1e-4
     beta: float = 0.02
+    # With block noise (sampler.noise_patch > 1) the within-block detail of every step is
+    # deterministic: no log-prob, so no policy gradient reaches it, and it only drifts as a side
+    # effect of the shared weights. detail_beta weighs the KL term's within-block part (the
+    # squared mean difference to the reference off the noise subspace, scaled like a per-pixel
+    # step's KL) on its own, to anchor the detail to the base; None = beta (one KL term).
+    detail_beta: float | None = None
     clip_eps: float = 1e-3
     adv_clip: float = 5.0
     global_std: bool = False
+    # 'reward': advantages of the scalar reward. 'decoupled': a reward that is a mean of parts
+    # (geneval_lite's constraints) has each part normalised within its group on its own, then
+    # averaged and re-normalised per group, so a part with a wide spread (position) cannot drown
+    # the others' contrast (shape, count): :func:`decoupled_advantages`.
+    advantage: str = "reward"
     train_steps: int = 4          # timesteps per trajectory per update (subsampled, 0 = all)
     minibatches: int = 2
     inner_epochs: int = 1
@@ -66,6 +78,38 @@ def advantages(rewards, prompt_ids, *, global_std: bool = False, clip: float = 5
     return np.clip(adv, -clip, clip).astype(np.float32)
 
 
+def decoupled_advantages(parts, prompt_ids, *, clip: float = 5.0,
+                         eps: float = 1e-4) -> np.ndarray:
+    """Advantages of a reward that is the mean of parts, each part normalised on its own.
+
+    ``parts`` is ``[B, K]`` (NaN where a part does not apply; a group's rows share one prompt, so
+    NaN columns are whole groups'). Per group: each applicable part's advantage is
+    ``(p - mean) / (std + eps)`` (0 for a part constant within the group), those are averaged
+    over the applicable parts and the average is normalised again within the group, so every
+    group weighs as much as with :func:`advantages` and only the direction inside it changes
+    (multi-reward decoupled normalisation, as in GDPO). Clipped to ±clip.
+    """
+    p = np.asarray(parts, np.float64)
+    ids = np.asarray(prompt_ids)
+    if p.ndim != 2 or p.shape[0] != ids.shape[0]:
+        raise ValueError(f"parts must be [B, K] with B = {ids.shape[0]} prompt ids, got "
+                         f"shape {p.shape}")
+    adv = np.zeros(p.shape[0])
+    for pid in np.unique(ids):
+        sel = ids == pid
+        g = p[sel]
+        applies = ~np.isnan(g).any(axis=0)
+        if not applies.any():
+            continue
+        g = g[:, applies]
+        std = g.std(axis=0)
+        z = np.where(std > 0, (g - g.mean(axis=0)) / (std + eps), 0.0).mean(axis=1)
+        if np.all(z == z[0]):
+            continue
+        adv[sel] = (z - z.mean()) / (z.std() + eps)
+    return np.clip(adv, -clip, clip).astype(np.float32)
+
+
 def group_stats(rewards, prompt_ids) -> dict:
     """Mean within-group reward std (``group_std``) and the share of groups whose rewards are all
     equal (``zero_var_groups``: they get advantage 0 and teach nothing). What seed exploration
@@ -95,7 +139,8 @@ def _gather_steps(latents, log_probs, idx):
 
 def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerConfig,
                ref_model=None):
-    """Per (trajectory, step) pair: new log-prob, old log-prob, KL to the reference."""
+    """Per (trajectory, step) pair: new log-prob, old log-prob, KL to the reference split into
+    ``(on the noise subspace, off it)`` (the second is 0 without block noise), and the rows."""
     x, x_next, logp_old, j, rows = _gather_steps(latents, log_probs, idx)
     sigmas = jnp.asarray(sampler.sigmas)
     sigma, sigma_next = sigmas[j], sigmas[j + 1]
@@ -105,16 +150,24 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
     _, logp, mean, std = step(x, v, sigma, sigma_next, noise_level=sampler.noise_level,
                               prev_sample=x_next, sigma_max=sigmas[1])
     if ref_model is None:
-        kl = jnp.zeros_like(logp)
+        kl = (jnp.zeros_like(logp), jnp.zeros_like(logp))
     else:
         v_ref = jax.lax.stop_gradient(velocity(ref_model, x, sigma, tok, msk,
                                                guidance=sampler.guidance))
         _, _, mean_ref, _ = step(x, v_ref, sigma, sigma_next, noise_level=sampler.noise_level,
                                  prev_sample=x_next, sigma_max=sigmas[1])
-        sq = ((mean - mean_ref) ** 2).reshape(mean.shape[0], -1).mean(-1)
+        diff = mean - mean_ref
+        on = diff
+        if sampler.noise_patch > 1 and sampler.sde_type == "sde":
+            on = block_project(diff, sampler.noise_patch)    # orthogonal split: sums add up
+
+        def msq(a):
+            return (a ** 2).reshape(a.shape[0], -1).mean(-1)
+
         std0 = std.reshape(std.shape[0], -1)[:, 0]
         # A deterministic step (std 0: CPS into sigma = 0) has no KL term, not 0/0.
-        kl = jnp.where(std0 > 0, sq / (2 * jnp.maximum(std0, 1e-12) ** 2), 0.0)
+        scale = jnp.where(std0 > 0, 1.0 / (2 * jnp.maximum(std0, 1e-12) ** 2), 0.0)
+        kl = (msq(on) * scale, msq(diff - on) * scale)
     return logp, logp_old, kl, rows
 
 
@@ -138,10 +191,13 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
     # Samples with advantage exactly 0 contribute nothing (their groups carry no signal).
     weight = (adv != 0).astype(jnp.float32)
     denom = jnp.maximum(weight.sum(), 1.0)
-    loss = (policy * weight).sum() / denom + cfg.beta * (kl * weight).sum() / denom
+    kl_on, kl_detail = ((k * weight).sum() / denom for k in kl)
+    detail_beta = cfg.beta if cfg.detail_beta is None else cfg.detail_beta
+    loss = (policy * weight).sum() / denom + cfg.beta * kl_on + detail_beta * kl_detail
     metrics = {
         "policy_loss": (policy * weight).sum() / denom,
-        "kl": (kl * weight).sum() / denom,
+        "kl": kl_on + kl_detail,
+        "kl_detail": kl_detail,
         "clip_frac": ((jnp.abs(ratio - 1) > cfg.clip_eps) * weight).sum() / denom,
         "approx_kl": (0.5 * (logp - logp_old) ** 2 * weight).sum() / denom,
         "ratio_dev": jnp.max(jnp.abs(ratio - 1)),
@@ -264,7 +320,7 @@ def _program_config(cfg: GRPOConfig) -> GRPOConfig:
     """``cfg`` with the fields the train-step program does not read reset, so trainers that
     differ only in batching, advantage or re-scoring options share one compiled program."""
     return dataclasses.replace(cfg, group_size=0, adv_clip=0.0, global_std=False, train_steps=0,
-                               minibatches=1, inner_epochs=1, rescore=False)
+                               minibatches=1, inner_epochs=1, rescore=False, advantage="reward")
 
 
 def make_optimizer(cfg: GRPOConfig):
@@ -283,7 +339,7 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
     tx = make_optimizer(cfg)
 
     def step(trainable, opt_state, ema, base, batch, idx, on_policy):
-        ref = nnx.merge(graphdef, base) if cfg.beta > 0 else None
+        ref = nnx.merge(graphdef, base) if cfg.beta > 0 or cfg.detail_beta else None
 
         def loss_fn(t):
             return grpo_loss(_policy(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
