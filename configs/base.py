@@ -91,10 +91,10 @@ def get_config():
     s.shared_initial_noise = False
     # > 1: block noise — SDE steps diffuse only the images constant on p x p pixel blocks
     # (marginals kept; a policy over HWC/p^2 dimensions; spotlight_jax.diffusion.sde_step).
-    # 4 (one model patch): held-out 0.590 -> 0.638 / 0.627 / 0.586 in 15 RL minutes (3 seeds)
-    # where per-pixel noise gave 0.577 / 0.597 (README "Flow-GRPO"). 1 = per-pixel noise
-    # (Flow-GRPO's SDE).
-    s.noise_patch = 4
+    # 2: held-out 0.590 -> 0.660 / 0.640 / 0.601 in 15 RL minutes (seeds 0-2); 4 (one model
+    # patch): 0.638 / 0.627 / 0.586; per-pixel noise: 0.577 / 0.597 (README "Flow-GRPO").
+    # 1 = per-pixel noise (Flow-GRPO's SDE).
+    s.noise_patch = 2
     s.eval_steps = 20
     s.eval_guidance = 1.0           # evaluate with the training rollouts' guidance
 

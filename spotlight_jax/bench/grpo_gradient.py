@@ -8,7 +8,8 @@ the GRPO loss of each trained step ``j`` on its own and prints, per step: its sh
 update's gradient energy (``|g_j|^2 / sum_j |g_j|^2``, averaged over batches) and the mean cosine
 between the step's gradients from different batches (what they agree on: the signal; 0 = noise
 only). Rows for per-pixel SDE noise (``sampler.noise_patch=1``) and block noise
-(``noise_patch=4``), with the batches' within-group reward std (what GRPO learns from).
+(``noise_patch=2``, the default, and ``4``), with the batches' within-group reward std (what GRPO
+learns from).
 
 The log-prob gradient of a step is ``eps / std`` projected through the model, so the last steps
 (small ``std``) dominate the update while their noise only moves fine detail.
@@ -77,7 +78,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--patches", default="1,4", help="noise_patch values to compare")
+    ap.add_argument("--patches", default="1,2,4", help="noise_patch values to compare")
     args = ap.parse_args(argv)
 
     import jax
