@@ -5,7 +5,9 @@ Contract (DESIGN.md section 4): a reward is a callable
 Rewards are host-side numpy so they can run while the accelerator samples the next batch.
 `get` wraps every function so that its output is checked (shape [B], finite) and converted to
 np.float32: a reward bug then fails loudly at the call instead of turning into a silent NaN
-advantage several layers down.
+advantage several layers down. A reward that is the mean of parts can register them
+(`register(name, fn, components=parts_fn)`); `get_components(name)` returns them as
+`[B, K]` (NaN where a part does not apply) for GRPO's decoupled advantages.
 
 Shipped (see each module for the exact definitions):
   geneval_lite          fraction of the prompt's constraints met (color, count, shape, position,
