@@ -94,20 +94,12 @@ def decoupled_advantages(parts, prompt_ids, *, clip: float = 5.0,
     if p.ndim != 2 or p.shape[0] != ids.shape[0]:
         raise ValueError(f"parts must be [B, K] with B = {ids.shape[0]} prompt ids, got "
                          f"shape {p.shape}")
-    adv = np.zeros(p.shape[0])
-    for pid in np.unique(ids):
-        sel = ids == pid
-        g = p[sel]
-        applies = ~np.isnan(g).any(axis=0)
-        if not applies.any():
-            continue
-        g = g[:, applies]
-        std = g.std(axis=0)
-        z = np.where(std > 0, (g - g.mean(axis=0)) / (std + eps), 0.0).mean(axis=1)
-        if np.all(z == z[0]):
-            continue
-        adv[sel] = (z - z.mean()) / (z.std() + eps)
-    return np.clip(adv, -clip, clip).astype(np.float32)
+    applies = ~np.isnan(p)
+    # a part that does not apply is constant (0) within its group: advantage 0, not counted
+    per_part = np.stack([advantages(np.nan_to_num(p[:, k]), ids, clip=np.inf, eps=eps)
+                         for k in range(p.shape[1])], axis=1)
+    mean = (per_part * applies).sum(1) / np.maximum(applies.sum(1), 1)
+    return advantages(mean, ids, clip=clip, eps=eps)
 
 
 def group_stats(rewards, prompt_ids) -> dict:
