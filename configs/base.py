@@ -95,6 +95,9 @@ def get_config():
     # patch): 0.638 / 0.627 / 0.586; per-pixel noise: 0.577 / 0.597 (README "Flow-GRPO").
     # 1 = per-pixel noise (Flow-GRPO's SDE).
     s.noise_patch = 2
+    # Per-step block sizes, one per step (overrides noise_patch; None = noise_patch everywhere),
+    # e.g. (4, 4, 4, 2, 2, 2, 2, 2, 2, 2): coarse blocks where the layout forms, finer later.
+    s.noise_patches = ml_collections.config_dict.placeholder(tuple)
     s.eval_steps = 20
     s.eval_guidance = 1.0           # evaluate with the training rollouts' guidance
 
@@ -106,7 +109,8 @@ def get_config():
     r.max_minutes = 12.0
     r.prompts_per_iter = 8
     r.group_size = 8
-    r.reward = "geneval_lite"
+    r.reward = "geneval_lite"       # training reward (geneval_lite_shaped: graded text credit)
+    r.eval_reward = "geneval_lite"  # held-out measurement ('' = rl.reward)
     r.lr = 5e-4                     # LoRA lr (best of three measured settings, README)
     r.beta = 0.01
     # KL weight of the within-block detail, which block noise leaves without a policy gradient

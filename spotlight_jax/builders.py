@@ -68,18 +68,27 @@ def mesh_config(config) -> MeshConfig:
 def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
     s = config.sampler
     window = tuple(s.sde_window) if s.get("sde_window") is not None else None
+    patches = s.get("noise_patches")
     if evaluation:
         return SamplerConfig(num_steps=s.eval_steps, shift=s.shift, noise_level=0.0,
                              sde_type="ode", guidance=s.eval_guidance).validate()
     return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level,
                          sde_type=s.sde_type, guidance=s.guidance, sde_window=window,
                          shared_init_bits=SHARED_INIT_BITS if s.get("shared_initial_noise")
-                         else 0, noise_patch=s.get("noise_patch", 1)).validate()
+                         else 0, noise_patch=s.get("noise_patch", 1),
+                         noise_patches=tuple(int(p) for p in patches) if patches else None
+                         ).validate()
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds
 # (group plus exploration candidates) per slot.
 SHARED_INIT_BITS = 8
+
+
+def eval_reward(config) -> str:
+    """The held-out measurement's reward: ``rl.eval_reward`` ('' = the training reward
+    ``rl.reward``), so a shaped training reward is still measured by the reward it shapes."""
+    return config.rl.get("eval_reward", "") or config.rl.reward
 
 
 def build_mesh(config, devices=None) -> Mesh:

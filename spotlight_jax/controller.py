@@ -47,9 +47,10 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from spotlight_jax import world
+from spotlight_jax import rewards, world
 from spotlight_jax.builders import (
     build_mesh,
+    eval_reward,
     explore_mesh,
     fleet_devices,
     model_config,
@@ -153,6 +154,7 @@ class Run:
         self.val_prompts = [val[i] for i in sorted(rng.choice(len(val), n_eval, replace=False))]
         self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, config.rl.reward,
                                     chunk=max(config.rl.group_size, 32))
+        rewards.get(eval_reward(config))            # an unknown name fails here, not at eval 0
         self.explorer = Explorer(self.engine)
         self.deploy = Deployment(config)
         self.transport = config.deployment.get("transport", "emulated")
@@ -522,7 +524,7 @@ class Run:
         c = self.config
         res, images, _ = evaluate(self.eval_sampler, self.trainer.eval_state(), self.val_prompts,
                                   num_seeds=c.rl.eval_seeds, text_len=self.mcfg.text_len,
-                                  reward=c.rl.reward)
+                                  reward=eval_reward(c))
         os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
         # one image per validation prompt (first seed), same prompts every time
         save_grid(os.path.join(self.workdir, "samples", f"val_{k:05d}.png"),
@@ -653,7 +655,8 @@ class Run:
             series["train rollouts (SDE)"] = ([h["iteration"] for h in trains],
                                               [h["reward_mean"] for h in trains])
         plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
-                    title=f"{self.mode}: {self.config.rl.reward}")
+                    title=f"{self.mode}: {self.config.rl.reward} (held-out: "
+                          f"{eval_reward(self.config)})")
 
 
 def _with_group_ids(batch: dict, seeds_per_prompt) -> dict:

@@ -17,6 +17,7 @@ from spotlight_jax import checkpoint, world
 from spotlight_jax.builders import (
     abstract_model,
     create_model,
+    eval_reward,
     model_config,
     pick_fields,
     sampler_config,
@@ -141,7 +142,7 @@ def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
     lines = [f"== {config.mode}: {last.get('iteration', 0)} iterations  (base: {base_source})"]
     if evals:
         a, b = evals[0], evals[-1]
-        lines.append(f"held-out {config.rl.reward}: {a['val_reward']:.3f} -> "
+        lines.append(f"held-out {eval_reward(config)}: {a['val_reward']:.3f} -> "
                      f"{b['val_reward']:.3f} (±{b.get('val_reward_ci95', 0):.3f} 95%)")
         if any(k.startswith("val_acc_") for k in b):
             lines.append("  constraint  exact accuracy   its share of the missing reward")

@@ -1,5 +1,6 @@
 """Sampler steps against an independent float64 numpy transcription of REFERENCE.md, and
 bit-identical resumption of rollouts."""
+import dataclasses
 import math
 
 import jax
@@ -217,6 +218,46 @@ def test_sde_window_steps_outside_are_ode(micro_sampler):
         SamplerConfig(noise_patch=2, sde_type="cps").validate()
     with pytest.raises(ValueError, match="noise_patch=3 does not divide the 16x16"):
         Sampler(micro_sampler[0].graphdef, (16, 16, 3), SamplerConfig(noise_patch=3))
+
+
+def test_per_step_block_sizes_take_each_steps_own_block_step(micro_sampler):
+    """noise_patches: each sample's step is sde_step with its step's block size (4 on steps
+    0-1, 2 later), the KL projection likewise; a rollout's log-probs are those of its steps."""
+    from spotlight_jax.diffusion.rollout import project_at, step_at
+    from spotlight_jax.diffusion.sde import block_project
+    cfg = SamplerConfig(num_steps=6, shift=3.0, noise_patches=(4, 4, 2, 2, 2, 2)).validate()
+    assert cfg.block_noise() and cfg.patch_sizes().tolist() == [4, 4, 2, 2, 2, 2]
+    rng = np.random.default_rng(0)
+    x, v, eps = (jnp.asarray(rng.normal(size=(3, 8, 8, 3)), jnp.float32) for _ in range(3))
+    steps = jnp.array([0, 3, 1])
+    sig = jnp.asarray(cfg.sigmas)
+    got = step_at(cfg, steps)(x, v, sig[steps], sig[steps + 1], noise_level=0.7, noise=eps,
+                              sigma_max=sig[1])
+    for b, p in enumerate([4, 2, 4]):
+        want = sde_step(x[b:b + 1], v[b:b + 1], sig[steps[b]], sig[steps[b] + 1],
+                        noise_level=0.7, noise=eps[b:b + 1], sigma_max=sig[1], noise_patch=p)
+        for g, w in zip(got, want):
+            w = np.asarray(w)        # std: [1] for a scalar sigma, [1, 1, 1, 1] per sample
+            np.testing.assert_allclose(np.asarray(g)[b:b + 1].reshape(w.shape), w, rtol=1e-6,
+                                       atol=1e-6)
+        np.testing.assert_allclose(project_at(cfg, steps, x)[b], block_project(x, p)[b],
+                                   rtol=1e-6)
+    sampler, state, tokens, mask, seeds = micro_sampler
+    mixed = Sampler(sampler.graphdef, (16, 16, 3), dataclasses.replace(sampler.cfg,
+                                                                       noise_patches=cfg.noise_patches))
+    out = mixed.rollout(state, tokens, mask, seeds)
+    lat = out["latents"]
+    for i, p in ((1, 4), (4, 2)):
+        uniform = Sampler(sampler.graphdef, (16, 16, 3), dataclasses.replace(sampler.cfg,
+                                                                             noise_patch=p))
+        seg = uniform.segment(state, lat[:, i], i, tokens, mask, seeds, 1)
+        np.testing.assert_allclose(seg["x"], lat[:, i + 1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(seg["log_probs"][:, 0], out["log_probs"][:, i], rtol=1e-5,
+                                   atol=1e-5)
+    with pytest.raises(ValueError, match="noise_patches=.*each of the num_steps=6"):
+        SamplerConfig(num_steps=6, noise_patches=(4, 2)).validate()
+    with pytest.raises(ValueError, match="noise_patch=3 does not divide"):
+        Sampler(sampler.graphdef, (16, 16, 3), SamplerConfig(num_steps=2, noise_patches=(2, 3)))
 
 
 def test_shared_initial_noise_within_a_slot(micro_sampler):

@@ -251,3 +251,27 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
         c2.rl.update(bad)
         with pytest.raises(ValueError, match=match):
             controller.Run(c2, str(tmp_path / "bad"), graphdef, state)
+
+
+def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
+    from spotlight_jax import rewards
+    from spotlight_jax.evaluate import evaluate
+    graphdef, state = base
+    c = mode_config("flow_grpo", iterations=1)
+    c.rl.reward = "geneval_lite_shaped"
+    c.rl.eval_reward = "geneval_lite"
+    r = controller.Run(c, str(tmp_path), graphdef, state)
+    prompts = r.prompts(0)
+    batch = r.rollout(prompts, controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
+    flat = [prompts[i] for i in batch["prompt_ids"]]
+    np.testing.assert_array_equal(batch["rewards"],
+                                  rewards.get("geneval_lite_shaped")(batch["images"], flat))
+    got = r.evaluate(0)
+    want, _, _ = evaluate(r.eval_sampler, r.trainer.eval_state(), r.val_prompts,
+                          num_seeds=c.rl.eval_seeds, text_len=r.mcfg.text_len,
+                          reward="geneval_lite")
+    assert got["reward"] == want["reward"] and "acc_text" in got
+    r.close()
+    c.rl.eval_reward = "pickscore"
+    with pytest.raises(ValueError, match="unknown reward 'pickscore'"):
+        controller.Run(c, str(tmp_path / "bad"), graphdef, state)

@@ -170,6 +170,46 @@ def test_ocr_lite_reads_rendered_digits_exactly():
         R.get("ocr_lite")(x[:1], ["a red bar"])
 
 
+def test_graded_ocr_score_closed_form_on_rendered_glyphs():
+    from spotlight_jax.world.font import TEMPLATES
+    dist = np.abs(TEMPLATES[:, None].astype(int) - TEMPLATES[None]).sum((2, 3))
+    x = W.sample_batch(['the text "30"', 'the text "7"'], np.random.default_rng(1))
+    cells = W.glyph_cells(x)
+    assert [c.shape for c in cells] == [(2, 5, 3), (1, 5, 3)]
+    assert W.read_text(x) == ["30", "7"]
+    # a drawn 0 read against an asked 8: the templates are dist[0, 8] = 1 cell apart
+    near = 0.5 * (1 - dist[0, 8] / R.ocr.GRADED_GLYPH_CELLS)
+    assert R.graded_ocr_score(cells[0], "38") == pytest.approx((1 + near) / 2)
+    assert R.ocr_score("30", "38") == 0.5
+    assert R.graded_ocr_score(cells[0], "30") == 1.0
+    # 7 and 1 are dist[7, 1] = 11 cells apart: no partial credit, the OCR score stands
+    assert dist[7, 1] >= R.ocr.GRADED_GLYPH_CELLS
+    assert R.graded_ocr_score(cells[1], "1") == 0.0
+    assert R.graded_ocr_score(cells[0], "3") == R.ocr_score("30", "3") == 0.0  # lengths differ
+    assert R.graded_ocr_score(np.zeros((0, 5, 3), np.float32), "3") == 0.0  # no text drawn
+
+
+def test_shaped_reward_keeps_the_exact_successes_and_never_scores_below(renders):
+    prompts, images = renders
+    text = [i for i, p in enumerate(prompts) if W.parse(p).kind == "text"]
+    xs = images[text]
+    rng = np.random.default_rng(5)
+    asked = [f'the text "{"".join(rng.choice(list("0123456789"), len(W.parse(prompts[i]).text)))}"'
+             for i in text]
+    plain, shaped = R.get("geneval_lite")(xs, asked), R.get("geneval_lite_shaped")(xs, asked)
+    assert (shaped >= plain).all() and (shaped > plain).any()
+    np.testing.assert_array_equal(shaped == 1.0, plain == 1.0)
+    # non-text prompts score exactly as geneval_lite
+    other = [i for i, p in enumerate(prompts) if W.parse(p).kind != "text"][::5]
+    ps = [prompts[i] for i in other]
+    np.testing.assert_array_equal(R.get("geneval_lite_shaped")(images[other], ps),
+                                  R.get("geneval_lite")(images[other], ps))
+    parts = R.get_components("geneval_lite_shaped")(xs, asked)
+    np.testing.assert_allclose(np.nanmean(parts, axis=1), shaped, rtol=1e-6)
+    with pytest.raises(ValueError, match="text_credit='pixels'"):
+        R.constraint_breakdown(xs[:1], asked[:1], text_credit="pixels")
+
+
 # ---------------------------------------------------------------- jpeg
 def test_jpeg_compressibility():
     rng = np.random.default_rng(0)

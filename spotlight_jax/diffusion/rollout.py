@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from spotlight_jax.diffusion.schedule import shifted_sigmas
-from spotlight_jax.diffusion.sde import cps_step, ode_step, sde_step
+from spotlight_jax.diffusion.sde import block_project, cps_step, ode_step, sde_step
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.parallel.mesh import place_batch
 
@@ -52,6 +52,9 @@ class SamplerConfig:
     sde_window: tuple[int, int] | None = None
     shared_init_bits: int = 0
     noise_patch: int = 1            # > 1: block noise on p x p pixel blocks (sde_step)
+    # Per-step block sizes ([num_steps]; overrides noise_patch), e.g. coarse blocks on the early
+    # steps, where the layout forms, and finer ones later, where strokes do.
+    noise_patches: tuple[int, ...] | None = None
 
     def validate(self) -> SamplerConfig:
         if not 0 <= self.shared_init_bits <= 16:
@@ -60,7 +63,11 @@ class SamplerConfig:
             raise ValueError(f"unknown sde_type {self.sde_type!r}; choose 'sde', 'cps' or 'ode'")
         if self.noise_patch < 1:
             raise ValueError(f"noise_patch={self.noise_patch} must be >= 1 (1 = per-pixel noise)")
-        if self.noise_patch > 1 and self.sde_type == "cps":
+        if self.noise_patches is not None and (len(self.noise_patches) != self.num_steps
+                                               or min(self.noise_patches) < 1):
+            raise ValueError(f"noise_patches={tuple(self.noise_patches)} must give a block size "
+                             f">= 1 for each of the num_steps={self.num_steps} steps")
+        if self.patch_sizes().max() > 1 and self.sde_type == "cps":
             raise ValueError(f"noise_patch={self.noise_patch}: block noise has no "
                              f"coefficients-preserving form (sde_type={self.sde_type!r}); set "
                              "sampler.noise_patch=1 with it")
@@ -71,6 +78,17 @@ class SamplerConfig:
                                  "satisfy 0 <= start < end <= "
                                  f"num_steps={self.num_steps}")
         return self
+
+    def patch_sizes(self) -> np.ndarray:
+        """int ``[num_steps]``: each step's noise block size (1 = per-pixel noise)."""
+        if self.noise_patches is not None:
+            return np.asarray(self.noise_patches, np.int32)
+        return np.full(self.num_steps, self.noise_patch, np.int32)
+
+    def block_noise(self) -> bool:
+        """Whether any stochastic step diffuses only block-constant images."""
+        return self.sde_type == "sde" and bool((self.patch_sizes()[self.stochastic_steps()]
+                                                > 1).any())
 
     @property
     def window(self) -> tuple[int, int]:
@@ -139,9 +157,45 @@ def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=Atten
 
 
 def step_fn(cfg: SamplerConfig):
+    """The stochastic step of a sampler whose steps all use ``cfg.noise_patch``."""
     if cfg.noise_patch > 1 and cfg.sde_type == "sde":
         return functools.partial(sde_step, noise_patch=cfg.noise_patch)
     return {"sde": sde_step, "cps": cps_step, "ode": sde_step}[cfg.sde_type]
+
+
+def _per_sample(sel, a):
+    """A scalar or ``[B]`` bool mask broadcastable against ``a`` ``[B, ...]``."""
+    return sel if sel.ndim == 0 else sel.reshape(sel.shape + (1,) * (a.ndim - 1))
+
+
+def step_at(cfg: SamplerConfig, i):
+    """The stochastic step of step index ``i`` (scalar or per-sample ``[B]``, may be traced), with
+    `step_fn`'s signature: with per-step block sizes (``cfg.noise_patches``) every size present
+    is computed and each sample takes its step's (elementwise work next to a model forward)."""
+    sizes = cfg.patch_sizes()
+    distinct = sorted(set(sizes.tolist()))
+    if cfg.sde_type != "sde" or len(distinct) == 1:
+        return step_fn(dataclasses.replace(cfg, noise_patch=distinct[0], noise_patches=None))
+    which = jnp.asarray(sizes)[i]
+
+    def step(x, v, sigma, sigma_next, **kw):
+        outs = [sde_step(x, v, sigma, sigma_next, noise_patch=p, **kw) for p in distinct]
+        picked = list(outs[0])
+        for p, out in zip(distinct[1:], outs[1:]):
+            picked = [jnp.where(_per_sample(which == p, a), a, b) for a, b in zip(out, picked)]
+        return tuple(picked)
+    return step
+
+
+def project_at(cfg: SamplerConfig, i, a):
+    """``a`` ``[B, H, W, C]`` projected onto step ``i``'s noise subspace (block-constant images
+    of its block size; identity for per-pixel noise). ``i`` as in `step_at`."""
+    sizes = cfg.patch_sizes() if cfg.sde_type == "sde" else np.ones(cfg.num_steps, np.int32)
+    which = jnp.asarray(sizes)[i]
+    out = a
+    for p in sorted(set(sizes.tolist()) - {1}):
+        out = jnp.where(_per_sample(which == p, a), block_project(a, p), out)
+    return out
 
 
 def transition(cfg: SamplerConfig, x, v, i, *, noise=None, prev_sample=None):
@@ -154,9 +208,9 @@ def transition(cfg: SamplerConfig, x, v, i, *, noise=None, prev_sample=None):
         x_next = ode_step(x, v, sigma, sigma_next)
         zeros = jnp.zeros(x.shape[:1], jnp.float32)
         return x_next, zeros, x_next, zeros
-    sx, logp, mean, std = step_fn(cfg)(x, v, sigma, sigma_next, noise_level=cfg.noise_level,
-                                       noise=noise, prev_sample=prev_sample,
-                                       sigma_max=sigmas[1])
+    sx, logp, mean, std = step_at(cfg, i)(x, v, sigma, sigma_next, noise_level=cfg.noise_level,
+                                          noise=noise, prev_sample=prev_sample,
+                                          sigma_max=sigmas[1])
     ox = ode_step(x, v, sigma, sigma_next)
     x_next = jnp.where(stochastic, sx, ox) if prev_sample is None else prev_sample
     return (x_next, jnp.where(stochastic, logp, 0.0), jnp.where(stochastic, mean, ox),
@@ -202,9 +256,9 @@ class Sampler:
         self.image_shape = tuple(image_shape)
         self.cfg = cfg.validate()
         h, w = self.image_shape[:2]
-        if cfg.noise_patch > 1 and cfg.sde_type == "sde" and (h % cfg.noise_patch
-                                                              or w % cfg.noise_patch):
-            raise ValueError(f"noise_patch={cfg.noise_patch} does not divide the {h}x{w} image; "
+        bad = [int(p) for p in cfg.patch_sizes() if h % p or w % p]
+        if bad and cfg.sde_type == "sde":
+            raise ValueError(f"noise_patch={bad[0]} does not divide the {h}x{w} image; "
                              "set sampler.noise_patch to a divisor of the image size (1 = "
                              "per-pixel noise)")
         self.attn = attn

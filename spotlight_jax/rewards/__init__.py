@@ -12,6 +12,8 @@ advantage several layers down. A reward that is the mean of parts can register t
 Shipped (see each module for the exact definitions):
   geneval_lite          fraction of the prompt's constraints met (color, count, shape, position,
                         text), graded, read by the world's detector  (`rewards.geneval`)
+  geneval_lite_shaped   geneval_lite with partial credit per glyph on text prompts: a training
+                        reward with the same exact successes (`rewards.ocr.graded_ocr_score`)
   ocr_lite              max(1 - edit_distance(read, target) / len(target), 0)  (`rewards.ocr`)
   jpeg_compressibility  -(JPEG bytes at quality 95) / 1000 / 500  (`rewards.jpeg`)
 """
@@ -25,11 +27,19 @@ import numpy as np
 from spotlight_jax.rewards.geneval import (
     constraint_breakdown,
     geneval_lite,
+    geneval_lite_shaped,
     make_geneval_lite,
     missing_credit,
+    shaped_breakdown,
 )
 from spotlight_jax.rewards.jpeg import jpeg_compressibility
-from spotlight_jax.rewards.ocr import edit_distance, make_ocr_lite, ocr_lite, ocr_score
+from spotlight_jax.rewards.ocr import (
+    edit_distance,
+    graded_ocr_score,
+    make_ocr_lite,
+    ocr_lite,
+    ocr_score,
+)
 
 RewardFn = Callable[[np.ndarray, Sequence[str]], np.ndarray]
 
@@ -118,6 +128,7 @@ def get_components(name: str) -> Callable:
 
 
 register("geneval_lite", geneval_lite, components=constraint_breakdown)
+register("geneval_lite_shaped", geneval_lite_shaped, components=shaped_breakdown)
 register("ocr_lite", ocr_lite)
 register("jpeg_compressibility", jpeg_compressibility)
 
@@ -127,6 +138,8 @@ __all__ = [
     "missing_credit",
     "edit_distance",
     "geneval_lite",
+    "geneval_lite_shaped",
+    "graded_ocr_score",
     "get",
     "get_components",
     "jpeg_compressibility",

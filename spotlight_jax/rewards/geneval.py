@@ -33,22 +33,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spotlight_jax.rewards.ocr import ocr_score
+from spotlight_jax.rewards.ocr import graded_ocr_score, ocr_score
 from spotlight_jax.world.config import DEFAULT, WorldConfig
-from spotlight_jax.world.detect import as_images, detect, read_text
+from spotlight_jax.world.detect import as_images, detect, glyph_cells, read_text
 from spotlight_jax.world.grammar import parse
 
 CONSTRAINTS = ("color", "count", "shape", "position", "text")
 
 
 def constraint_breakdown(
-    images, prompts: Sequence[str], cfg: WorldConfig | None = None, exact: bool = False
+    images, prompts: Sequence[str], cfg: WorldConfig | None = None, exact: bool = False,
+    text_credit: str = "ocr",
 ) -> dict[str, np.ndarray]:
     """{constraint: float32 [B]} per-image score of each constraint; NaN where it does not apply.
 
     Keys: color, count, shape, position, text. With `exact`, scores are 1.0 where the graded score
-    is 1 and 0.0 otherwise (NaN stays NaN).
+    is 1 and 0.0 otherwise (NaN stays NaN). ``text_credit``: 'ocr' (the OCR reward, as
+    `geneval_lite` scores text) or 'glyphs' (`rewards.ocr.graded_ocr_score`: per-glyph partial
+    credit, as `geneval_lite_shaped` does; the same exact successes).
     """
+    if text_credit not in ("ocr", "glyphs"):
+        raise ValueError(f"text_credit={text_credit!r}: use 'ocr' or 'glyphs'")
     x = as_images(images)
     cfg = cfg if cfg is not None else DEFAULT.at_size(x.shape[1])
     if x.shape[1] != cfg.image_size:
@@ -61,11 +66,15 @@ def constraint_breakdown(
     out = {k: np.full(B, np.nan, np.float64) for k in CONSTRAINTS}
     dets = detect(x, cfg)
     if any(s.kind == "text" for s in specs):
-        read = read_text(x, cfg, dets)
+        if text_credit == "glyphs":
+            cells = glyph_cells(x, cfg, dets)
+        else:
+            read = read_text(x, cfg, dets)
     margin = cfg.position_margin * cfg.image_size
     for i, spec in enumerate(specs):
         if spec.kind == "text":
-            out["text"][i] = ocr_score(read[i], spec.text)
+            out["text"][i] = (graded_ocr_score(cells[i], spec.text) if text_credit == "glyphs"
+                              else ocr_score(read[i], spec.text))
             continue
         comps = dets.of_image(i)
         cls = dets.cls[comps]
@@ -133,17 +142,30 @@ def missing_credit(breakdown: dict[str, np.ndarray]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(CONSTRAINTS, lost)}
 
 
-def make_geneval_lite(cfg: WorldConfig | None = None):
-    """A `geneval_lite` reward for world `cfg` (None: the default world at the images' size)."""
+def _mean_of_parts(bd: dict[str, np.ndarray]) -> np.ndarray:
+    stack = np.stack([bd[k] for k in CONSTRAINTS], axis=1)
+    n = (~np.isnan(stack)).sum(1)
+    return (np.nansum(stack, axis=1) / np.maximum(n, 1)).astype(np.float32)
+
+
+def make_geneval_lite(cfg: WorldConfig | None = None, text_credit: str = "ocr"):
+    """A `geneval_lite` reward for world `cfg` (None: the default world at the images' size);
+    ``text_credit='glyphs'`` makes `geneval_lite_shaped` (see `constraint_breakdown`)."""
 
     def geneval_lite(images, prompts: Sequence[str]) -> np.ndarray:
         """float32 [B]: mean over applicable constraints of their graded scores."""
-        bd = constraint_breakdown(images, prompts, cfg)
-        stack = np.stack([bd[k] for k in CONSTRAINTS], axis=1)
-        n = (~np.isnan(stack)).sum(1)
-        return (np.nansum(stack, axis=1) / np.maximum(n, 1)).astype(np.float32)
+        return _mean_of_parts(constraint_breakdown(images, prompts, cfg, text_credit=text_credit))
 
     return geneval_lite
 
 
+def shaped_breakdown(images, prompts: Sequence[str], cfg: WorldConfig | None = None):
+    """`constraint_breakdown` with per-glyph text credit: `geneval_lite_shaped`'s parts."""
+    return constraint_breakdown(images, prompts, cfg, text_credit="glyphs")
+
+
 geneval_lite = make_geneval_lite()
+# A training reward: geneval_lite with partial credit per glyph on text prompts (RL sees a slope
+# toward the asked digits instead of the edit distance's 0 / 0.5 / 1); held-out evaluation stays
+# geneval_lite (rl.eval_reward).
+geneval_lite_shaped = make_geneval_lite(text_credit="glyphs")

@@ -19,8 +19,7 @@ import optax
 from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, velocity
-from spotlight_jax.diffusion.rollout import step_fn
-from spotlight_jax.diffusion.sde import block_project
+from spotlight_jax.diffusion.rollout import project_at, step_at
 from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
 
@@ -137,7 +136,7 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
     sigmas = jnp.asarray(sampler.sigmas)
     sigma, sigma_next = sigmas[j], sigmas[j + 1]
     tok, msk = tokens[rows], mask[rows]
-    step = step_fn(sampler)
+    step = step_at(sampler, j)
     v = velocity(model, x, sigma, tok, msk, guidance=sampler.guidance)
     _, logp, mean, std = step(x, v, sigma, sigma_next, noise_level=sampler.noise_level,
                               prev_sample=x_next, sigma_max=sigmas[1])
@@ -149,9 +148,7 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
         _, _, mean_ref, _ = step(x, v_ref, sigma, sigma_next, noise_level=sampler.noise_level,
                                  prev_sample=x_next, sigma_max=sigmas[1])
         diff = mean - mean_ref
-        on = diff
-        if sampler.noise_patch > 1 and sampler.sde_type == "sde":
-            on = block_project(diff, sampler.noise_patch)    # orthogonal split: sums add up
+        on = project_at(sampler, j, diff)    # orthogonal split (block noise): sums add up
 
         def msq(a):
             return (a ** 2).reshape(a.shape[0], -1).mean(-1)

@@ -19,7 +19,7 @@ from spotlight_jax.world.config import (
     RELATIONS,
     WorldConfig,
 )
-from spotlight_jax.world.detect import Detections, detect, read_text, segment
+from spotlight_jax.world.detect import Detections, detect, glyph_cells, read_text, segment
 from spotlight_jax.world.grammar import (
     Group,
     PromptSpec,
@@ -67,6 +67,7 @@ __all__ = [
     "object_mask",
     "parse",
     "prompts_by_kind",
+    "glyph_cells",
     "read_text",
     "render",
     "sample_batch",

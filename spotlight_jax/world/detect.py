@@ -224,22 +224,23 @@ def detect(images, cfg: WorldConfig = DEFAULT, classes: np.ndarray | None = None
     )
 
 
-def read_text(images, cfg: WorldConfig = DEFAULT, dets: Detections | None = None) -> list[str]:
-    """OCR: the digit string drawn in each image in the world's font ("" if none)."""
+def glyph_cells(images, cfg: WorldConfig = DEFAULT,
+                dets: Detections | None = None) -> list[np.ndarray]:
+    """Per image, its text sliced into glyphs: float32 ``[n, 5, 3]`` font-cell coverages in [0, 1]
+    (``n = 0`` when the image has no text). What `read_text` matches against the font."""
     if dets is None:
         dets = detect(images, cfg)
     text_cls = len(cfg.class_names) - 1
     B = dets.labels.shape[0]
     text_ids = np.flatnonzero(dets.cls == text_cls)
     is_text = np.isin(dets.labels, text_ids)  # [B, H, W]
-    templates = TEMPLATES.astype(np.float32)
     out = []
     for b in range(B):
         m = is_text[b]
         rows = np.flatnonzero(m.any(1))
         cols = np.flatnonzero(m.any(0))
         if rows.size == 0:
-            out.append("")
+            out.append(np.zeros((0, GLYPH_H, GLYPH_W), np.float32))
             continue
         y0, y1, x0, x1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
         h, w = y1 - y0, x1 - x0
@@ -248,15 +249,25 @@ def read_text(images, cfg: WorldConfig = DEFAULT, dets: Detections | None = None
         n = max(1, int(round((w + s) / pitch)))
         pitch = (w + s) / n  # refit to the observed width
         gw = pitch - s
-        chars = []
+        cells = []
         for i in range(n):
             gx0 = x0 + i * pitch
             crop = m[y0:y1, int(round(gx0)) : max(int(round(gx0 + gw)), int(round(gx0)) + 1)]
-            cells = _cell_means(crop, GLYPH_H, GLYPH_W)
-            d = np.abs(templates - cells).sum((1, 2))
-            chars.append(DIGITS[int(d.argmin())])
-        out.append("".join(chars))
+            cells.append(_cell_means(crop, GLYPH_H, GLYPH_W))
+        out.append(np.stack(cells))
     return out
+
+
+def glyph_distances(cells: np.ndarray) -> np.ndarray:
+    """``[n, 5, 3]`` glyph cells -> ``[n, 10]`` L1 distances to the digit templates."""
+    templates = TEMPLATES.astype(np.float32)
+    return np.abs(cells[:, None] - templates[None]).sum((2, 3))
+
+
+def read_text(images, cfg: WorldConfig = DEFAULT, dets: Detections | None = None) -> list[str]:
+    """OCR: the digit string drawn in each image in the world's font ("" if none)."""
+    return ["".join(DIGITS[int(j)] for j in glyph_distances(c).argmin(1))
+            for c in glyph_cells(images, cfg, dets)]
 
 
 def _cell_means(crop: np.ndarray, nr: int, nc: int, k: int = 4) -> np.ndarray:
