@@ -603,8 +603,9 @@ class Run:
             future = None
             if self.mode == "spotlight" and d.spot_devices > 0:
                 self.iteration = k + 1                     # candidates are for iteration k+1
-                budget = c.explore.budget_frac * train_s * d.spot_devices
                 per = d.spot_seconds_per_candidate()
+                budget = extras_budget_s(c.explore.budget_frac * train_s, d.spot_devices,
+                                         c.rl.prompts_per_iter * c.rl.group_size, per)
                 pulled, pull_s, pull_bytes = self.pull_weights(stale_state)
                 future = self._explore_concurrently(pulled, self.prompts(k + 1), budget, per)
             elif self.mode == "spotlight":
@@ -657,6 +658,15 @@ class Run:
         plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
                     title=f"{self.mode}: {self.config.rl.reward} (held-out: "
                           f"{eval_reward(self.config)})")
+
+
+def extras_budget_s(window_s: float, devices: int, base_candidates: int,
+                    per_candidate_s: float) -> float:
+    """Device-seconds the planner may spend on extra candidates so that the whole exploration
+    (the ``base_candidates`` = prompts x G it always scores, plus the extras) fits in
+    ``window_s`` seconds on ``devices`` devices: the window's device-seconds minus the base
+    candidates' (0 when they alone fill it)."""
+    return max(window_s * devices - base_candidates * per_candidate_s, 0.0)
 
 
 def _with_group_ids(batch: dict, seeds_per_prompt) -> dict:

@@ -275,3 +275,23 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     c.rl.eval_reward = "pickscore"
     with pytest.raises(ValueError, match="unknown reward 'pickscore'"):
         controller.Run(c, str(tmp_path / "bad"), graphdef, state)
+
+
+def test_exploration_budget_fits_base_and_extra_candidates_in_the_update_window():
+    """The planner's budget covers extras only; the controller deducts the prompts x G base
+    candidates every exploration also scores, so the whole exploration fits the update's
+    window on the live spot devices (it used to overrun it when preemptions shrank the fleet)."""
+    from spotlight_jax.explore import Planner, PlannerConfig
+    assert controller.extras_budget_s(10.0, 4, 16, 0.5) == 40.0 - 16 * 0.5
+    assert controller.extras_budget_s(1.0, 2, 16, 0.5) == 0.0      # the base alone fills it
+    P, G, per = 8, 8, 0.5
+    planner = Planner(PlannerConfig(group_size=G, max_extra_per_prompt=24))
+    prompts = [f"p{i}" for i in range(P)]
+    for devices in (8, 6, 4, 2):
+        window = 20.0       # 8 devices: 160 device-s, all 8 x 32 candidates cost 128
+        plan = planner.plan(prompts, controller.extras_budget_s(window, devices, P * G, per),
+                            per)
+        used = sum(plan.values()) * per / devices
+        assert used <= window + 1e-9, (devices, used)
+        if devices <= 6:        # the window binds: fewer candidates than the 8 x 32 cap
+            assert sum(plan.values()) < P * (G + 24)
