@@ -226,7 +226,7 @@ def test_per_step_block_sizes_take_each_steps_own_block_step(micro_sampler):
     from spotlight_jax.diffusion.rollout import project_at, step_at
     from spotlight_jax.diffusion.sde import block_project
     cfg = SamplerConfig(num_steps=6, shift=3.0, noise_patches=(4, 4, 2, 2, 2, 2)).validate()
-    assert cfg.block_noise() and cfg.patch_sizes().tolist() == [4, 4, 2, 2, 2, 2]
+    assert cfg.patch_sizes().tolist() == [4, 4, 2, 2, 2, 2]
     rng = np.random.default_rng(0)
     x, v, eps = (jnp.asarray(rng.normal(size=(3, 8, 8, 3)), jnp.float32) for _ in range(3))
     steps = jnp.array([0, 3, 1])

@@ -85,11 +85,6 @@ class SamplerConfig:
             return np.asarray(self.noise_patches, np.int32)
         return np.full(self.num_steps, self.noise_patch, np.int32)
 
-    def block_noise(self) -> bool:
-        """Whether any stochastic step diffuses only block-constant images."""
-        return self.sde_type == "sde" and bool((self.patch_sizes()[self.stochastic_steps()]
-                                                > 1).any())
-
     @property
     def window(self) -> tuple[int, int]:
         """The stochastic steps ``[start, end)`` with negative indices resolved."""

@@ -35,7 +35,7 @@ import numpy as np
 
 from spotlight_jax.rewards.ocr import graded_ocr_score, ocr_score
 from spotlight_jax.world.config import DEFAULT, WorldConfig
-from spotlight_jax.world.detect import as_images, detect, glyph_cells, read_text
+from spotlight_jax.world.detect import as_images, detect, glyph_cells, read_glyphs
 from spotlight_jax.world.grammar import parse
 
 CONSTRAINTS = ("color", "count", "shape", "position", "text")
@@ -66,15 +66,12 @@ def constraint_breakdown(
     out = {k: np.full(B, np.nan, np.float64) for k in CONSTRAINTS}
     dets = detect(x, cfg)
     if any(s.kind == "text" for s in specs):
-        if text_credit == "glyphs":
-            cells = glyph_cells(x, cfg, dets)
-        else:
-            read = read_text(x, cfg, dets)
+        cells = glyph_cells(x, cfg, dets)
     margin = cfg.position_margin * cfg.image_size
     for i, spec in enumerate(specs):
         if spec.kind == "text":
             out["text"][i] = (graded_ocr_score(cells[i], spec.text) if text_credit == "glyphs"
-                              else ocr_score(read[i], spec.text))
+                              else ocr_score(read_glyphs(cells[i]), spec.text))
             continue
         comps = dets.of_image(i)
         cls = dets.cls[comps]

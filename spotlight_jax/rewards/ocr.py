@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from spotlight_jax.world.config import DEFAULT, WorldConfig
-from spotlight_jax.world.detect import as_images, glyph_distances, read_text
+from spotlight_jax.world.detect import as_images, glyph_distances, read_glyphs, read_text
 from spotlight_jax.world.font import DIGITS
 from spotlight_jax.world.grammar import parse
 
@@ -56,7 +56,7 @@ def graded_ocr_score(cells: np.ndarray, target: str) -> float:
     exactly when the text reads right and never below the OCR reward.
     """
     d = glyph_distances(cells)
-    read = "".join(DIGITS[int(j)] for j in d.argmin(1))
+    read = read_glyphs(cells)
     score = ocr_score(read, target)
     if len(read) != len(target):
         return score

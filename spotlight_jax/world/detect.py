@@ -264,10 +264,14 @@ def glyph_distances(cells: np.ndarray) -> np.ndarray:
     return np.abs(cells[:, None] - templates[None]).sum((2, 3))
 
 
+def read_glyphs(cells: np.ndarray) -> str:
+    """``[n, 5, 3]`` glyph cells -> the digits they read as (nearest template each)."""
+    return "".join(DIGITS[int(j)] for j in glyph_distances(cells).argmin(1))
+
+
 def read_text(images, cfg: WorldConfig = DEFAULT, dets: Detections | None = None) -> list[str]:
     """OCR: the digit string drawn in each image in the world's font ("" if none)."""
-    return ["".join(DIGITS[int(j)] for j in glyph_distances(c).argmin(1))
-            for c in glyph_cells(images, cfg, dets)]
+    return [read_glyphs(c) for c in glyph_cells(images, cfg, dets)]
 
 
 def _cell_means(crop: np.ndarray, nr: int, nc: int, k: int = 4) -> np.ndarray:
