@@ -179,6 +179,7 @@ def add_spotlight_sections(c):
 
     t = c.trace = ml_collections.ConfigDict()
     t.path = ""                     # SkyPilot JSON; empty = synthetic Poisson trace below
+    t.start_s = 0.0                 # replay t.path from this time on (e.g. its busy hour)
     t.rate_per_node_hour = 2.0      # synthetic preemptions per spot node-hour
     t.mean_outage_s = 600.0         # synthetic mean outage length
     t.cloud = "aws"                 # notice lead time preset: aws 120 s, gcp 30 s, alibaba 300 s

@@ -44,7 +44,7 @@ class Deployment:
             if not os.path.exists(t.path):
                 raise ValueError(f"trace file {t.path!r} does not exist; set --config.trace.path "
                                  "to a SkyPilot JSON file or leave it empty for a synthetic trace")
-            trace = load_trace(t.path)
+            trace = load_trace(t.path).window(float(t.get("start_s", 0.0)))
         else:
             trace = synthetic_trace(self.cfg.spot_nodes, horizon_s,
                                     rate_per_node_hour=t.rate_per_node_hour,

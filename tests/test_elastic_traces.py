@@ -228,3 +228,38 @@ def test_config_validation():
         ReplayConfig.preset("azure")
     with pytest.raises(TraceError, match="no data points"):
         SpotTrace(30.0, ())
+
+
+def test_window_replays_a_trace_from_a_later_tick():
+    t = SpotTrace(300.0, (4, 4, 3, 1, 0, 2, 4), source="t")
+    w = t.window(2 * 300.0 + 10.0)                 # rounds down to tick 2
+    assert w.counts == (3, 1, 0, 2, 4) and w.gap_seconds == 300.0
+    assert w.source == "t@600s"
+    assert t.window(0.0) is t
+    r = replay(w, 4, ReplayConfig.preset("aws", seed=0))
+    assert r.initial_alive == ("spot0", "spot1", "spot2")     # the window's first count is up
+    assert [e.time for e in r.events if e.kind == "loss"] == [300.0, 300.0, 600.0]
+    with pytest.raises(TraceError, match="past the trace's end"):
+        t.window(7 * 300.0)
+    with pytest.raises(TraceError, match="non-negative"):
+        t.window(-1.0)
+
+
+def test_deployment_replays_the_configured_window(tmp_path):
+    import runpy
+    from pathlib import Path
+
+    from spotlight_jax.emulation import Deployment
+    get_config = runpy.run_path(str(Path(__file__).parents[1] / "configs" / "tiny.py"))["get_config"]
+    p = _write(tmp_path, "t.json", json.dumps({"metadata": {"gap_seconds": 300},
+                                                "data": [4, 4, 4, 1, 4]}))
+    c = get_config()
+    c.trace.path = str(p)
+    assert len(Deployment(c).alive_nodes) == 4
+    c.trace.start_s = 900.0
+    d = Deployment(c)
+    assert len(d.alive_nodes) == 1 and d.trace_source.endswith("@900s")
+    assert [e.kind for e in d.replay.events] == ["join"] * 3
+    c.trace.start_s = 1500.0
+    with pytest.raises(TraceError, match="past the trace's end"):
+        Deployment(c)

@@ -66,6 +66,22 @@ class SpotTrace:
     def times(self) -> np.ndarray:
         return np.arange(self.num_ticks) * self.gap_seconds
 
+    def window(self, start_s: float) -> SpotTrace:
+        """The trace from ``start_s`` on (rounded down to a tick), re-timed to start at 0: a
+        day-long real trace replayed from its busy hour instead of its first one."""
+        if not (math.isfinite(start_s) and start_s >= 0):
+            raise TraceError(f"{self.source}: start_s must be a non-negative number of seconds, "
+                             f"got {start_s!r}")
+        first = int(start_s // self.gap_seconds)
+        if first >= self.num_ticks:
+            raise TraceError(f"{self.source}: start_s={start_s:g} is past the trace's end "
+                             f"({self.duration_s:g} s, {self.num_ticks} ticks of "
+                             f"{self.gap_seconds:g} s); pick a start below {self.duration_s:g}")
+        if first == 0:
+            return self
+        return SpotTrace(self.gap_seconds, self.counts[first:],
+                         source=f"{self.source}@{first * self.gap_seconds:g}s")
+
 
 def default_trace_dir() -> Path:
     """Where the real traces live: ``$SPOTLIGHT_TRACES`` or ``<repo>/../shared/traces``."""
