@@ -123,6 +123,10 @@ def get_config():
     # constraints normalised within its group on its own, then averaged (rl.grpo)
     r.advantage = "reward"
     r.train_steps = 0               # timesteps trained per trajectory (0 = all SDE steps)
+    # 'uniform' (Flow-GRPO) | 'score': each trained step's policy term scaled by 1 / its score
+    # factor, so the early (layout) steps push as hard as the late small-std ones
+    # (rl.grpo.step_weights; README "Flow-GRPO")
+    r.step_weight = "uniform"
     r.inner_epochs = 1
     r.minibatches = 2
     r.rescore = False               # re-score old log-probs (one more forward; see GRPOConfig)

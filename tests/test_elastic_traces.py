@@ -250,7 +250,8 @@ def test_deployment_replays_the_configured_window(tmp_path):
     from pathlib import Path
 
     from spotlight_jax.emulation import Deployment
-    get_config = runpy.run_path(str(Path(__file__).parents[1] / "configs" / "tiny.py"))["get_config"]
+    tiny = Path(__file__).parents[1] / "configs" / "tiny.py"
+    get_config = runpy.run_path(str(tiny))["get_config"]
     p = _write(tmp_path, "t.json", json.dumps({"metadata": {"gap_seconds": 300},
                                                 "data": [4, 4, 4, 1, 4]}))
     c = get_config()

@@ -1,4 +1,6 @@
 """GRPO: advantages, on-policy ratio exactly 1, loss gradient vs finite differences, LoRA."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -258,3 +260,66 @@ def test_gradient_bench_summary_shares_and_cosines():
     (j0, share0, cos0), (j1, share1, cos1) = summarize(grads)
     assert (j0, j1) == (0, 1)
     np.testing.assert_allclose([share0, share1, cos0, cos1], [0.1, 0.9, 1.0, -1.0], atol=1e-12)
+    from spotlight_jax.bench.grpo_gradient import update_cosine
+    # whole update: step 1 dominates the plain sum (cos -1); weighing it down to step 0's
+    # scale leaves the agreeing step 0 in charge
+    assert update_cosine(grads, {0: 1.0, 1: 1.0}) == pytest.approx((1 - 9) / 10)
+    assert update_cosine(grads, {0: 1.0, 1: 0.0}) == pytest.approx(1.0)
+
+
+def test_score_scales_are_the_sde_steps_score_factor():
+    """c_j from the formula = |d mean / d v| / noise scale measured through sde_step itself."""
+    from spotlight_jax.diffusion import sde_step
+    from spotlight_jax.rl.grpo import score_scales, step_weights
+    smp = SamplerConfig(num_steps=6, shift=3.0, noise_level=0.7, sde_window=(0, -1))
+    sig = smp.sigmas
+    c = score_scales(smp)
+    x = jnp.zeros((1, 4, 4, 3))
+    for j in range(smp.num_steps):
+        if not smp.stochastic_steps()[j]:
+            assert c[j] == 0.0
+            continue
+        kw = dict(noise_level=smp.noise_level, prev_sample=x, sigma_max=sig[1])
+        _, _, m0, std = sde_step(x, jnp.zeros_like(x), sig[j], sig[j + 1], **kw)
+        _, _, m1, _ = sde_step(x, jnp.ones_like(x), sig[j], sig[j + 1], **kw)
+        scale = float(std.ravel()[0]) * np.sqrt(sig[j] - sig[j + 1])
+        np.testing.assert_allclose(c[j], abs(float((m1 - m0).ravel()[0])) / scale, rtol=1e-5)
+    w = step_weights(smp, "score")
+    on = c > 0
+    # equal weighted score factor on every SDE step, total energy unchanged
+    np.testing.assert_allclose(w[on] * c[on], (w[on] * c[on])[0], rtol=1e-12)
+    np.testing.assert_allclose(np.sum((w * c)[on] ** 2), np.sum(c[on] ** 2), rtol=1e-12)
+    np.testing.assert_array_equal(step_weights(smp, "uniform"), 1.0)
+    with pytest.raises(ValueError, match="use one of"):
+        step_weights(smp, "snr")
+    with pytest.raises(ValueError, match="sde_type='sde'"):
+        step_weights(SamplerConfig(num_steps=4, sde_type="cps", noise_level=0.7), "score")
+
+
+def test_score_step_weight_scales_each_steps_gradient(rollout_batch):
+    """The loss over all steps with step_weight='score' has the gradient of the weighted mean
+    of the single-step losses' gradients (no KL: the loss is linear in the steps' terms)."""
+    from spotlight_jax.rl.grpo import step_weights
+    graphdef, state, batch = rollout_batch
+    b = {k: jnp.asarray(v) for k, v in batch.items()}
+    n = b["latents"].shape[0]
+    w = step_weights(SAMPLER, "score")
+    assert w.max() / w.min() > 2      # the test has something to tell apart
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def grad_of(cfg, idx):
+        return jax.grad(lambda s: grpo_loss(nnx.merge(graphdef, s), b, idx, SAMPLER, cfg,
+                                            None, True)[0])(state)
+
+    def grad(cfg, idx):
+        return np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(grad_of(cfg, idx))])
+
+    uniform, score = GRPOConfig(beta=0.0), GRPOConfig(beta=0.0, step_weight="score")
+    steps = range(SAMPLER.num_steps)
+    singles = [grad(uniform, jnp.full((n, 1), j, jnp.int32)) for j in steps]
+    both = jnp.broadcast_to(jnp.arange(SAMPLER.num_steps, dtype=jnp.int32), (n, 4))
+    want = sum(w[j] * singles[j] for j in steps) / SAMPLER.num_steps
+    got = grad(score, both)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
+    # and it is not the uniform gradient
+    assert np.abs(grad(uniform, both) - got).max() > 0.1 * np.abs(got).max()

@@ -74,25 +74,42 @@ def summarize(grads: dict) -> list[tuple[int, float, float]]:
     return rows
 
 
+def update_cosine(grads: dict, weights) -> float:
+    """Mean cross-batch cosine of the whole update's gradient, ``sum_j weights[j] g_j``: how much
+    of one iteration's update direction another iteration's agrees with."""
+    import numpy as np
+    n = len(next(iter(grads.values())))
+    upd = [sum(weights[j] * gs[b] for j, gs in grads.items()) for b in range(n)]
+    return float(np.mean([a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30)
+                          for a, b in itertools.combinations(upd, 2)]))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--patches", default="1,2,4", help="noise_patch values to compare")
+    ap.add_argument("--window", choices=("all", "config"), default="all",
+                    help="SDE steps: all 10, or the config's sampler.sde_window (0, -2)")
     args = ap.parse_args(argv)
 
     import jax
     jax.config.update("jax_num_cpu_devices", 12)
     from spotlight_jax import controller, train
     from spotlight_jax.builders import load_config
+    from spotlight_jax.rl import grpo
 
     for p in (int(x) for x in args.patches.split(",")):
-        config = load_config("tiny", {"mode": "flow_grpo", "rl.prompts_per_iter": args.prompts,
-                                      "sampler.noise_patch": p, "sampler.sde_window": None})
+        over = {"mode": "flow_grpo", "rl.prompts_per_iter": args.prompts,
+                "sampler.noise_patch": p}
+        if args.window == "all":
+            over["sampler.sde_window"] = None
+        config = load_config("tiny", over)
         with tempfile.TemporaryDirectory() as wd:
             graphdef, base, _ = train.load_or_pretrain_base(config, wd, progress=False)
             run = controller.Run(config, wd, graphdef, base)
             grads, spread = step_gradients(run, args.batches)
+            sampler = run.trainer.sampler
             run.close()
         print(f"\nnoise_patch={p}: {args.batches} batches of {args.prompts} prompts x "
               f"{config.rl.group_size} rollouts, within-group reward std "
@@ -100,6 +117,9 @@ def main(argv=None):
         print("step  energy share  cross-batch cos")
         for j, share, cos in summarize(grads):
             print(f"{j:4d}  {share:12.3f}  {cos:+15.4f}")
+        for kind in grpo.STEP_WEIGHTS:
+            print(f"whole update, rl.step_weight={kind!r}: cross-batch cos "
+                  f"{update_cosine(grads, grpo.step_weights(sampler, kind)):+.4f}")
     return 0
 
 

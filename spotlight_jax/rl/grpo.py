@@ -44,6 +44,12 @@ class GRPOConfig:
     # the others' contrast (shape, count): :func:`decoupled_advantages`.
     advantage: str = "reward"
     train_steps: int = 4          # timesteps per trajectory per update (subsampled, 0 = all)
+    # How the trained steps' policy terms are weighed. 'uniform': equally (Flow-GRPO). 'score':
+    # step j's term is scaled by 1 / c_j, c_j = |d mean / d v| / noise scale, the factor that a
+    # step's log-prob score (eps * c_j * dv/dtheta) carries, and rescaled so the steps' total
+    # score energy is unchanged: every step then pushes with its noise at unit scale, instead of
+    # the late small-std steps (fine detail) dominating the update (:func:`score_step_weights`).
+    step_weight: str = "uniform"
     minibatches: int = 2
     inner_epochs: int = 1
     grad_clip: float = 1.0
@@ -120,6 +126,41 @@ def select_steps(key, stochastic: np.ndarray, batch: int, k: int):
     return jax.vmap(lambda kk: jax.random.permutation(kk, jnp.asarray(steps, jnp.int32))[:k])(keys)
 
 
+STEP_WEIGHTS = ("uniform", "score")
+
+
+def score_scales(sampler: SamplerConfig) -> np.ndarray:
+    """``[num_steps]``: ``c_j = |d mean_j / d v| / (std_j sqrt(-dt_j))`` of every SDE step (0 for
+    ODE steps): a step's log-prob score is ``eps_j * c_j * dv/dtheta`` (``eps_j`` unit noise), so
+    ``c_j^2`` is how much of the update's gradient energy the step's noise gets."""
+    if sampler.sde_type != "sde":
+        raise ValueError(f"rl.step_weight='score' needs sampler.sde_type='sde', got "
+                         f"{sampler.sde_type!r}; use rl.step_weight='uniform'")
+    sig = np.asarray(sampler.sigmas, np.float64)
+    out = np.zeros(sampler.num_steps)
+    for j in np.flatnonzero(sampler.stochastic_steps()):
+        s, dt = sig[j], sig[j + 1] - sig[j]
+        s_safe = sig[1] if s >= 1.0 else s
+        std = sampler.noise_level * np.sqrt(s / (1.0 - s_safe))
+        out[j] = np.sqrt(-dt) * (1 + std ** 2 * (1 - s) / (2 * s)) / std
+    return out
+
+
+def step_weights(sampler: SamplerConfig, kind: str) -> np.ndarray:
+    """``[num_steps]`` weight of each step's policy term (0 for ODE steps are never trained).
+
+    ``'uniform'``: 1. ``'score'``: ``rms(c) / c_j`` over the SDE steps (:func:`score_scales`),
+    so each step's weighted score has the scale the steps' scores have on average."""
+    if kind not in STEP_WEIGHTS:
+        raise ValueError(f"rl.step_weight={kind!r}: use one of {STEP_WEIGHTS}")
+    w = np.ones(sampler.num_steps)
+    if kind == "score":
+        c = score_scales(sampler)
+        on = c > 0
+        w = np.where(on, np.sqrt(np.mean(c[on] ** 2)) / np.where(on, c, 1.0), 1.0)
+    return w
+
+
 def _gather_steps(latents, log_probs, idx):
     """Flattens (trajectory, trained step) pairs: returns x_j, x_{j+1}, logp_old and j."""
     b, k = idx.shape
@@ -157,7 +198,7 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
         # A deterministic step (std 0: CPS into sigma = 0) has no KL term, not 0/0.
         scale = jnp.where(std0 > 0, 1.0 / (2 * jnp.maximum(std0, 1e-12) ** 2), 0.0)
         kl = (msq(on) * scale, msq(diff - on) * scale)
-    return logp, logp_old, kl, rows
+    return logp, logp_old, kl, rows, j
 
 
 def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_model=None,
@@ -165,8 +206,8 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
     """Clipped GRPO loss and metrics. ``on_policy`` (bool or traced bool scalar): the weights are
     the ones that sampled the batch (first minibatch of an iteration), so the old log-prob *is*
     this forward's log-prob."""
-    logp, logp_old, kl, rows = step_terms(model, batch["latents"], batch["log_probs"], idx,
-                                          batch["tokens"], batch["mask"], sampler, ref_model)
+    logp, logp_old, kl, rows, j = step_terms(model, batch["latents"], batch["log_probs"], idx,
+                                             batch["tokens"], batch["mask"], sampler, ref_model)
     rollout_dev = jnp.max(jnp.abs(logp - logp_old))
     if "logp_old" in batch:  # re-scored with the pre-update weights (GRPOTrainer.update)
         logp_old = batch["logp_old"]
@@ -177,6 +218,8 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
     unclipped = -adv * ratio
     clipped = -adv * jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps)
     policy = jnp.maximum(unclipped, clipped)
+    if cfg.step_weight != "uniform":
+        policy = policy * jnp.asarray(step_weights(sampler, cfg.step_weight), jnp.float32)[j]
     # Samples with advantage exactly 0 contribute nothing (their groups carry no signal).
     weight = (adv != 0).astype(jnp.float32)
     denom = jnp.maximum(weight.sum(), 1.0)
@@ -205,6 +248,7 @@ class GRPOTrainer:
 
     def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig, mesh=None):
         self.graphdef, self.cfg, self.sampler = graphdef, cfg, sampler
+        step_weights(sampler, cfg.step_weight)   # a bad name fails here, not inside a trace
         self.mesh = mesh
         self.base = base_state
         if cfg.lora_rank:
@@ -349,9 +393,9 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
 def _score_fn(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
     """Log-probs of the recorded transitions under the given (pre-update) policy."""
     def score(trainable, base, batch, idx):
-        logp, logp_old, _, _ = step_terms(_policy(graphdef, cfg, trainable, base),
-                                          batch["latents"], batch["log_probs"], idx,
-                                          batch["tokens"], batch["mask"], sampler, None)
+        logp, logp_old, _, _, _ = step_terms(_policy(graphdef, cfg, trainable, base),
+                                             batch["latents"], batch["log_probs"], idx,
+                                             batch["tokens"], batch["mask"], sampler, None)
         return logp, jnp.max(jnp.abs(logp - logp_old))
     return jax.jit(score)
 
