@@ -178,8 +178,10 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
         with open(os.path.join(mode_dir, "phases.json")) as f:
             info = json.load(f)
         phases[mode], assumptions = info["phases"], info["assumptions"]
-    header = (f"Config seed {config.seed}; trace: "
-              f"{config.trace.path or 'synthetic'}; base: {base_source}. Learning is real "
+    trace = config.trace.path or "synthetic"
+    if config.trace.path and config.trace.get("start_s", 0.0):
+        trace += f" from {config.trace.start_s:g} s on"
+    header = (f"Config seed {config.seed}; trace: {trace}; base: {base_source}. Learning is real "
               "(tiny model); time and cost are emulated from the cost model below.")
     return write_report(workdir, histories, target_frac=config.compare.target_frac,
                         phases=phases, assumptions=[Assumption(**a) for a in assumptions],

@@ -1,4 +1,5 @@
 """The four-mode comparison: target, time/cost-to-target and ratios, report and plots."""
+import json
 import os
 
 import pytest
@@ -52,8 +53,12 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
     c = mode_config("flow_grpo", iterations=1)
     c.mode = "compare"
     c.rl.eval_every = 1
+    trace = tmp_path / "trace.json"     # a SkyPilot-format trace replayed from its second tick
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [4, 2, 4]}))
+    c.trace.path, c.trace.start_s = str(trace), 300.0
     path = compare.run_compare(c, str(tmp_path), graphdef, state, progress=False)
     text = open(path).read()
+    assert f"trace: {trace} from 300 s on" in text
     for mode in compare.MODES:
         assert f"| {mode} | 1 |" in text
         assert os.path.exists(tmp_path / mode / "phases.json")
