@@ -123,6 +123,22 @@ def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_pat
     got = [jax.device_get(x) for x in jax.tree.leaves(snode.group_params(0))]
     for a, b in zip(got, jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, np.asarray(b))
+    # every node down (a real trace does this), then one back: no peer holds the weights, so it
+    # pulls them from the trainer's device, which is outside the fleet's pool
+    trainer_ids = {dev.id for x in jax.tree.leaves(params) for dev in x.devices()}
+    assert not trainer_ids & {dev.id for dev in r.fleet.pool.devices(alive=None)}
+    d.alive_nodes.clear()
+    r.sync_fleet({})
+    assert not r.fleet.alive_nodes and not r.fleet.groups
+    d.alive_nodes.add(lost)
+    row = {}
+    r.sync_fleet(row)
+    assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
+    report = snode.reports[-1]
+    assert report.kind == "peer_pull" and report.source_devices <= trainer_ids
+    got = [jax.device_get(x) for x in jax.tree.leaves(snode.group_params(0))]
+    for a, b in zip(got, jax.tree.leaves(r.trainer.policy_state())):
+        np.testing.assert_array_equal(a, np.asarray(b))
     r.close()
 
 

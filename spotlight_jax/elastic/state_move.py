@@ -12,7 +12,9 @@ on the new mesh. Every shard of the new array is taken from the cheapest *live* 
 4. **assemble** (resharding, e.g. FSDP shards of another size): the target region is cut from live
    shards of one source that together cover it.
 
-Only single-device shard buffers on devices the pool says are alive are ever read or dispatched on:
+Only single-device shard buffers on devices the pool says are alive are ever read or dispatched on
+(a device outside the pool, such as the trainer's when the pool holds only spot nodes, is not the
+pool's to lose: its buffers are live unless deleted):
 the old multi-device array still references its dead devices' buffers, and on CPU dispatching a
 computation on it crashes the process. A device that was lost and has rejoined is alive again but
 its memory was lost: its old buffers must be gone too (deleted, as the tests do; on real hardware
@@ -213,12 +215,12 @@ def _plan_array(name: str, srcs: list, mesh: Mesh, spec: PartitionSpec, pool) ->
     sharding = NamedSharding(mesh, spec)
     candidates = []
     for rank, src in enumerate(srcs):
-        if src is None or not any(pool.is_alive(d) for d in src.sharding.device_set):
+        if src is None or not any(_readable(pool, d) for d in src.sharding.device_set):
             continue
         for shard in _shards_of(src, name):
             # The pool is asked first: a dead device's buffer is never touched. A device that
             # was lost and rejoined is alive but its old buffers are gone (deleted): skip them.
-            if pool.is_alive(shard.device) and not shard.data.is_deleted():
+            if _readable(pool, shard.device) and not shard.data.is_deleted():
                 candidates.append(_Candidate(shard, _region(shard.index, shape), shard.device,
                                              rank))
     buffers, used = [], []
@@ -229,7 +231,7 @@ def _plan_array(name: str, srcs: list, mesh: Mesh, spec: PartitionSpec, pool) ->
         if exact:
             best = min(exact, key=lambda c: (c.device != device, pool.node_of(c.device) != node,
                                              c.rank, c.device.id))
-            assert pool.is_alive(best.device)
+            assert _readable(pool, best.device)
             data = best.shard.data
             if best.device == device:
                 buf, method = data, "reuse"
@@ -274,7 +276,7 @@ def _assemble(name, candidates, region: Region, device, node, pool, dtype):
         out = jnp.zeros(tuple(b - a for a, b in region), dtype, device=device)
         for r, c in pieces.items():
             inter = _intersect(r, region)
-            assert pool.is_alive(c.device)
+            assert _readable(pool, c.device)
             local = tuple(slice(a - ra, b - ra) for (a, b), (ra, _) in zip(inter, r))
             piece = jax.device_put(c.shard.data[local], device)
             dst = tuple(slice(a - qa, b - qa) for (a, b), (qa, _) in zip(inter, region))
@@ -283,6 +285,12 @@ def _assemble(name, candidates, region: Region, device, node, pool, dtype):
     raise StateLostError(
         f"move_tree: {name}: no live device holds region {region} of the state (neither the tree "
         "nor any peer); pass a peer group's or the trainer's copy as peers=")
+
+
+def _readable(pool, device) -> bool:
+    """A source device may be read: alive in the pool, or outside it (the pool does not manage
+    it, e.g. the trainer's device next to a pool of spot nodes)."""
+    return pool.is_alive(device) or pool.node_of(device) is None
 
 
 def _region(index, shape) -> Region:
