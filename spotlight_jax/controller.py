@@ -715,7 +715,12 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
     ``config.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob`` (process 0).
     """
     r = Run(config, workdir, graphdef, base, devices, trainer=trainer)
-    r.maybe_restore()
+    restored = r.maybe_restore()
+    # rows written after the checkpoint (a killed run) are redone: keep each iteration once
+    dropped = r.writer.drop_after(r.iteration if restored else -1)
+    if dropped:
+        logging.info("rl.jsonl: dropped %d row(s) past iteration %d, which this run redoes",
+                     dropped, r.iteration)
     c = config
     if r.iteration == 0 and not r.history:
         res = r.evaluate(0)

@@ -46,6 +46,23 @@ class MetricWriter:
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
+    def drop_after(self, step: int) -> int:
+        """Removes the JSONL rows with ``step`` above the given one (a run resumed from an earlier
+        checkpoint redoes them; kept, they would appear twice). Rewrites the file atomically;
+        returns the number of rows dropped. TensorBoard's event files are append-only and keep
+        them (TensorBoard shows the later value)."""
+        if not self.enabled or not os.path.exists(self.path):
+            return 0
+        rows = read_jsonl(self.path)
+        keep = [r for r in rows if r.get("step", 0) <= step]
+        if len(keep) == len(rows):
+            return 0
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+        os.replace(tmp, self.path)
+        return len(rows) - len(keep)
+
     def close(self):
         if self._tb is not None:
             self._tb.close()

@@ -15,11 +15,12 @@ from test_resume import micro_config
 
 from spotlight_jax import controller
 from spotlight_jax.builders import create_model
+from spotlight_jax.metrics import read_jsonl
 
 ITERATIONS = 3
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
                    "overlap_wall_s", "pull_s", "fleet_regroup_s",
-                   "fleet_regroup_max_s"}   # real seconds, not state
+                   "fleet_regroup_max_s", "time"}   # real seconds, not state
 
 CHILD = """
 import sys
@@ -110,4 +111,9 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path)
         return [{k: v for k, v in row.items() if k not in WALL_CLOCK_KEYS} for row in h]
 
     assert metrics(b.history) == metrics(h_straight)
+    # rl.jsonl holds every iteration once: the rows the killed process wrote past its last
+    # checkpoint were dropped when the resumed one redid them
+    rows = {d: read_jsonl(str(d / "rl.jsonl")) for d in (straight, killed)}
+    assert [r["step"] for r in rows[killed]] == list(range(ITERATIONS + 1))
+    assert metrics(rows[killed]) == metrics(rows[straight])
     assert sum(row.get("preemptions", 0) > 0 for row in h_straight) > 0   # the trace bit

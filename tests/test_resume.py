@@ -71,3 +71,17 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplo
         assert r.maybe_restore()
     assert r.iteration == latest - 1
     assert "unreadable" in caplog.text
+
+
+def test_metric_writer_drops_rows_a_resumed_run_redoes(tmp_path):
+    from spotlight_jax.metrics import MetricWriter, read_jsonl
+    w = MetricWriter(str(tmp_path), "rl", tensorboard=False)
+    for step in range(6):
+        w.write(step, x=float(step))
+    assert w.drop_after(3) == 2
+    assert [r["step"] for r in read_jsonl(w.path)] == [0, 1, 2, 3]
+    assert w.drop_after(3) == 0 and not os.path.exists(w.path + ".tmp")
+    w.write(4, x=4.5)                                   # the redone iteration, once
+    assert [(r["step"], r["x"]) for r in read_jsonl(w.path)][-2:] == [(3, 3.0), (4, 4.5)]
+    assert w.drop_after(-1) == 5 and read_jsonl(w.path) == []
+    assert MetricWriter(str(tmp_path / "new"), "rl", tensorboard=False).drop_after(0) == 0
