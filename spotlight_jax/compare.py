@@ -2,7 +2,9 @@
 
 ``run_compare`` runs ``flow_grpo``, ``explore_sync``, ``spot_rollout`` and ``spotlight`` into
 ``workdir/<mode>`` (each resumes on its own), then ``write_report`` writes ``report.md`` and the
-plots ``reward_vs_time.png`` / ``reward_vs_cost.png`` into ``workdir``.
+plots ``reward_vs_time.png`` / ``reward_vs_cost.png`` into ``workdir``, and ``run_compare`` the
+spot trace as ``spotlight`` met it (``spot_timeline.png``: devices alive, notices, losses, joins,
+its utilisation and regroups per iteration).
 
 Target: ``base + target_frac x (best validation reward of flow_grpo - base)``, i.e. the share of
 the baseline's own gain that every mode must reach; time/cost-to-target are the emulated hours
@@ -86,8 +88,9 @@ def _f(x, fmt):
 
 def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac: float,
                  phases: dict[str, dict] | None = None, assumptions: list | None = None,
-                 header: str = "") -> str:
-    """Writes ``report.md`` and the two plots into ``workdir``; returns the report's path."""
+                 header: str = "", timeline: str = "") -> str:
+    """Writes ``report.md`` and the two plots into ``workdir``; returns the report's path.
+    ``timeline``: a spot-timeline image in ``workdir`` to show under the plots."""
     from spotlight_jax.plots import plot_curves  # noqa: PLC0415
 
     target = target_reward(histories, target_frac)
@@ -141,6 +144,8 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
         lines += [f"| {a.name} | {a.value} | {a.unit} | {a.source} |" for a in assumptions]
     lines += ["", "![reward vs time](reward_vs_time.png) ![reward vs cost](reward_vs_cost.png)",
               ""]
+    if timeline:
+        lines += [f"![spot devices during the spotlight run]({timeline})", ""]
     for axis, key, scale, fname in (("emulated hours", "vtime_s", 1 / 3600.0,
                                      "reward_vs_time.png"),
                                     ("dollars", "dollars", 1.0, "reward_vs_cost.png")):
@@ -165,6 +170,8 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
     """Runs every mode with the same seeds, prompts and trace; writes and returns the report."""
     from spotlight_jax import controller  # noqa: PLC0415
     from spotlight_jax.cost import Assumption  # noqa: PLC0415
+    from spotlight_jax.emulation import Deployment  # noqa: PLC0415
+    from spotlight_jax.plots import spot_timeline  # noqa: PLC0415
 
     histories, phases, assumptions = {}, {}, None
     for mode in MODES:
@@ -183,6 +190,11 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
         trace += f" from {config.trace.start_s:g} s on"
     header = (f"Config seed {config.seed}; trace: {trace}; base: {base_source}. Learning is real "
               "(tiny model); time and cost are emulated from the cost model below.")
+    timeline = "spot_timeline.png"
+    spot_timeline(os.path.join(workdir, timeline), Deployment(config).replay,
+                  config.deployment.spot_devices_per_node, histories["spotlight"],
+                  title=f"spotlight on the {'SkyPilot' if config.trace.path else 'synthetic'} "
+                        "trace")
     return write_report(workdir, histories, target_frac=config.compare.target_frac,
                         phases=phases, assumptions=[Assumption(**a) for a in assumptions],
-                        header=header)
+                        header=header, timeline=timeline)

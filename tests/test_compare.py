@@ -59,6 +59,7 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
     path = compare.run_compare(c, str(tmp_path), graphdef, state, progress=False)
     text = open(path).read()
     assert f"trace: {trace} from 300 s on" in text
+    assert "(spot_timeline.png)" in text and os.path.getsize(tmp_path / "spot_timeline.png")
     for mode in compare.MODES:
         assert f"| {mode} | 1 |" in text
         assert os.path.exists(tmp_path / mode / "phases.json")
