@@ -182,7 +182,9 @@ def add_spotlight_sections(c):
     d.ray_spot_resource = ""
 
     t = c.trace = ml_collections.ConfigDict()
-    t.path = ""                     # SkyPilot JSON; empty = synthetic Poisson trace below
+    # SkyPilot JSON, or comma-separated 1-node files merged into a pool of nodes; empty =
+    # synthetic Poisson trace below
+    t.path = ""
     t.start_s = 0.0                 # replay t.path from this time on (e.g. its busy hour)
     t.rate_per_node_hour = 2.0      # synthetic preemptions per spot node-hour
     t.mean_outage_s = 600.0         # synthetic mean outage length

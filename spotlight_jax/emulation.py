@@ -16,7 +16,7 @@ import os
 
 from spotlight_jax.clock import DeviceGroup, EventCursor, VirtualClock
 from spotlight_jax.cost import CostConfig, make_cost_model, workload_from_config
-from spotlight_jax.elastic.traces import ReplayConfig, load_trace, replay, synthetic_trace
+from spotlight_jax.elastic.traces import ReplayConfig, load_traces, replay, synthetic_trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +41,13 @@ class Deployment:
         self.num_steps = int(config.sampler.num_steps)
         t = config.trace
         if t.path:
-            if not os.path.exists(t.path):
-                raise ValueError(f"trace file {t.path!r} does not exist; set --config.trace.path "
-                                 "to a SkyPilot JSON file or leave it empty for a synthetic trace")
-            trace = load_trace(t.path).window(float(t.get("start_s", 0.0)))
+            for path in (p.strip() for p in t.path.split(",")):
+                if path and not os.path.exists(path):
+                    raise ValueError(f"trace file {path!r} does not exist; set "
+                                     "--config.trace.path to SkyPilot JSON file(s) (comma-"
+                                     "separated 1-node traces make a pool of nodes) or leave "
+                                     "it empty for a synthetic trace")
+            trace = load_traces(t.path).window(float(t.get("start_s", 0.0)))
         else:
             trace = synthetic_trace(self.cfg.spot_nodes, horizon_s,
                                     rate_per_node_hour=t.rate_per_node_hour,

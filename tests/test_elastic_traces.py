@@ -264,3 +264,29 @@ def test_deployment_replays_the_configured_window(tmp_path):
     c.trace.start_s = 1500.0
     with pytest.raises(TraceError, match="past the trace's end"):
         Deployment(c)
+
+
+def test_comma_separated_one_node_traces_make_a_pool(tmp_path):
+    import runpy
+    from pathlib import Path
+
+    from spotlight_jax.elastic import load_traces
+    from spotlight_jax.emulation import Deployment
+    a = _write(tmp_path, "a.json", json.dumps({"metadata": {"gap_seconds": 30},
+                                               "data": [1, 1, 0, 1]}))
+    b = _write(tmp_path, "b.json", json.dumps({"metadata": {"gap_seconds": 30},
+                                               "data": [1, 0, 0, 1, 1]}))
+    assert load_traces(f"{a}").counts == (1, 1, 0, 1)
+    pool = load_traces(f"{a}, {b}")
+    assert pool.counts == (2, 1, 0, 2) and pool.gap_seconds == 30.0
+    with pytest.raises(TraceError, match="no trace file"):
+        load_traces(" , ")
+    c = runpy.run_path(str(Path(__file__).parents[1] / "configs" / "tiny.py"))["get_config"]()
+    c.trace.path = f"{a},{b}"
+    d = Deployment(c)
+    assert len(d.alive_nodes) == 2
+    assert [e.kind for e in d.replay.events if e.kind != "notice"] == ["loss", "loss", "join",
+                                                                         "join"]
+    c.trace.path = f"{a},{tmp_path / 'missing.json'}"
+    with pytest.raises(ValueError, match="missing.json.*does not exist"):
+        Deployment(c)

@@ -40,6 +40,7 @@ from spotlight_jax.elastic.traces import (
     TraceError,
     default_trace_dir,
     load_trace,
+    load_traces,
     merge_traces,
     poisson_outages,
     replay,
@@ -53,6 +54,6 @@ __all__ = [
     "ROLES", "DevicePool", "PoolConfig", "PoolEvent",
     "MoveReport", "ShardSource", "ShardViews", "StateLostError", "move_tree", "shard_views",
     "LEAD_TIME_PRESETS", "Outage", "Replay", "ReplayConfig", "SpotEvent", "SpotTrace",
-    "TraceError", "default_trace_dir", "load_trace", "merge_traces", "poisson_outages", "replay",
-    "synthetic_trace",
+    "TraceError", "default_trace_dir", "load_trace", "load_traces", "merge_traces",
+    "poisson_outages", "replay", "synthetic_trace",
 ]

@@ -134,6 +134,17 @@ def load_trace(path: str | os.PathLike) -> SpotTrace:
     return SpotTrace(gap_seconds=float(gap), counts=tuple(data), source=str(path))
 
 
+def load_traces(spec: str) -> SpotTrace:
+    """One trace from ``spec``: a SkyPilot file, or several separated by commas, merged into a
+    pool of independent nodes (:func:`merge_traces`; e.g. four 1-node traces of one day ->
+    a 4-node pool)."""
+    paths = [p.strip() for p in str(spec).split(",") if p.strip()]
+    if not paths:
+        raise TraceError(f"no trace file in {spec!r}")
+    traces = [load_trace(p) for p in paths]
+    return traces[0] if len(traces) == 1 else merge_traces(traces)
+
+
 def merge_traces(traces: Sequence[SpotTrace]) -> SpotTrace:
     """Sums the counts of traces with the same tick (e.g. several 1-node traces -> a pool of N
     independent nodes), cut to the shortest one."""
