@@ -48,7 +48,7 @@ class GRPOConfig:
     # step j's term is scaled by 1 / c_j, c_j = |d mean / d v| / noise scale, the factor that a
     # step's log-prob score (eps * c_j * dv/dtheta) carries, and rescaled so the steps' total
     # score energy is unchanged: every step then pushes with its noise at unit scale, instead of
-    # the late small-std steps (fine detail) dominating the update (:func:`score_step_weights`).
+    # the late small-std steps (fine detail) dominating the update (:func:`step_weights`).
     step_weight: str = "uniform"
     minibatches: int = 2
     inner_epochs: int = 1
@@ -147,7 +147,7 @@ def score_scales(sampler: SamplerConfig) -> np.ndarray:
 
 
 def step_weights(sampler: SamplerConfig, kind: str) -> np.ndarray:
-    """``[num_steps]`` weight of each step's policy term (0 for ODE steps are never trained).
+    """``[num_steps]`` weight of each step's policy term (ODE steps, never trained, get 1).
 
     ``'uniform'``: 1. ``'score'``: ``rms(c) / c_j`` over the SDE steps (:func:`score_scales`),
     so each step's weighted score has the scale the steps' scores have on average."""
