@@ -210,6 +210,47 @@ def test_shaped_reward_keeps_the_exact_successes_and_never_scores_below(renders)
         R.constraint_breakdown(xs[:1], asked[:1], text_credit="pixels")
 
 
+def test_aspect_credit_closed_form():
+    cfg = W.WorldConfig()
+    span = np.log(1 / cfg.bar_thickness)
+    ac = R.geneval.aspect_credit
+    # inside each shape's accepted range: full credit
+    assert ac([10, 10, 10], [10, 12, 13], "square", cfg).tolist() == [1.0, 1.0, 1.0]
+    assert ac([5, 4], [9, 12], "bar", cfg).tolist() == [1.0, 1.0]
+    assert ac([9, 12], [5, 4], "column", cfg).tolist() == [1.0, 1.0]
+    # outside: linear in log aspect, from the range's edge to 0 at a drawn bar's elongation
+    assert ac([10], [10], "column", cfg)[0] == pytest.approx(1 - np.log(1.6) / span)
+    assert ac([20], [10], "bar", cfg)[0] == pytest.approx(1 - (np.log(1.6) + np.log(2)) / span)
+    assert ac([10], [20], "square", cfg)[0] == pytest.approx(1 - (np.log(2) - np.log(1.3)) / span)
+    assert ac([10], [30], "column", cfg)[0] == 0.0
+
+
+def test_aspect_reward_grades_elongation_and_keeps_the_exact_successes(renders):
+    # a filled 10 x 10 red square asked to be a column: its IoU with the column template (0.45)
+    # earns no credit under geneval_lite, its elongation some under geneval_lite_aspect
+    x = np.zeros((1, 32, 32, 3), np.float32)
+    x[0, 10:20, 10:20, 0] = 1.0
+    cfg = W.WorldConfig()
+    near = 1 - np.log(cfg.bar_min_aspect) / np.log(1 / cfg.bar_thickness)
+    plain = R.constraint_breakdown(x, ["a red column"])
+    aspect = R.constraint_breakdown(x, ["a red column"], shape_credit="aspect")
+    assert plain["shape"][0] == 0.0
+    assert aspect["shape"][0] == pytest.approx(0.5 * 0.5 * near, rel=1e-6)
+    assert R.get("geneval_lite_aspect")(x, ["a red column"])[0] == pytest.approx(
+        (2 + 0.25 * near) / 3, rel=1e-6)
+    # the renderer's images and mismatched prompts: same exact successes, never below
+    prompts, images = renders
+    rng = np.random.default_rng(3)
+    for ps in (prompts, [prompts[i] for i in rng.permutation(len(prompts))]):
+        a, b = R.get("geneval_lite")(images, ps), R.get("geneval_lite_aspect")(images, ps)
+        assert (b >= a - 1e-7).all()
+        np.testing.assert_array_equal(a == 1.0, b == 1.0)
+    parts = R.get_components("geneval_lite_aspect")(images, ps)
+    np.testing.assert_allclose(np.nanmean(parts, axis=1), b, rtol=1e-6)
+    with pytest.raises(ValueError, match="shape_credit='fill'"):
+        R.constraint_breakdown(x, ["a red column"], shape_credit="fill")
+
+
 # ---------------------------------------------------------------- jpeg
 def test_jpeg_compressibility():
     rng = np.random.default_rng(0)

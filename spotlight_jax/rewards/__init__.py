@@ -14,6 +14,9 @@ Shipped (see each module for the exact definitions):
                         text), graded, read by the world's detector  (`rewards.geneval`)
   geneval_lite_shaped   geneval_lite with partial credit per glyph on text prompts: a training
                         reward with the same exact successes (`rewards.ocr.graded_ocr_score`)
+  geneval_lite_aspect   geneval_lite whose shape credit also slopes toward the asked elongation:
+                        a training reward with the same exact successes
+                        (`rewards.geneval.aspect_credit`)
   ocr_lite              max(1 - edit_distance(read, target) / len(target), 0)  (`rewards.ocr`)
   jpeg_compressibility  -(JPEG bytes at quality 95) / 1000 / 500  (`rewards.jpeg`)
 """
@@ -25,8 +28,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from spotlight_jax.rewards.geneval import (
+    aspect_breakdown,
     constraint_breakdown,
     geneval_lite,
+    geneval_lite_aspect,
     geneval_lite_shaped,
     make_geneval_lite,
     missing_credit,
@@ -129,6 +134,7 @@ def get_components(name: str) -> Callable:
 
 register("geneval_lite", geneval_lite, components=constraint_breakdown)
 register("geneval_lite_shaped", geneval_lite_shaped, components=shaped_breakdown)
+register("geneval_lite_aspect", geneval_lite_aspect, components=aspect_breakdown)
 register("ocr_lite", ocr_lite)
 register("jpeg_compressibility", jpeg_compressibility)
 

@@ -43,17 +43,24 @@ CONSTRAINTS = ("color", "count", "shape", "position", "text")
 
 def constraint_breakdown(
     images, prompts: Sequence[str], cfg: WorldConfig | None = None, exact: bool = False,
-    text_credit: str = "ocr",
+    text_credit: str = "ocr", shape_credit: str = "iou",
 ) -> dict[str, np.ndarray]:
     """{constraint: float32 [B]} per-image score of each constraint; NaN where it does not apply.
 
     Keys: color, count, shape, position, text. With `exact`, scores are 1.0 where the graded score
     is 1 and 0.0 otherwise (NaN stays NaN). ``text_credit``: 'ocr' (the OCR reward, as
     `geneval_lite` scores text) or 'glyphs' (`rewards.ocr.graded_ocr_score`: per-glyph partial
-    credit, as `geneval_lite_shaped` does; the same exact successes).
+    credit, as `geneval_lite_shaped` does; the same exact successes). ``shape_credit``: 'iou'
+    (a component not classified as the asked shape earns up to 0.5 by its IoU with the asked
+    template, as `geneval_lite` scores shape) or 'aspect' (up to 0.5 by that IoU credit or, where
+    larger, its mean with how close the component's elongation is to the asked shape's,
+    `aspect_credit`, as `geneval_lite_aspect` does; the same exact successes, never below
+    'iou').
     """
     if text_credit not in ("ocr", "glyphs"):
         raise ValueError(f"text_credit={text_credit!r}: use 'ocr' or 'glyphs'")
+    if shape_credit not in ("iou", "aspect"):
+        raise ValueError(f"shape_credit={shape_credit!r}: use 'iou' or 'aspect'")
     x = as_images(images)
     cfg = cfg if cfg is not None else DEFAULT.at_size(x.shape[1])
     if x.shape[1] != cfg.image_size:
@@ -90,6 +97,10 @@ def constraint_breakdown(
             # sees a slope from a blob toward the shape instead of a cliff.
             near = np.clip((dets.shape_ious[mine, want] - 0.5) / (cfg.shape_min_iou - 0.5),
                            0.0, 1.0)
+            if shape_credit == "aspect":
+                near = np.maximum(near, 0.5 * near + 0.5 * aspect_credit(dets.y1[mine] - dets.y0[mine] + 1,
+                                                   dets.x1[mine] - dets.x0[mine] + 1,
+                                                   g.shape, cfg))
             shape_s.append(float(np.where(ok, 1.0, 0.5 * near).mean()) if n else 0.0)
             largest.append(mine[np.argmax(dets.area[mine])] if n else None)
         asked = {cfg.colors.index(g.color) + 1 for g in spec.groups}
@@ -112,6 +123,22 @@ def constraint_breakdown(
     if exact:
         return exact_scores(out)
     return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+def aspect_credit(h, w, shape: str, cfg: WorldConfig) -> np.ndarray:
+    """float [n] in [0, 1]: how close boxes of ``h`` x ``w`` px are to the elongation of ``shape``.
+
+    1 inside the aspect range the detector accepts for the shape (square: long / short side <=
+    ``cfg.shape_max_aspect``; bar: width / height >= ``cfg.bar_min_aspect``, column: the same
+    upright), falling linearly in log aspect to 0 at ``log(1 / cfg.bar_thickness)`` (a drawn
+    bar's elongation) outside it. Elongation is set where the layout forms, so a policy can move
+    it a little at a time; IoU with a template also needs the edges right.
+    """
+    a = np.log(np.asarray(w, np.float64) / np.asarray(h, np.float64))  # > 0: wider than tall
+    lo_sq, lo_bar = np.log(cfg.shape_max_aspect), np.log(cfg.bar_min_aspect)
+    excess = {"bar": np.maximum(lo_bar - a, 0.0), "column": np.maximum(lo_bar + a, 0.0)}.get(
+        shape, np.maximum(np.abs(a) - lo_sq, 0.0))
+    return np.clip(1.0 - excess / np.log(1.0 / cfg.bar_thickness), 0.0, 1.0)
 
 
 def exact_scores(breakdown: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -145,13 +172,16 @@ def _mean_of_parts(bd: dict[str, np.ndarray]) -> np.ndarray:
     return (np.nansum(stack, axis=1) / np.maximum(n, 1)).astype(np.float32)
 
 
-def make_geneval_lite(cfg: WorldConfig | None = None, text_credit: str = "ocr"):
+def make_geneval_lite(cfg: WorldConfig | None = None, text_credit: str = "ocr",
+                      shape_credit: str = "iou"):
     """A `geneval_lite` reward for world `cfg` (None: the default world at the images' size);
-    ``text_credit='glyphs'`` makes `geneval_lite_shaped` (see `constraint_breakdown`)."""
+    ``text_credit='glyphs'`` makes `geneval_lite_shaped`, ``shape_credit='aspect'``
+    `geneval_lite_aspect` (see `constraint_breakdown`)."""
 
     def geneval_lite(images, prompts: Sequence[str]) -> np.ndarray:
         """float32 [B]: mean over applicable constraints of their graded scores."""
-        return _mean_of_parts(constraint_breakdown(images, prompts, cfg, text_credit=text_credit))
+        return _mean_of_parts(constraint_breakdown(images, prompts, cfg, text_credit=text_credit,
+                                                   shape_credit=shape_credit))
 
     return geneval_lite
 
@@ -166,3 +196,13 @@ geneval_lite = make_geneval_lite()
 # toward the asked digits instead of the edit distance's 0 / 0.5 / 1); held-out evaluation stays
 # geneval_lite (rl.eval_reward).
 geneval_lite_shaped = make_geneval_lite(text_credit="glyphs")
+
+
+def aspect_breakdown(images, prompts: Sequence[str], cfg: WorldConfig | None = None):
+    """`constraint_breakdown` with aspect-graded shape credit: `geneval_lite_aspect`'s parts."""
+    return constraint_breakdown(images, prompts, cfg, shape_credit="aspect")
+
+
+# A training reward: geneval_lite whose shape credit also slopes toward the asked elongation, so a
+# component of the wrong aspect (a round blob asked to be a column) is not flat at 0.
+geneval_lite_aspect = make_geneval_lite(shape_credit="aspect")
