@@ -220,7 +220,7 @@ def test_aspect_credit_closed_form():
     assert ac([9, 12], [5, 4], "column", cfg).tolist() == [1.0, 1.0]
     # outside: linear in log aspect, from the range's edge to 0 at a drawn bar's elongation
     assert ac([10], [10], "column", cfg)[0] == pytest.approx(1 - np.log(1.6) / span)
-    assert ac([20], [10], "bar", cfg)[0] == pytest.approx(1 - (np.log(1.6) + np.log(2)) / span)
+    assert ac([12], [10], "bar", cfg)[0] == pytest.approx(1 - (np.log(1.6) + np.log(1.2)) / span)
     assert ac([10], [20], "square", cfg)[0] == pytest.approx(1 - (np.log(2) - np.log(1.3)) / span)
     assert ac([10], [30], "column", cfg)[0] == 0.0
 
