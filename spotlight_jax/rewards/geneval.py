@@ -98,9 +98,9 @@ def constraint_breakdown(
             near = np.clip((dets.shape_ious[mine, want] - 0.5) / (cfg.shape_min_iou - 0.5),
                            0.0, 1.0)
             if shape_credit == "aspect":
-                near = np.maximum(near, 0.5 * near + 0.5 * aspect_credit(dets.y1[mine] - dets.y0[mine] + 1,
-                                                   dets.x1[mine] - dets.x0[mine] + 1,
-                                                   g.shape, cfg))
+                elongation = aspect_credit(dets.y1[mine] - dets.y0[mine] + 1,
+                                           dets.x1[mine] - dets.x0[mine] + 1, g.shape, cfg)
+                near = np.maximum(near, 0.5 * (near + elongation))
             shape_s.append(float(np.where(ok, 1.0, 0.5 * near).mean()) if n else 0.0)
             largest.append(mine[np.argmax(dets.area[mine])] if n else None)
         asked = {cfg.colors.index(g.color) + 1 for g in spec.groups}
