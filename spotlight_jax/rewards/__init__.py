@@ -144,6 +144,7 @@ __all__ = [
     "missing_credit",
     "edit_distance",
     "geneval_lite",
+    "geneval_lite_aspect",
     "geneval_lite_shaped",
     "graded_ocr_score",
     "get",
