@@ -101,8 +101,11 @@ def get_config():
     s.eval_steps = 20
     s.eval_guidance = 1.0           # evaluate with the training rollouts' guidance
 
-    # GRPO (spotlight_jax.rl.GRPOConfig).
+    # RL post-training. rl.objective: 'flow_grpo' (spotlight_jax.rl.GRPOConfig: SDE rollouts,
+    # score-function gradient) | 'nft' (spotlight_jax.rl.nft.NFTConfig: ODE rollouts from a
+    # lagging sampling policy, reward-weighted flow matching on the finished images; rl.nft.*).
     r = c.rl = ml_collections.ConfigDict()
+    r.objective = "flow_grpo"
     r.iterations = 1000
     # RL compute budget: rollouts + updates + exploration, not evaluation or start-up. 12 keeps
     # the demo (spotlight mode with three evaluations) within 15 minutes on 2 CPU cores.
@@ -118,7 +121,9 @@ def get_config():
     r.detail_beta = ml_collections.config_dict.placeholder(float)
     r.clip_eps = 1e-3
     r.adv_clip = 5.0
-    r.global_std = False
+    # advantages' std over the whole batch (True) or each group (False); None = the
+    # objective's default (nft: batch, flow_grpo: group)
+    r.global_std = ml_collections.config_dict.placeholder(bool)
     # 'reward': advantages of the scalar reward; 'decoupled': each of geneval_lite's
     # constraints normalised within its group on its own, then averaged (rl.grpo)
     r.advantage = "reward"
@@ -138,6 +143,17 @@ def get_config():
     r.eval_every = 20
     r.eval_prompts = 64
     r.eval_seeds = 4
+    # The forward-process objective (rl.objective='nft'; shares lr, LoRA, grad_clip,
+    # weight_decay, ema, adv_clip, global_std, advantage with the section above).
+    n = r.nft = ml_collections.ConfigDict()
+    n.beta = 1.0                    # trust region of the implicit policies (0.1: text rewards)
+    n.kl_beta = 0.0                 # weight of mean((v - v_base)^2)
+    n.times = 4                     # flow times per image, stratified over the sampler's grid
+    n.shared_noise = True           # one (t, eps) per group and slot (DGPO); False: per image
+    n.eta_rate = 0.01               # sampling policy lag eta_k = min(eta_rate * k, eta_max)
+    n.eta_max = 0.5
+    n.eta_delay = 0                 # iterations fully on-policy before the lag ramps up
+    n.minibatches = 1               # gradient accumulation chunks of the one step per iteration
 
     c.checkpoint = ml_collections.ConfigDict(dict(every=10, max_to_keep=3))
     return add_spotlight_sections(c)

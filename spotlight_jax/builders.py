@@ -19,6 +19,8 @@ from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.models import MMDiT, MMDiTConfig
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
+from spotlight_jax.rl import GRPOConfig, GRPOTrainer
+from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -65,19 +67,61 @@ def mesh_config(config) -> MeshConfig:
     return pick_fields(MeshConfig, config.mesh)
 
 
+OBJECTIVES = ("flow_grpo", "nft")
+
+
+def objective(config) -> str:
+    """``rl.objective``: how the policy learns from a batch (``flow_grpo``: the score-function
+    gradient through SDE steps; ``nft``: the forward-process regression on finished images)."""
+    name = config.rl.get("objective", "flow_grpo")
+    if name not in OBJECTIVES:
+        raise ValueError(f"rl.objective={name!r}: choose one of {OBJECTIVES}")
+    return name
+
+
 def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
+    """The training rollouts' sampler (the held-out ODE sampler with ``evaluation``). The
+    ``nft`` objective samples its training images with the deterministic ODE at
+    ``sampler.num_steps`` steps (a seed then fixes x_T, and with it the image)."""
     s = config.sampler
     window = tuple(s.sde_window) if s.get("sde_window") is not None else None
     patches = s.get("noise_patches")
     if evaluation:
         return SamplerConfig(num_steps=s.eval_steps, shift=s.shift, noise_level=0.0,
                              sde_type="ode", guidance=s.eval_guidance).validate()
+    if objective(config) == "nft":
+        if s.get("shared_initial_noise"):
+            raise ValueError("sampler.shared_initial_noise=True gives every rollout of a prompt "
+                             "the same x_T, so the ODE rollouts of rl.objective='nft' would be "
+                             "identical; set sampler.shared_initial_noise=False")
+        return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=0.0,
+                             sde_type="ode", guidance=s.guidance).validate()
     return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level,
                          sde_type=s.sde_type, guidance=s.guidance, sde_window=window,
                          shared_init_bits=SHARED_INIT_BITS if s.get("shared_initial_noise")
                          else 0, noise_patch=s.get("noise_patch", 1),
                          noise_patches=tuple(int(p) for p in patches) if patches else None
                          ).validate()
+
+
+def rl_config(config) -> GRPOConfig | NFTConfig:
+    """The objective's frozen config from ``config.rl`` (``rl.nft.*`` for ``nft``), with
+    ``rl.global_std=None`` resolved to the objective's default (batch std for ``nft``, as its
+    anchor; per-group std for ``flow_grpo``)."""
+    r = config.rl
+    std = r.get("global_std")
+    if objective(config) == "nft":
+        fields = {**dict(r), **dict(r.get("nft") or {})}
+        return pick_fields(NFTConfig, fields,
+                           global_std=True if std is None else bool(std)).validate()
+    return pick_fields(GRPOConfig, r, global_std=False if std is None else bool(std))
+
+
+def make_trainer(config, graphdef, base, mesh=None):
+    """The objective's trainer over ``base`` (placed on ``mesh``), sampling with
+    :func:`sampler_config`."""
+    cls = NFTTrainer if objective(config) == "nft" else GRPOTrainer
+    return cls(graphdef, base, rl_config(config), sampler_config(config), mesh=mesh)
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds

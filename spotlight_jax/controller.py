@@ -53,8 +53,10 @@ from spotlight_jax.builders import (
     eval_reward,
     explore_mesh,
     fleet_devices,
+    make_trainer,
     model_config,
-    pick_fields,
+    objective,
+    rl_config,
     sampler_config,
 )
 from spotlight_jax.checkpoint import RunCheckpointer
@@ -69,7 +71,6 @@ from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
 from spotlight_jax.rl import (
     GRPOConfig,
-    GRPOTrainer,
     advantages,
     decoupled_advantages,
     group_stats,
@@ -81,7 +82,11 @@ MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight")
 
 
 def grpo_config(config) -> GRPOConfig:
-    return pick_fields(GRPOConfig, config.rl)
+    """The Flow-GRPO config of ``config.rl`` (the multi-process trainer job's objective)."""
+    if objective(config) != "flow_grpo":
+        raise ValueError(f"rl.objective={objective(config)!r}: the multi-process trainer job "
+                         "runs rl.objective='flow_grpo' only; train nft on one process")
+    return rl_config(config)
 
 
 def iteration_prompts(prompts, k: int, n: int, seed: int):
@@ -129,7 +134,7 @@ class Run:
         self.mesh = build_mesh(config, devices if devices is not None else self.devices)
         base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
-        self.rl = grpo_config(config)
+        self.rl = rl_config(config)
         self.reward_parts = None
         if self.rl.advantage == "decoupled":
             if self.rl.global_std:
@@ -141,8 +146,8 @@ class Run:
         self.train_sampler_cfg = sampler_config(config)
         image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
-        self.trainer = trainer if trainer is not None else GRPOTrainer(
-            graphdef, base, self.rl, self.train_sampler_cfg, mesh=self.mesh)
+        self.trainer = (trainer if trainer is not None
+                        else make_trainer(config, graphdef, base, mesh=self.mesh))
         self.sampler = Sampler(graphdef, image_shape, self.train_sampler_cfg, mesh=self.mesh)
         self.eval_sampler = Sampler(graphdef, image_shape, sampler_config(config, evaluation=True),
                                     mesh=self.mesh)
@@ -240,8 +245,8 @@ class Run:
 
     # -- checkpointing -------------------------------------------------------------------------
     def _tree(self):
-        return {"trainable": self.trainer.trainable, "opt_state": self.trainer.opt_state,
-                "ema": self.trainer.ema if self.trainer.ema is not None else {}}
+        parts = {p: getattr(self.trainer, p) for p in self.trainer.state_parts}
+        return {p: {} if v is None else v for p, v in parts.items()}
 
     def save(self):
         self.ckpt.save(self.iteration, self._tree(), {
@@ -254,9 +259,9 @@ class Run:
         if got is None:
             return False
         step, tree, meta = got
-        self.trainer.trainable, self.trainer.opt_state = tree["trainable"], tree["opt_state"]
-        if self.trainer.ema is not None:
-            self.trainer.ema = tree["ema"]
+        for part in self.trainer.state_parts:
+            if getattr(self.trainer, part) is not None:
+                setattr(self.trainer, part, tree[part])
         self.iteration, self.history = int(meta["iteration"]), list(meta["history"])
         self.next_seeds = meta.get("next_seeds")
         if "planner" in meta:
@@ -275,7 +280,7 @@ class Run:
     def rollout(self, prompts, seeds_per_prompt) -> dict:
         flat = [p for p, ss in zip(prompts, seeds_per_prompt) for _ in range(len(ss))]
         seeds = np.concatenate([np.asarray(ss, np.uint32) for ss in seeds_per_prompt])
-        batch = self.engine.run(self.trainer.policy_state(), flat, seeds)
+        batch = self.engine.run(self.trainer.sampling_state(), flat, seeds)
         return _with_group_ids(batch, seeds_per_prompt)
 
     def scheduled_rollout(self, k: int, prompts, seeds_per_prompt) -> tuple[dict, dict]:
@@ -301,7 +306,7 @@ class Run:
         rids = [f"k{k:05d}r{i:04d}" for i in range(len(flat))]
         q.submit([sched.Request(rid=r, prompt=p, seed=s, num_steps=T, policy_version=k)
                   for r, (p, s) in zip(rids, flat)])
-        state = self.trainer.policy_state()
+        state = self.trainer.sampling_state()
         self.group_steppers = []
         with _quiet("spotlight_jax.elastic", "spotlight_jax.sched"):  # a pool per phase
             sim = sched.Simulation(
@@ -372,7 +377,7 @@ class Run:
 
         d = self.deploy
         t0 = time.perf_counter()
-        state = self.trainer.policy_state()
+        state = self.trainer.sampling_state()
         if self._published is None or self._published[0] != k:
             self._published = (k, spot.publish(state))
         started = lost_idle = 0
@@ -490,7 +495,7 @@ class Run:
         :mod:`spotlight_jax.spot_fleet`) and adds what they measured to ``row``."""
         if self.fleet is None:
             return
-        got = self.fleet.sync(self.deploy.alive_nodes, self.trainer.policy_state)
+        got = self.fleet.sync(self.deploy.alive_nodes, self.trainer.sampling_state)
         if row is not None:
             for key, v in got.items():
                 row[key] = max(row.get(key, 0), v) if key.endswith("max_s") else (
@@ -516,8 +521,8 @@ class Run:
         else:
             adv = advantages(batch["rewards"], batch["prompt_ids"],
                              global_std=self.rl.global_std, clip=self.rl.adv_clip)
-        train = {"latents": batch["latents"], "log_probs": batch["log_probs"],
-                 "advantages": adv, "tokens": batch["tokens"], "mask": batch["mask"]}
+        train = {key: batch[key] for key in self.trainer.batch_keys}
+        train["advantages"] = adv
         return self.trainer.update(train, self.key, k)
 
     def evaluate(self, k: int) -> dict:
@@ -552,7 +557,7 @@ class Run:
         if self.mode == "explore_sync":
             budget = c.explore.sync_extra_per_prompt * P * d.od_seconds_per_candidate()
             cands, chosen, ebatch, info = self.explore(
-                self.trainer.policy_state(), prompts, budget, d.od_seconds_per_candidate(),
+                self.trainer.sampling_state(), prompts, budget, d.od_seconds_per_candidate(),
                 keep=True)
             offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
             sel = np.concatenate([o + i for o, i in zip(offsets, chosen)])
@@ -595,7 +600,7 @@ class Run:
                       ("spot_rollout", "spotlight") else 0.0)
         self.sync_fleet(row)
         # ---- train (+ concurrent exploration in spotlight mode) ------------------------------
-        stale_state = self.trainer.policy_state()          # θ_k, before the update
+        stale_state = self.trainer.sampling_state()        # θ_k, before the update
         train_s = d.train_s(n)
         explore_info = {}
         with clock.concurrent() as phase:
@@ -742,7 +747,7 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
             row.update({f"val_{kk}": v for kk, v in res.items()})
         r.history.append(row)
         r.writer.write(r.iteration, **{k2: v for k2, v in row.items() if k2 != "iteration"})
-        post = {"reward": f"{row['reward_mean']:.3f}", "kl": f"{row['kl']:.1e}"}
+        post = {"reward": f"{row['reward_mean']:.3f}", "kl": f"{row.get('kl', 0.0):.1e}"}
         if c.mode in ("spot_rollout", "spotlight"):
             post.update(spot=row["spot_alive"], preempt=row["preemptions"])
         if budget_s:  # the run ends on its time budget, long before rl.iterations

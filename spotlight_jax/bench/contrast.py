@@ -53,7 +53,7 @@ def main(argv=None):
     import numpy as np
 
     from spotlight_jax import controller, train
-    from spotlight_jax.builders import load_config
+    from spotlight_jax.builders import load_config, rl_config
     from spotlight_jax.explore import candidate_seeds
 
     config = load_config(args.config)
@@ -69,7 +69,7 @@ def main(argv=None):
     prompts = [pool[i] for i in rng.choice(len(pool), min(args.prompts, len(pool)), replace=False)]
     seeds = [candidate_seeds(args.seed, 0, i, args.pool) for i in range(len(prompts))]
     rewards = np.stack(run.explorer.score(run.trainer.policy_state(), prompts, seeds))
-    t = contrast_table(rewards, G, global_std=config.rl.global_std)
+    t = contrast_table(rewards, G, global_std=rl_config(config).global_std)
     print(f"\n{len(prompts)} training prompts x {args.pool} candidate seeds, G = {G}, training SDE "
           f"rollout, base: {source}")
     print("| groups | within-group std | zero-variance groups | mean abs advantage | reward |")

@@ -170,6 +170,9 @@ class TrainerJob:
             self._opt_stale = False
 
     # -- the GRPOTrainer interface the controller uses -----------------------------------------
+    batch_keys = ("latents", "log_probs", "tokens", "mask")   # GRPOTrainer's
+    state_parts = _PARTS
+
     def update(self, batch: dict, key, step: int) -> dict:
         arrays = {f"b/{k}": np.asarray(v) for k, v in batch.items()}
         metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
@@ -180,6 +183,9 @@ class TrainerJob:
 
     def policy_state(self):
         return self.local.policy_state()
+
+    def sampling_state(self):
+        return self.local.sampling_state()
 
     def eval_state(self):
         return self.local.eval_state()

@@ -3,6 +3,7 @@ from spotlight_jax.diffusion.rollout import (
     Sampler,
     SamplerConfig,
     denoise,
+    encode_prompt,
     from_image,
     initial_noise,
     step_noise,
@@ -13,6 +14,6 @@ from spotlight_jax.diffusion.rollout import (
 from spotlight_jax.diffusion.schedule import sample_t, shifted_sigmas
 from spotlight_jax.diffusion.sde import cps_step, ode_step, sde_step
 
-__all__ = ["Sampler", "SamplerConfig", "denoise", "from_image", "initial_noise", "step_noise",
-           "to_image", "transition", "velocity", "sample_t", "shifted_sigmas", "cps_step",
-           "ode_step", "sde_step"]
+__all__ = ["Sampler", "SamplerConfig", "denoise", "encode_prompt", "from_image", "initial_noise",
+           "step_noise", "to_image", "transition", "velocity", "sample_t", "shifted_sigmas",
+           "cps_step", "ode_step", "sde_step"]

@@ -139,14 +139,27 @@ def step_noise(seeds, step, shape):
         jax.random.fold_in(seed_key(s), step + 1), shape))(seeds)
 
 
-def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=AttentionSpec()):
-    """Model velocity with classifier-free guidance (the null prompt is the all-masked prompt)."""
+def encode_prompt(model, tokens, mask, *, guidance: float = 1.0):
+    """The prompt context `velocity` takes: the model's prompt encoding, of the conditional and
+    the null prompt (stacked) when guidance is on. Loop-invariant: compute it once per rollout
+    or train step, not per denoising step or flow time."""
+    if guidance == 1.0:
+        return model.encode(tokens, mask)
+    return model.encode(jnp.concatenate([tokens, jnp.zeros_like(tokens)]),
+                        jnp.concatenate([mask, jnp.zeros_like(mask)]))
+
+
+def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=AttentionSpec(),
+             context=None):
+    """Model velocity with classifier-free guidance (the null prompt is the all-masked prompt).
+    ``context``: `encode_prompt` of the same prompts and guidance (None = encode here)."""
     t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])
     if guidance == 1.0:
-        return model(x, t, tokens, mask, attn=attn)
-    both = model(jnp.concatenate([x, x]), jnp.concatenate([t, t]),
-                 jnp.concatenate([tokens, jnp.zeros_like(tokens)]),
-                 jnp.concatenate([mask, jnp.zeros_like(mask)]), attn=attn)
+        return model(x, t, tokens, mask, attn=attn, context=context)
+    tokens2 = jnp.concatenate([tokens, jnp.zeros_like(tokens)])
+    mask2 = jnp.concatenate([mask, jnp.zeros_like(mask)])
+    both = model(jnp.concatenate([x, x]), jnp.concatenate([t, t]), tokens2, mask2, attn=attn,
+                 context=context)
     cond, uncond = jnp.split(both, 2)
     return uncond + guidance * (cond - uncond)
 
@@ -216,10 +229,12 @@ def denoise(model, x, start, num, seeds, tokens, mask, cfg: SamplerConfig,
             attn=AttentionSpec()):
     """Runs steps ``start .. start+num-1`` from latent ``x``. Returns ``(x_end, xs, logps)`` with
     ``xs [num, B, ...]`` the latent after each step and ``logps [num, B]``."""
+    context = encode_prompt(model, tokens, mask, guidance=cfg.guidance)
+
     def body(x, j):
         i = start + j
         v = velocity(model, x, jnp.asarray(cfg.sigmas)[i], tokens, mask, guidance=cfg.guidance,
-                     attn=attn)
+                     attn=attn, context=context)
         noise = step_noise(seeds, i, x.shape[1:])
         x_next, logp, _, _ = transition(cfg, x, v, i, noise=noise)
         return x_next, (x_next, logp)

@@ -285,10 +285,11 @@ class MMDiT(nnx.Module):
             self.pixel_convs = nnx.List([Conv3x3(f + cfg.channels, f, **kw), Conv3x3(f, f, **kw),
                                          Conv3x3(f, cfg.channels, zero=True, **kw)])
 
-    def __call__(self, x, t, tokens, token_mask, attn: AttentionSpec = AttentionSpec()):
-        cfg = self.cfg
-        dt = as_dtype(cfg.dtype)
-        b, h, w, ch = x.shape
+    def encode(self, tokens, token_mask):
+        """The prompt's timestep-independent part: ``(text features [B, L, width], pooled
+        conditioning [B, width])`` after their projections. A sampler encodes a prompt once per
+        rollout and a trainer once per train step, then passes it as ``context``."""
+        dt = as_dtype(self.cfg.dtype)
         token_mask = token_mask.astype(bool)
         if self.encoder is not None:
             txt, pooled = self.encoder(tokens, token_mask)
@@ -296,15 +297,25 @@ class MMDiT(nnx.Module):
             txt = tokens.astype(dt)
             m = token_mask[..., None].astype(dt)
             pooled = (txt * m).sum(1) / jnp.maximum(m.sum(1), 1)
+        return self.text_proj(txt), self.pool_proj(pooled)
+
+    def __call__(self, x, t, tokens, token_mask, attn: AttentionSpec = AttentionSpec(),
+                 context=None):
+        """``context``: ``encode(tokens, token_mask)`` computed once by the caller (the same
+        result as leaving it None, which encodes here)."""
+        cfg = self.cfg
+        dt = as_dtype(cfg.dtype)
+        b, h, w, ch = x.shape
+        token_mask = token_mask.astype(bool)
+        txt, pooled = self.encode(tokens, token_mask) if context is None else context
         xin = x.astype(dt)
         if self.stem is not None:
             xin = jax.nn.gelu(self.stem(xin))
         img = self.patch_embed(patchify(xin, cfg.patch_size))
         gh, gw = h // cfg.patch_size, w // cfg.patch_size
         img = img + sincos_2d(gh, gw, cfg.width).astype(dt)[None]
-        txt = self.text_proj(txt)
         temb = self.t_fc2(jax.nn.silu(self.t_fc1(timestep_embedding(t, 256).astype(dt))))
-        c = jax.nn.silu(temb + self.pool_proj(pooled))
+        c = jax.nn.silu(temb + pooled)
         kv_mask = jnp.concatenate([token_mask, jnp.ones((b, img.shape[1]), bool)], axis=1)
 
         def run_block(block, txt, img):

@@ -20,8 +20,7 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, velocity
 from spotlight_jax.diffusion.rollout import project_at, step_at
-from spotlight_jax.parallel.mesh import place_batch
-from spotlight_jax.rl import lora as lora_lib
+from spotlight_jax.rl.policy import PolicyTrainer, make_optimizer, merged_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,43 +237,20 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
     return loss, metrics
 
 
-class GRPOTrainer:
-    """Owns the policy (full weights or LoRA factors), optimizer, reference and EMA.
+class GRPOTrainer(PolicyTrainer):
+    """Flow-GRPO's trainer: the policy (full weights or LoRA factors), optimizer, reference, EMA.
 
     ``policy_state()`` is the merged NNX state that samplers use; ``update(batch, key, step)``
     runs ``inner_epochs x minibatches`` optimizer steps as one jitted, donated program per
     minibatch.
     """
 
+    batch_keys = ("latents", "log_probs", "tokens", "mask")
+
     def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig, mesh=None):
-        self.graphdef, self.cfg, self.sampler = graphdef, cfg, sampler
         step_weights(sampler, cfg.step_weight)   # a bad name fails here, not inside a trace
-        self.mesh = mesh
-        self.base = base_state
-        if cfg.lora_rank:
-            self.trainable = lora_lib.init_lora(base_state, cfg.lora_rank, jax.random.key(0))
-            if mesh is not None:
-                from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
-
-                rep = NamedSharding(mesh, PartitionSpec())
-                self.trainable = jax.device_put(self.trainable, rep)
-        else:
-            self.trainable = jax.tree.map(jnp.copy, base_state)
-        self.tx = make_optimizer(cfg)
-        self.opt_state = self.tx.init(self.trainable)
-        self.ema = jax.tree.map(jnp.copy, self.trainable) if cfg.ema else None
-
-    # -- views -------------------------------------------------------------------------------
-    def merged(self, trainable):
-        if self.cfg.lora_rank:
-            return lora_lib.merge(self.base, trainable, self.cfg.lora_alpha / self.cfg.lora_rank)
-        return trainable
-
-    def policy_state(self):
-        return self.merged(self.trainable)
-
-    def eval_state(self):
-        return self.merged(self.ema) if self.ema is not None else self.policy_state()
+        super().__init__(graphdef, base_state, cfg, mesh)
+        self.sampler = sampler
 
     # -- update ------------------------------------------------------------------------------
     # The jitted programs are built by module-level cached builders keyed by the (hashable) graph
@@ -290,9 +266,6 @@ class GRPOTrainer:
     @property
     def _select(self):
         return _select_fn(self.sampler, self.cfg.train_steps)
-
-    def _place(self, x):
-        return jnp.asarray(x) if self.mesh is None else place_batch(x, self.mesh)
 
     def update(self, batch: dict, key, step: int) -> dict:
         """Runs the optimizer steps of one iteration on ``batch`` (numpy/jax arrays with
@@ -356,15 +329,8 @@ def _program_config(cfg: GRPOConfig) -> GRPOConfig:
                                minibatches=1, inner_epochs=1, rescore=False, advantage="reward")
 
 
-def make_optimizer(cfg: GRPOConfig):
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                       optax.adamw(cfg.lr, b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
-
-
 def _policy(graphdef, cfg: GRPOConfig, trainable, base):
-    if cfg.lora_rank:
-        trainable = lora_lib.merge(base, trainable, cfg.lora_alpha / cfg.lora_rank)
-    return nnx.merge(graphdef, trainable)
+    return merged_model(graphdef, cfg, trainable, base)
 
 
 @functools.lru_cache(maxsize=32)

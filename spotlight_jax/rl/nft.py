@@ -1,0 +1,268 @@
+"""The forward-process objective (DiffusionNFT family): reward-weighted flow matching on finished
+rollout images at fresh forward-process noise.
+
+Per iteration the *sampling policy* θ_old (a lagging copy of the trained θ) draws G images per
+prompt with the deterministic ODE sampler; only each image's x0 is kept. Rewards become
+advantages A (group mean removed, batch or group std, clipped to ±A_max) and optimality
+probabilities ``p = 0.5 + 0.5 clip(A / A_max, -1, 1)``. Each image is trained at K flow times t
+of the sampler's grid (stratified, t = 1 and t = 0 excluded), with ``x_t = (1 - t) x0 + t eps``.
+By default every member of a prompt's group shares the same (t, eps) per slot (DGPO's shared
+noise: advantages sum to ~0 in a group, so the regression noise common to the group cancels).
+
+With ``v = v_θ(x_t)``, ``v_old = sg(v_θold(x_t))`` the implicit positive and negative policies are
+``v+ = β v + (1 - β) v_old`` and ``v- = (1 + β) v_old - β v``; the loss (:func:`nft_loss`) pulls
+v+ toward the image for likely-good samples and v- for likely-bad ones, each squared error
+normalised by its own stop-gradient mean absolute error. At θ = θ_old its gradient is
+``-(2/N)(t^2 / w) a (u - v_old)`` with ``a = 2p - 1``, ``u = eps - x0``: advantage-weighted flow
+matching, β acting as a trust region. No per-step log-probs are needed, so the sampler can be
+any ODE solver.
+
+After each optimizer step ``θ_old <- η_k θ_old + (1 - η_k) θ`` with
+``η_k = min(eta_rate * (k - eta_delay), eta_max)`` (0 before ``eta_delay``): a sampling policy
+that follows θ closely at first and lags it more as training goes on (fully on-policy sampling,
+η = 0 throughout, was measured to collapse).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from spotlight_jax.diffusion import SamplerConfig, encode_prompt, velocity
+from spotlight_jax.rl.policy import PolicyTrainer, make_optimizer, merged_model
+
+
+@dataclasses.dataclass(frozen=True)
+class NFTConfig:
+    group_size: int = 8
+    lr: float = 5e-4
+    grad_clip: float = 1.0
+    weight_decay: float = 1e-4
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    ema: float = 0.0
+    adv_clip: float = 5.0          # A_max
+    global_std: bool = True        # advantages' std over the whole batch (False: per group)
+    advantage: str = "reward"      # or 'decoupled' (rl.grpo.decoupled_advantages)
+    beta: float = 1.0              # trust region of the implicit policies
+    kl_beta: float = 0.0           # weight of mean((v - v_ref)^2) to the frozen base
+    times: int = 4                 # K flow times per image
+    shared_noise: bool = True      # one (t, eps) per group and slot (False: per image)
+    eta_rate: float = 0.01
+    eta_max: float = 0.5
+    eta_delay: int = 0             # iterations with η = 0 (θ_old = θ) before the ramp
+    minibatches: int = 1           # gradient accumulation over this many sample chunks
+
+    def validate(self) -> NFTConfig:
+        if not self.beta > 0:
+            raise ValueError(f"rl.nft.beta={self.beta} must be > 0 (1.0 in the anchor; 0.1 for "
+                             "text rewards)")
+        if self.times < 1:
+            raise ValueError(f"rl.nft.times={self.times} must be >= 1 flow time per image")
+        if not 0.0 <= self.eta_max < 1.0 or self.eta_rate < 0:
+            raise ValueError(f"rl.nft.eta_max={self.eta_max} must be in [0, 1) and "
+                             f"rl.nft.eta_rate={self.eta_rate} >= 0")
+        if self.kl_beta < 0:
+            raise ValueError(f"rl.nft.kl_beta={self.kl_beta} must be >= 0")
+        return self
+
+
+def optimality(advantages, adv_clip: float) -> np.ndarray:
+    """``p = 0.5 + 0.5 clip(A / A_max, -1, 1)``: how likely each sample is the better one."""
+    a = np.asarray(advantages, np.float32)
+    return (0.5 + 0.5 * np.clip(a / adv_clip, -1.0, 1.0)).astype(np.float32)
+
+
+def eta(cfg: NFTConfig, k: int) -> float:
+    """The sampling policy's lag after update ``k`` (0-based): ``min(rate (k - delay), max)``."""
+    return float(min(max(cfg.eta_rate * (k - cfg.eta_delay), 0.0), cfg.eta_max))
+
+
+def _per_sample_mean(a):
+    return a.reshape(a.shape[0], -1).mean(-1)
+
+
+def nft_loss(v, v_old, v_ref, x_t, x0, t, p, *, beta: float, kl_beta: float):
+    """Per-sample forward-process loss ``[B]`` (float32), exactly
+
+    ``(1/β)[p mean((x0+ - x0)^2) / w+ + (1 - p) mean((x0- - x0)^2) / w-]
+    + kl_beta mean((v - v_ref)^2)``
+
+    with ``x0± = x_t - t v±`` of the implicit policies ``v+ = β v + (1 - β) v_old``,
+    ``v- = (1 + β) v_old - β v`` and ``w± = sg(max(mean|x0± - x0|, 1e-5))``. Arrays are
+    ``[B, H, W, C]`` except ``t`` and ``p`` ``[B]``; ``v_old`` and ``v_ref`` are treated as
+    constants (``v_ref`` may be None when ``kl_beta == 0``).
+    """
+    f32 = jnp.float32
+    v, x_t, x0 = v.astype(f32), x_t.astype(f32), x0.astype(f32)
+    v_old = jax.lax.stop_gradient(v_old.astype(f32))
+    tb = jnp.asarray(t, f32).reshape((-1,) + (1,) * (v.ndim - 1))
+    p = jnp.asarray(p, f32)
+    v_pos = beta * v + (1.0 - beta) * v_old
+    v_neg = (1.0 + beta) * v_old - beta * v
+    err_pos = x_t - tb * v_pos - x0
+    err_neg = x_t - tb * v_neg - x0
+    w_pos = jax.lax.stop_gradient(jnp.maximum(_per_sample_mean(jnp.abs(err_pos)), 1e-5))
+    w_neg = jax.lax.stop_gradient(jnp.maximum(_per_sample_mean(jnp.abs(err_neg)), 1e-5))
+    loss = (p * _per_sample_mean(err_pos ** 2) / w_pos
+            + (1.0 - p) * _per_sample_mean(err_neg ** 2) / w_neg) / beta
+    if kl_beta:
+        v_ref = jax.lax.stop_gradient(v_ref.astype(f32))
+        loss = loss + kl_beta * _per_sample_mean((v - v_ref) ** 2)
+    return loss.astype(f32)
+
+
+def time_grid(sampler: SamplerConfig) -> np.ndarray:
+    """The flow times an image may be trained at: the sampler's grid without t = 1 and t = 0."""
+    s = np.asarray(sampler.sigmas, np.float32)
+    return s[(s < 1.0) & (s > 0.0)]
+
+
+def forward_noise(key, group_ids, x0, grid, times: int, shared: bool):
+    """``(t [B, K], eps [B, K, ...])``: K stratified grid times and fresh noise per image.
+
+    The grid is split into K contiguous strata and each slot draws one time from its stratum.
+    ``shared``: every image of a group (same ``group_ids`` entry) gets the same (t, eps) per slot;
+    else each image its own. Both are pure functions of ``(key, group id or image index)``.
+    """
+    grid = jnp.asarray(grid, jnp.float32)
+    n, k = grid.shape[0], times
+    if not 1 <= k <= n:
+        raise ValueError(f"rl.nft.times={k} flow times per image do not fit the sampler's {n} "
+                         "grid times in (0, 1); lower rl.nft.times or raise sampler.num_steps")
+    edges = np.linspace(0, n, k + 1).round().astype(np.int32)
+    lo, width = jnp.asarray(edges[:-1]), jnp.asarray(np.diff(edges))
+    ids = (jnp.asarray(group_ids, jnp.int32) if shared
+           else jnp.arange(x0.shape[0], dtype=jnp.int32) + (1 << 20))
+
+    def draw(i):
+        kk = jax.random.fold_in(key, i)
+        u = jax.random.uniform(jax.random.fold_in(kk, 0), (k,))
+        idx = lo + jnp.minimum((u * width).astype(jnp.int32), width - 1)
+        eps = jax.random.normal(jax.random.fold_in(kk, 1), (k,) + x0.shape[1:])
+        return grid[idx], eps
+
+    return jax.vmap(draw)(ids)
+
+
+class NFTTrainer(PolicyTrainer):
+    """θ (LoRA or full), its optimizer and EMA, and the lagging sampling policy θ_old.
+
+    ``sampling_state()`` is θ_old merged: what rollouts and exploration sample with.
+    ``update(batch, key, step)`` is one optimizer step over the whole batch (one jitted, donated
+    program; gradients accumulated over ``cfg.minibatches`` chunks), then the θ_old update.
+    """
+
+    batch_keys = ("latents", "tokens", "mask", "prompt_ids")
+    state_parts = ("trainable", "opt_state", "ema", "old")
+
+    def __init__(self, graphdef, base_state, cfg: NFTConfig, sampler: SamplerConfig, mesh=None):
+        super().__init__(graphdef, base_state, cfg.validate(), mesh)
+        self.sampler = sampler
+        self.grid = time_grid(sampler)
+        if not 1 <= cfg.times <= len(self.grid):
+            raise ValueError(f"rl.nft.times={cfg.times} flow times per image do not fit the "
+                             f"{len(self.grid)} grid times in (0, 1) of sampler.num_steps="
+                             f"{sampler.num_steps}; lower rl.nft.times or raise the steps")
+        self.old = jax.tree.map(jnp.copy, self.trainable)
+
+    def sampling_state(self):
+        return self.merged(self.old)
+
+    @property
+    def _step(self):
+        return _nft_step(self.graphdef, self.cfg, tuple(float(t) for t in self.grid))
+
+    def update(self, batch: dict, key, step: int) -> dict:
+        """``batch``: ``latents [B, T+1, ...]`` (only the last, x0, is read), ``tokens``,
+        ``mask``, ``prompt_ids [B]`` (the groups) and ``advantages [B]``."""
+        x0 = np.asarray(batch["latents"])[:, -1]
+        n, mb = x0.shape[0], self.cfg.minibatches
+        if n % mb:
+            raise ValueError(f"batch of {n} images does not split into rl.nft.minibatches={mb}")
+        p = optimality(batch["advantages"], self.cfg.adv_clip)
+        args = {"x0": x0, "tokens": np.asarray(batch["tokens"]),
+                "mask": np.asarray(batch["mask"]), "p": p,
+                "group": np.asarray(batch["prompt_ids"], np.int32)}
+        args = {k: self._place(v) for k, v in args.items()}
+        self.trainable, self.opt_state, self.ema, self.old, m = self._step(
+            self.trainable, self.opt_state, self.ema, self.old, self.base, args,
+            jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)))
+        out = {k: float(v) for k, v in jax.device_get(m).items()}
+        for k in ("loss", "grad_norm"):
+            if not np.isfinite(out[k]):
+                raise FloatingPointError(f"nft {k} is {out[k]} at iteration {step}; lower rl.lr "
+                                         "or raise rl.nft.eta_max / rl.nft.kl_beta")
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
+    tx = make_optimizer(cfg)
+    lora = bool(cfg.lora_rank)
+
+    def rows_loss(trainable, old, base, chunk, key):
+        x0, tok, msk, p, group = (chunk[k] for k in ("x0", "tokens", "mask", "p", "group"))
+        b = x0.shape[0]
+        t, eps = forward_noise(key, group, x0, np.asarray(grid), cfg.times, cfg.shared_noise)
+        kk = t.shape[1]
+        t = t.reshape(-1)
+        x0r = jnp.repeat(x0, kk, axis=0)
+        x_t = (1.0 - t.reshape(-1, 1, 1, 1)) * x0r + t.reshape(-1, 1, 1, 1) * eps.reshape(
+            x0r.shape)
+        model = merged_model(graphdef, cfg, trainable, base)
+        old_model = merged_model(graphdef, cfg, old, base)
+
+        def rep(ctx):   # one prompt encoding per image, repeated for its K rows
+            return jax.tree.map(lambda a: jnp.repeat(a, kk, axis=0), ctx)
+
+        ctx = encode_prompt(model, tok, msk)
+        # LoRA adapts only the blocks' attention: every policy shares the prompt encoding
+        ctx_old = (jax.lax.stop_gradient(ctx) if lora
+                   else jax.lax.stop_gradient(encode_prompt(old_model, tok, msk)))
+        tok_r, msk_r = jnp.repeat(tok, kk, axis=0), jnp.repeat(msk, kk, axis=0)
+        v = velocity(model, x_t, t, tok_r, msk_r, context=rep(ctx))
+        v_old = velocity(old_model, x_t, t, tok_r, msk_r, context=rep(ctx_old))
+        v_ref = None
+        if cfg.kl_beta:
+            ref = nnx.merge(graphdef, base)
+            ctx_ref = (ctx_old if lora else
+                       jax.lax.stop_gradient(encode_prompt(ref, tok, msk)))
+            v_ref = velocity(ref, x_t, t, tok_r, msk_r, context=rep(ctx_ref))
+        per = nft_loss(v, v_old, v_ref, x_t, x0r, t, jnp.repeat(p, kk), beta=cfg.beta,
+                       kl_beta=cfg.kl_beta)
+        v_sg = jax.lax.stop_gradient(v)
+        metrics = {"policy_shift": jnp.mean((v_sg - jax.lax.stop_gradient(v_old)) ** 2),
+                   "kl": (jnp.mean((v_sg - v_ref) ** 2) if v_ref is not None
+                          else jnp.zeros((), jnp.float32))}
+        return per.sum() / (b * kk), metrics
+
+    def step(trainable, opt_state, ema, old, base, batch, key, eta_k):
+        m = cfg.minibatches
+        chunks = jax.tree.map(lambda a: a.reshape((m, a.shape[0] // m) + a.shape[1:]), batch)
+        grad_fn = jax.value_and_grad(rows_loss, has_aux=True)
+
+        def body(acc, i):
+            chunk = jax.tree.map(lambda a: a[i], chunks)
+            (loss, met), g = grad_fn(trainable, old, base, chunk, jax.random.fold_in(key, i))
+            return jax.tree.map(jnp.add, acc, (loss, met, g)), None
+
+        zero = (jnp.zeros(()), {"policy_shift": jnp.zeros(()), "kl": jnp.zeros(())},
+                jax.tree.map(jnp.zeros_like, trainable))
+        (loss, met, grads), _ = jax.lax.scan(body, zero, jnp.arange(m))
+        loss, met, grads = jax.tree.map(lambda a: a / m, (loss, met, grads))
+        gnorm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        old = jax.tree.map(lambda o, p: eta_k * o + (1.0 - eta_k) * p, old, trainable)
+        if ema is not None:
+            ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
+        return trainable, opt_state, ema, old, {**met, "loss": loss, "grad_norm": gnorm,
+                                               "eta": eta_k}
+
+    return jax.jit(step, donate_argnums=(0, 1, 2, 3))

@@ -1,0 +1,82 @@
+"""What every objective's trainer owns: the trainable weights (full or LoRA), optimizer, EMA.
+
+An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update; the
+controller only uses the shared interface: ``policy_state()`` (θ, merged), ``sampling_state()``
+(the weights rollouts and exploration use: θ itself, or the forward-process objective's lagging
+θ_old), ``eval_state()`` (the EMA if kept), ``update(batch, key, step)``, ``batch_keys`` (the
+rollout fields the update reads) and ``state_parts`` (the attributes a checkpoint holds).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from spotlight_jax.parallel.mesh import place_batch
+from spotlight_jax.rl import lora as lora_lib
+
+
+def make_optimizer(cfg):
+    """Grad-norm clip then AdamW, from a config with ``grad_clip``, ``lr``, ``weight_decay``."""
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                       optax.adamw(cfg.lr, b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
+
+
+def merged_model(graphdef, cfg, trainable, base):
+    """The NNX model of ``trainable`` (LoRA factors merged into ``base`` when ``cfg.lora_rank``)."""
+    if cfg.lora_rank:
+        trainable = lora_lib.merge(base, trainable, cfg.lora_alpha / cfg.lora_rank)
+    return nnx.merge(graphdef, trainable)
+
+
+class PolicyTrainer:
+    """Trainable weights, optimizer state and EMA over a frozen base (the reference policy).
+
+    ``cfg`` needs ``lora_rank``, ``lora_alpha``, ``lr``, ``grad_clip``, ``weight_decay``, ``ema``.
+    """
+
+    batch_keys: tuple[str, ...] = ()
+    state_parts: tuple[str, ...] = ("trainable", "opt_state", "ema")
+
+    def __init__(self, graphdef, base_state, cfg, mesh=None):
+        self.graphdef, self.cfg, self.mesh = graphdef, cfg, mesh
+        self.base = base_state
+        rep = None
+        if mesh is not None:
+            # committed to the mesh like the train step's outputs (LoRA factors and scalar
+            # optimizer counters replicated), so the second step does not compile the program
+            # again for other input shardings
+            from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+
+            rep = NamedSharding(mesh, PartitionSpec())
+        if cfg.lora_rank:
+            self.trainable = lora_lib.init_lora(base_state, cfg.lora_rank, jax.random.key(0))
+            if rep is not None:
+                self.trainable = jax.device_put(self.trainable, rep)
+        else:
+            self.trainable = jax.tree.map(jnp.copy, base_state)
+        self.tx = make_optimizer(cfg)
+        self.opt_state = self.tx.init(self.trainable)
+        if rep is not None:
+            self.opt_state = jax.tree.map(
+                lambda x: jax.device_put(x, rep) if x.ndim == 0 else x, self.opt_state)
+        self.ema = jax.tree.map(jnp.copy, self.trainable) if cfg.ema else None
+
+    def merged(self, trainable):
+        if self.cfg.lora_rank:
+            return lora_lib.merge(self.base, trainable, self.cfg.lora_alpha / self.cfg.lora_rank)
+        return trainable
+
+    def policy_state(self):
+        return self.merged(self.trainable)
+
+    def sampling_state(self):
+        """The weights that draw this objective's training rollouts (θ itself here)."""
+        return self.policy_state()
+
+    def eval_state(self):
+        return self.merged(self.ema) if self.ema is not None else self.policy_state()
+
+    def _place(self, x):
+        return jnp.asarray(x) if self.mesh is None else place_batch(x, self.mesh)
