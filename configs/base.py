@@ -10,7 +10,8 @@ def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.mode = "spotlight"            # flow_grpo | explore_sync | spot_rollout | spotlight | compare
-    # Emulated devices when running on CPU (0 = leave as is): the deployment below (4 on-demand
+    # Emulated devices when running on CPU in the spot modes (0 = leave as is; flow_grpo and
+    # explore_sync use one, builders.cpu_device_count): the deployment below (4 on-demand
     # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
     c.num_cpu_devices = 12
     # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores, and

@@ -135,6 +135,17 @@ def eval_reward(config) -> str:
     return config.rl.get("eval_reward", "") or config.rl.reward
 
 
+SPOT_MODES = ("spot_rollout", "spotlight", "compare")
+
+
+def cpu_device_count(config) -> int:
+    """Emulated CPU devices this run needs (0 = leave the backend's default): the deployment's
+    ``num_cpu_devices`` for the modes with spot devices; none for ``flow_grpo`` and
+    ``explore_sync``, which run on the trainer's device alone (idle emulated devices slow every
+    program on the shared cores: measured ~25% on the tiny update, docs/performance.md)."""
+    return int(config.num_cpu_devices) if config.mode in SPOT_MODES else 0
+
+
 def build_mesh(config, devices=None) -> Mesh:
     return make_mesh(devices, mesh_config(config))
 

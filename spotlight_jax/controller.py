@@ -732,13 +732,25 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
         r.history.append({"iteration": 0, "vtime_s": 0.0, "dollars": 0.0,
                           **{f"val_{k}": v for k, v in res.items()}})
         r.writer.write(0, **{f"val_{k}": v for k, v in res.items()})
-    bar = tqdm(range(r.iteration, c.rl.iterations), initial=r.iteration, total=c.rl.iterations,
-               desc=c.mode, disable=not progress, dynamic_ncols=True)
     budget_s = 60.0 * c.rl.get("max_minutes", 0.0)
     spent = sum(h.get("time_rollout", 0.0) + h.get("time_train", 0.0) for h in r.history)
-    for k in bar:
+    desc = f"{c.mode} ({objective(c)})"
+    if budget_s:
+        # the run ends on its time budget, long before rl.iterations: count RL minutes, so the
+        # bar's ETA is the run's (evaluations included, as they take their share of the wall)
+        bar = tqdm(total=round(budget_s / 60, 2), initial=round(min(spent, budget_s) / 60, 2),
+                   unit="RL min", desc=desc, disable=not progress, dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} "
+                              "[{elapsed}<{remaining}{postfix}]")
+    else:
+        bar = tqdm(initial=r.iteration, total=c.rl.iterations, desc=desc, unit="it",
+                   disable=not progress, dynamic_ncols=True)
+    for k in range(r.iteration, c.rl.iterations):
         row = r.step(k)
+        before = spent
         spent += row["time_rollout"] + row["time_train"]
+        bar.update(round((min(spent, budget_s) - min(before, budget_s)) / 60, 4) if budget_s
+                   else 1)
         out_of_time = bool(budget_s) and spent >= budget_s
         row["rl_time_s"] = spent
         if c.rl.eval_every and (r.iteration % c.rl.eval_every == 0 or out_of_time
@@ -750,8 +762,8 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
         post = {"reward": f"{row['reward_mean']:.3f}", "kl": f"{row.get('kl', 0.0):.1e}"}
         if c.mode in ("spot_rollout", "spotlight"):
             post.update(spot=row["spot_alive"], preempt=row["preemptions"])
-        if budget_s:  # the run ends on its time budget, long before rl.iterations
-            post["budget"] = f"{spent / 60:.1f}/{budget_s / 60:.0f} min"
+        if budget_s:
+            post["it"] = r.iteration
         bar.set_postfix(post)
         if (r.iteration % c.checkpoint.every == 0 or r.iteration == c.rl.iterations
                 or out_of_time):
@@ -761,6 +773,7 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
             logging.info("rl.max_minutes=%s reached after %d iterations", c.rl.max_minutes,
                          r.iteration)
             break
+    bar.close()
     r.close()
     r.ckpt.close()
     r.writer.close()

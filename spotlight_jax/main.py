@@ -31,8 +31,10 @@ def main(argv):
     logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     config = _CONFIG.value
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
-    if config.num_cpu_devices:
-        jax.config.update("jax_num_cpu_devices", int(config.num_cpu_devices))
+
+    from spotlight_jax.builders import cpu_device_count  # noqa: PLC0415
+    if cpu_device_count(config):
+        jax.config.update("jax_num_cpu_devices", cpu_device_count(config))
     if config.get("compilation_cache_dir"):
         import os  # noqa: PLC0415
 

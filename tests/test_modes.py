@@ -15,8 +15,8 @@ def base():
     return create_model(controller.model_config(micro_config(1)))
 
 
-def mode_config(mode, iterations=2):
-    c = micro_config(iterations)
+def mode_config(mode, iterations=2, objective="flow_grpo"):
+    c = micro_config(iterations, **{"rl.objective": objective})
     c.mode = mode
     c.explore.max_extra_per_prompt = 4
     c.explore.sync_extra_per_prompt = 2
@@ -27,10 +27,12 @@ def mode_config(mode, iterations=2):
     return c
 
 
-@pytest.mark.parametrize("mode", controller.MODES)
-def test_mode_runs_and_charges_the_clock(tmp_path, base, mode):
+@pytest.mark.parametrize("mode,objective", [(m, "flow_grpo") for m in controller.MODES]
+                         + [("flow_grpo", "nft"), ("spotlight", "nft")])
+def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
-    h = controller.run(mode_config(mode), str(tmp_path), graphdef, state, progress=False)
+    h = controller.run(mode_config(mode, objective=objective), str(tmp_path), graphdef, state,
+                       progress=False)
     rows = [r for r in h if "reward_mean" in r]
     assert len(rows) == 2
     assert 0 < rows[0]["vtime_s"] < rows[1]["vtime_s"]
@@ -46,11 +48,14 @@ def test_mode_runs_and_charges_the_clock(tmp_path, base, mode):
         assert sum(shares) == pytest.approx(1.0 - r["val_reward"], abs=1e-5)
 
 
-def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_path, base):
+@pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
+def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_path, base,
+                                                                          objective):
     graphdef, state = base
-    c = mode_config("spotlight", iterations=1)
+    c = mode_config("spotlight", iterations=1, objective=objective)
     r = controller.Run(c, str(tmp_path), graphdef, state)
-    stale = jax.tree.map(np.asarray, r.trainer.policy_state())
+    # the weights that sample the training batch (θ_k; nft: the sampling policy θ_old)
+    stale = jax.tree.map(np.asarray, r.trainer.sampling_state())
     r.step(0)
     # the chosen seeds are the max-variance subset of candidates scored with θ_0 (stale), and
     # re-scoring them with θ_0 reproduces that choice

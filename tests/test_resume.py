@@ -26,17 +26,27 @@ def base():
     return create_model(controller.model_config(micro_config(1)))
 
 
-def test_resume_is_bitwise_identical(tmp_path, base):
+@pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
+def test_resume_is_bitwise_identical(tmp_path, base, objective):
     graphdef, state = base
+    o = {"rl.objective": objective, "rl.nft.times": 2, "rl.nft.eta_rate": 0.25}
     straight = tmp_path / "straight"
-    h1 = controller.run(micro_config(3), str(straight), graphdef, state, progress=False)
+    h1 = controller.run(micro_config(3, **o), str(straight), graphdef, state, progress=False)
     resumed = tmp_path / "resumed"
-    controller.run(micro_config(2), str(resumed), graphdef, state, progress=False)
-    h2 = controller.run(micro_config(3), str(resumed), graphdef, state, progress=False)
-    a = params_of(straight, micro_config(3)).trainer.trainable
-    b = params_of(resumed, micro_config(3)).trainer.trainable
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    controller.run(micro_config(2, **o), str(resumed), graphdef, state, progress=False)
+    h2 = controller.run(micro_config(3, **o), str(resumed), graphdef, state, progress=False)
+    ra, rb = params_of(straight, micro_config(3, **o)), params_of(resumed, micro_config(3, **o))
+    # nft: the sampling policy θ_old is part of the state (it lags θ from iteration 1 on)
+    parts = ra.trainer.state_parts
+    assert ("old" in parts) == (objective == "nft")
+    for part in parts:
+        a, b = getattr(ra.trainer, part), getattr(rb.trainer, part)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    if objective == "nft":
+        diff = [np.abs(np.asarray(x) - np.asarray(y)).max() for x, y in zip(
+            jax.tree.leaves(ra.trainer.old), jax.tree.leaves(ra.trainer.trainable))]
+        assert max(diff) > 0
     assert [h["reward_mean"] for h in h1 if "reward_mean" in h] == \
         [h["reward_mean"] for h in h2 if "reward_mean" in h]
 

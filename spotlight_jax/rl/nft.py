@@ -206,11 +206,9 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
     tx = make_optimizer(cfg)
     lora = bool(cfg.lora_rank)
 
-    def rows_loss(trainable, old, base, chunk, key):
-        x0, tok, msk, p, group = (chunk[k] for k in ("x0", "tokens", "mask", "p", "group"))
-        b = x0.shape[0]
-        t, eps = forward_noise(key, group, x0, np.asarray(grid), cfg.times, cfg.shared_noise)
-        kk = t.shape[1]
+    def rows_loss(trainable, old, base, chunk):
+        x0, tok, msk, p, t, eps = (chunk[k] for k in ("x0", "tokens", "mask", "p", "t", "eps"))
+        b, kk = t.shape
         t = t.reshape(-1)
         x0r = jnp.repeat(x0, kk, axis=0)
         x_t = (1.0 - t.reshape(-1, 1, 1, 1)) * x0r + t.reshape(-1, 1, 1, 1) * eps.reshape(
@@ -244,12 +242,16 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
 
     def step(trainable, opt_state, ema, old, base, batch, key, eta_k):
         m = cfg.minibatches
+        # (t, eps) for the whole batch first: the chunking never changes the draws
+        t, eps = forward_noise(key, batch["group"], batch["x0"], np.asarray(grid), cfg.times,
+                               cfg.shared_noise)
+        batch = {**batch, "t": t, "eps": eps}
         chunks = jax.tree.map(lambda a: a.reshape((m, a.shape[0] // m) + a.shape[1:]), batch)
         grad_fn = jax.value_and_grad(rows_loss, has_aux=True)
 
         def body(acc, i):
             chunk = jax.tree.map(lambda a: a[i], chunks)
-            (loss, met), g = grad_fn(trainable, old, base, chunk, jax.random.fold_in(key, i))
+            (loss, met), g = grad_fn(trainable, old, base, chunk)
             return jax.tree.map(jnp.add, acc, (loss, met, g)), None
 
         zero = (jnp.zeros(()), {"policy_shift": jnp.zeros(()), "kl": jnp.zeros(())},
