@@ -14,9 +14,9 @@ from nbclient import NotebookClient
 
 COLAB = pathlib.Path(__file__).resolve().parents[1] / "colab"
 
-# The notebooks set mode and evaluation cadence themselves.
+# The notebooks set mode and evaluation cadence themselves, and run the default objective.
 MICRO_OVERRIDES = {k: v for k, v in MICRO_RUN_OVERRIDES.items()
-                   if k not in ("mode", "rl.eval_every")}
+                   if k not in ("mode", "rl.eval_every", "rl.objective")}
 MICRO_OVERRIDES.update({
     "num_cpu_devices": 8, "compilation_cache_dir": "", "base_checkpoint": "none",
     "pretrain.steps": 20, "pretrain.batch_size": 8, "pretrain.eval_every": 0,

@@ -68,7 +68,7 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     prompts = [pool[i] for i in rng.choice(len(pool), min(args.prompts, len(pool)), replace=False)]
     seeds = [candidate_seeds(args.seed, 0, i, args.pool) for i in range(len(prompts))]
-    rewards = np.stack(run.explorer.score(run.trainer.policy_state(), prompts, seeds))
+    rewards = np.stack(run.explorer.score(run.trainer.sampling_state(), prompts, seeds))
     t = contrast_table(rewards, G, global_std=rl_config(config).global_std)
     print(f"\n{len(prompts)} training prompts x {args.pool} candidate seeds, G = {G}, training SDE "
           f"rollout, base: {source}")

@@ -69,13 +69,13 @@ def main(argv=None):
     graphdef, base, source = train.load_or_pretrain_base(config, workdir)
     run = controller.Run(config, workdir, graphdef, base)
     G = config.rl.group_size
-    snap = {0: run.trainer.policy_state()}
+    snap = {0: run.trainer.sampling_state()}
     t0 = time.time()
     kls = []
     for k in tqdm(range(args.iterations), desc="train"):
         row = run.step(k)
         kls.append(row["kl"])
-        snap[k + 1] = jax.tree.map(lambda x: x.copy(), run.trainer.policy_state())
+        snap[k + 1] = jax.tree.map(lambda x: x.copy(), run.trainer.sampling_state())
     train_s = time.time() - t0
 
     def cands(k):
