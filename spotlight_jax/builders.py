@@ -19,8 +19,7 @@ from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.models import MMDiT, MMDiTConfig
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
-from spotlight_jax.rl import GRPOConfig, GRPOTrainer
-from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
+from spotlight_jax.rl import GRPOConfig, NFTConfig, trainer_class
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -120,8 +119,8 @@ def rl_config(config) -> GRPOConfig | NFTConfig:
 def make_trainer(config, graphdef, base, mesh=None):
     """The objective's trainer over ``base`` (placed on ``mesh``), sampling with
     :func:`sampler_config`."""
-    cls = NFTTrainer if objective(config) == "nft" else GRPOTrainer
-    return cls(graphdef, base, rl_config(config), sampler_config(config), mesh=mesh)
+    cfg = rl_config(config)
+    return trainer_class(cfg)(graphdef, base, cfg, sampler_config(config), mesh=mesh)
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds

@@ -70,7 +70,6 @@ from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
 from spotlight_jax.rl import (
-    GRPOConfig,
     advantages,
     decoupled_advantages,
     group_stats,
@@ -79,14 +78,6 @@ from spotlight_jax.spot_fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.spot_fleet import FleetExplorer
 
 MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight")
-
-
-def grpo_config(config) -> GRPOConfig:
-    """The Flow-GRPO config of ``config.rl`` (the multi-process trainer job's objective)."""
-    if objective(config) != "flow_grpo":
-        raise ValueError(f"rl.objective={objective(config)!r}: the multi-process trainer job "
-                         "runs rl.objective='flow_grpo' only; train nft on one process")
-    return rl_config(config)
 
 
 def iteration_prompts(prompts, k: int, n: int, seed: int):

@@ -19,7 +19,7 @@ import pytest
 from helpers import MICRO_RUN_OVERRIDES, micro_config
 
 from spotlight_jax import checkpoint, controller
-from spotlight_jax.builders import build_mesh, create_model, sampler_config
+from spotlight_jax.builders import build_mesh, create_model, rl_config, sampler_config
 from spotlight_jax.rl import GRPOTrainer
 
 
@@ -55,12 +55,12 @@ def test_two_process_gloo_update_equals_single_process(tmp_path):
 
     # one process, 4 devices
     mesh = build_mesh(c, jax.devices()[:4])
-    ref = GRPOTrainer(graphdef, controller.shard_state(base, mesh), controller.grpo_config(c),
+    ref = GRPOTrainer(graphdef, controller.shard_state(base, mesh), rl_config(c),
                       sampler_config(c), mesh=mesh)
     ref_metrics = ref.update(train, jax.random.key(c.seed), 0)
     want = [np.asarray(x) for x in jax.tree.leaves(ref.trainable)]
     before = [np.asarray(x) for x in jax.tree.leaves(
-        GRPOTrainer(graphdef, base, controller.grpo_config(c), sampler_config(c)).trainable)]
+        GRPOTrainer(graphdef, base, rl_config(c), sampler_config(c)).trainable)]
 
     # two processes x 2 devices
     port = _free_port()

@@ -12,12 +12,13 @@ the collective program each one names:
            every process's part of the global mesh;
   stop     leave the loop.
 
-``TrainerJob`` is what process 0's controller holds in place of a ``GRPOTrainer``: it has the same
-attributes (``trainable``, ``opt_state``, ``ema``, ``policy_state()``, ``eval_state()``,
-``update()``) and sends the command before running its part. Its weights for sampling live in a
-shadow ``GRPOTrainer`` on process 0's own devices, refreshed after every update, so rollouts and
-evaluation never touch the other processes' devices. Followers need no file system: process 0
-broadcasts the base weights when the job starts.
+``TrainerJob`` is what process 0's controller holds in place of the objective's trainer
+(``GRPOTrainer`` or ``NFTTrainer``): it has the same attributes (``trainable``, ``opt_state``,
+``ema``, the nft sampling policy ``old``, ``policy_state()``, ``sampling_state()``,
+``eval_state()``, ``update()``) and sends the command before running its part. Its weights for
+sampling live in a shadow trainer on process 0's own devices, refreshed after every update, so
+rollouts and evaluation never touch the other processes' devices. Followers need no file system:
+process 0 broadcasts the base weights when the job starts.
 """
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from spotlight_jax.cluster.trainer import broadcast_tree
 
 logger = logging.getLogger(__name__)
 _OP = "__op__"
-_PARTS = ("trainable", "opt_state", "ema")
 
 
 def _command(op: str, **arrays) -> dict:
@@ -81,15 +81,19 @@ def broadcast_base(base) -> dict:
     return out
 
 
+def _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh):
+    from spotlight_jax.controller import shard_state  # noqa: PLC0415
+    from spotlight_jax.rl import trainer_class  # noqa: PLC0415
+
+    return trainer_class(rl_cfg)(graphdef, shard_state(base_state, mesh), rl_cfg, sampler_cfg,
+                                 mesh=mesh)
+
+
 class _Replica:
-    """The GRPO trainer on the job's global mesh, as every process holds it."""
+    """The objective's trainer on the job's global mesh, as every process holds it."""
 
-    def __init__(self, graphdef, base_state, grpo_cfg, sampler_cfg, mesh):
-        from spotlight_jax.controller import shard_state  # noqa: PLC0415
-        from spotlight_jax.rl import GRPOTrainer  # noqa: PLC0415
-
-        self.trainer = GRPOTrainer(graphdef, shard_state(base_state, mesh), grpo_cfg,
-                                   sampler_cfg, mesh=mesh)
+    def __init__(self, graphdef, base_state, rl_cfg, sampler_cfg, mesh):
+        self.trainer = _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh)
 
     def run(self, cmd: dict):
         """Runs one command's collective part on this process; returns what it produced."""
@@ -101,10 +105,10 @@ class _Replica:
             key = jax.random.wrap_key_data(cmd["key"])
             return t.update(batch, key, int(cmd["step"]))
         if op == "gather":
-            parts = {p: getattr(t, p) for p in _PARTS if getattr(t, p) is not None}
+            parts = {p: getattr(t, p) for p in t.state_parts if getattr(t, p) is not None}
             return multihost_utils.process_allgather(parts, tiled=True)
         if op == "set":
-            for p in _PARTS:
+            for p in t.state_parts:
                 cur = getattr(t, p)
                 if cur is None or not any(k.startswith(p + "/") for k in cmd):
                     continue
@@ -115,12 +119,12 @@ class _Replica:
         raise ValueError(f"unknown trainer job command {op!r}")
 
 
-def follow(graphdef, base_state, grpo_cfg, sampler_cfg, mesh) -> int:
+def follow(graphdef, base_state, rl_cfg, sampler_cfg, mesh) -> int:
     """A follower process's whole life in the job: serve process 0's commands until ``stop``.
     Returns the number of updates it took part in."""
     if jax.process_index() == 0:
         raise RuntimeError("process 0 leads the trainer job (TrainerJob); it does not follow")
-    replica = _Replica(graphdef, base_state, grpo_cfg, sampler_cfg, mesh)
+    replica = _Replica(graphdef, base_state, rl_cfg, sampler_cfg, mesh)
     updates = 0
     while True:
         cmd = broadcast_tree(None)
@@ -134,22 +138,20 @@ def follow(graphdef, base_state, grpo_cfg, sampler_cfg, mesh) -> int:
 
 
 class TrainerJob:
-    """Process 0's view of the job's trainer: a drop-in for ``GRPOTrainer`` in the controller.
+    """Process 0's view of the job's trainer: a drop-in for the objective's trainer in the
+    controller.
 
     ``mesh`` spans every process's devices (the job's trainer mesh); ``local_mesh`` is process
     0's own devices, where the shadow trainer keeps the current weights for sampling."""
 
-    def __init__(self, graphdef, base_state, grpo_cfg, sampler_cfg, mesh, local_mesh):
-        from spotlight_jax.controller import shard_state  # noqa: PLC0415
-        from spotlight_jax.rl import GRPOTrainer  # noqa: PLC0415
-
+    def __init__(self, graphdef, base_state, rl_cfg, sampler_cfg, mesh, local_mesh):
         if jax.process_index() != 0:
             raise RuntimeError("TrainerJob runs in process 0; other processes call follow()")
         self.mesh, self.local_mesh = mesh, local_mesh
-        self._replica = _Replica(graphdef, base_state, grpo_cfg, sampler_cfg, mesh)
-        self.local = GRPOTrainer(graphdef, shard_state(base_state, local_mesh), grpo_cfg,
-                                 sampler_cfg, mesh=local_mesh)
-        self.cfg = grpo_cfg
+        self._replica = _Replica(graphdef, base_state, rl_cfg, sampler_cfg, mesh)
+        self.local = _trainer(graphdef, base_state, rl_cfg, sampler_cfg, local_mesh)
+        self.cfg = rl_cfg
+        self.batch_keys, self.state_parts = self.local.batch_keys, self.local.state_parts
         self._opt_stale = False      # the shadow's optimizer state lags the job's
         self.stopped = False
 
@@ -162,17 +164,14 @@ class TrainerJob:
     def _pull(self, with_opt_state: bool):
         """Copies the job's weights (and optimizer state) into the shadow trainer."""
         got = self._send("gather")
-        for p in _PARTS:
+        for p in self.state_parts:
             if p not in got or (p == "opt_state" and not with_opt_state):
                 continue
             setattr(self.local, p, _place_like(got[p], getattr(self.local, p)))
         if with_opt_state:
             self._opt_stale = False
 
-    # -- the GRPOTrainer interface the controller uses -----------------------------------------
-    batch_keys = ("latents", "log_probs", "tokens", "mask")   # GRPOTrainer's
-    state_parts = _PARTS
-
+    # -- the trainer interface the controller uses --------------------------------------------
     def update(self, batch: dict, key, step: int) -> dict:
         arrays = {f"b/{k}": np.asarray(v) for k, v in batch.items()}
         metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
@@ -207,6 +206,15 @@ class TrainerJob:
     @opt_state.setter
     def opt_state(self, value):
         self._set("opt_state", value)
+
+    @property
+    def old(self):
+        """The nft objective's sampling policy θ_old (None for Flow-GRPO)."""
+        return getattr(self.local, "old", None)
+
+    @old.setter
+    def old(self, value):
+        self._set("old", value)
 
     @property
     def ema(self):

@@ -83,11 +83,10 @@ def update_from_files(config, base_dir: str, batch_path: str, out_path: str | No
     from spotlight_jax.builders import (  # noqa: PLC0415
         abstract_model,
         build_mesh,
+        make_trainer,
         model_config,
-        sampler_config,
     )
-    from spotlight_jax.controller import grpo_config, shard_state  # noqa: PLC0415
-    from spotlight_jax.rl import GRPOTrainer  # noqa: PLC0415
+    from spotlight_jax.controller import shard_state  # noqa: PLC0415
 
     mesh = build_mesh(config, jax.devices())
     graphdef, abstract = abstract_model(model_config(config), config.seed)
@@ -96,7 +95,7 @@ def update_from_files(config, base_dir: str, batch_path: str, out_path: str | No
     # be moved onto devices of other processes)
     host = jax.tree.map(np.asarray, checkpoint.load_params(base_dir, abstract))
     base = shard_state(host, mesh)
-    trainer = GRPOTrainer(graphdef, base, grpo_config(config), sampler_config(config), mesh=mesh)
+    trainer = make_trainer(config, graphdef, base, mesh=mesh)
     batch = None
     if jax.process_index() == 0:
         with np.load(batch_path) as f:
@@ -122,6 +121,7 @@ def run_job(config, workdir: str, *, progress: bool = False):
         abstract_model,
         build_mesh,
         model_config,
+        rl_config,
         sampler_config,
     )
     from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow  # noqa: PLC0415
@@ -146,12 +146,12 @@ def run_job(config, workdir: str, *, progress: bool = False):
         raise RuntimeError("process 0 found no base model; see its log")
     host = jax.tree.map(lambda x: x, abstract)
     nnx.replace_by_pure_dict(host, pure)
-    grpo, samp = controller.grpo_config(config), sampler_config(config)
+    rl_cfg, samp = rl_config(config), sampler_config(config)
     if jax.process_index() != 0:
-        follow(graphdef, host, grpo, samp, mesh)
+        follow(graphdef, host, rl_cfg, samp, mesh)
         return None
     local = build_mesh(config, jax.local_devices())   # process 0's samplers and shadow weights
-    job = TrainerJob(graphdef, host, grpo, samp, mesh, local)
+    job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local)
     try:
         return controller.run(config, workdir, graphdef, host, base_source=source,
                               progress=progress, trainer=job, devices=list(local.devices.flat))

@@ -1,4 +1,5 @@
-"""Flow-GRPO: advantages, clipped per-step loss with KL, LoRA, the jitted train step."""
+"""RL objectives for flow-matching DiTs: Flow-GRPO (advantages, the clipped per-step loss with
+KL) and the forward-process objective (`rl.nft`), their trainers over LoRA or full weights."""
 from spotlight_jax.rl.grpo import (
     GRPOConfig,
     GRPOTrainer,
@@ -8,6 +9,13 @@ from spotlight_jax.rl.grpo import (
     grpo_loss,
     select_steps,
 )
+from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "advantages", "decoupled_advantages", "grpo_loss",
-           "group_stats", "select_steps"]
+
+def trainer_class(cfg):
+    """The trainer of an objective's config: `NFTTrainer` for `NFTConfig`, else `GRPOTrainer`."""
+    return NFTTrainer if isinstance(cfg, NFTConfig) else GRPOTrainer
+
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "trainer_class", "advantages",
+           "decoupled_advantages", "grpo_loss", "group_stats", "select_steps"]
