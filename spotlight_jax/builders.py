@@ -105,15 +105,22 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
 
 def rl_config(config) -> GRPOConfig | NFTConfig:
     """The objective's frozen config from ``config.rl`` (``rl.nft.*`` for ``nft``), with
-    ``rl.global_std=None`` resolved to the objective's default (batch std for ``nft``, as its
-    anchor; per-group std for ``flow_grpo``)."""
+    ``rl.global_std=None`` and ``rl.lr=None`` resolved to the objective's defaults (batch std
+    for ``nft``, as its anchor, per-group std for ``flow_grpo``; `NFT_LR`, `GRPO_LR`)."""
     r = config.rl
-    std = r.get("global_std")
-    if objective(config) == "nft":
+    nft = objective(config) == "nft"
+    std, lr = r.get("global_std"), r.get("lr")
+    resolved = {"global_std": nft if std is None else bool(std),
+                "lr": (NFT_LR if nft else GRPO_LR) if lr is None else float(lr)}
+    if nft:
         fields = {**dict(r), **dict(r.get("nft") or {})}
-        return pick_fields(NFTConfig, fields,
-                           global_std=True if std is None else bool(std)).validate()
-    return pick_fields(GRPOConfig, r, global_std=False if std is None else bool(std))
+        return pick_fields(NFTConfig, fields, **resolved).validate()
+    return pick_fields(GRPOConfig, r, **resolved)
+
+
+# The objectives' default learning rates (LoRA r16/a32 on the tiny config; measured, README
+# "Flow-GRPO" and docs/objectives.md).
+GRPO_LR, NFT_LR = 5e-4, 1e-3
 
 
 def make_trainer(config, graphdef, base, mesh=None):

@@ -199,6 +199,10 @@ def test_builders_objective_sampler_and_errors():
     r = rl_config(c)
     assert isinstance(r, NFTConfig) and r.global_std is True and r.beta == 1.0
     assert rl_config(micro_config(1)).global_std is False      # flow_grpo's default
+    from spotlight_jax.builders import GRPO_LR, NFT_LR, load_config
+    assert rl_config(load_config("tiny")).lr == NFT_LR          # rl.lr None: per objective
+    assert rl_config(load_config("tiny", {"rl.objective": "flow_grpo"})).lr == GRPO_LR
+    assert rl_config(load_config("tiny", {"rl.lr": 3e-4})).lr == 3e-4
     c.rl.global_std = False
     assert rl_config(c).global_std is False
     with pytest.raises(ValueError, match="rl.objective='ppo'"):

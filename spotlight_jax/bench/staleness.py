@@ -53,7 +53,7 @@ def main(argv=None):
     from tqdm.auto import tqdm
 
     from spotlight_jax import controller, train
-    from spotlight_jax.builders import load_config, sampler_config
+    from spotlight_jax.builders import load_config, rl_config, sampler_config
     from spotlight_jax.diffusion import Sampler
     from spotlight_jax.explore import Explorer, RolloutEngine, candidate_seeds
     from spotlight_jax.explore.staleness import ranking_agreement, summarize_agreement
@@ -81,7 +81,7 @@ def main(argv=None):
     def cands(k):
         return [candidate_seeds(args.seed, 10_000 + k, i, args.seeds) for i in range(args.prompts)]
 
-    results = {"config": args.config, "base": source, "lr": config.rl.lr, "group_size": G,
+    results = {"config": args.config, "base": source, "lr": rl_config(config).lr, "group_size": G,
                "seeds": args.seeds, "prompts": args.prompts, "iterations": args.iterations,
                "kl": kls,
                "train_s": train_s, "staleness": {}, "scorers": {}}
@@ -120,8 +120,8 @@ def main(argv=None):
     print(f"\nStaleness of seed rankings ({args.prompts} prompts x {args.seeds} seeds, G={G}; "
           f"means over prompts with 95% bootstrap CIs; random-subset overlap = "
           f"{G / args.seeds:.2f}; base: {source})")
-    print(f"rl.lr {config.rl.lr}; policy KL to the base after {args.iterations} iterations: "
-          f"{kls[-1]:.2e}")
+    print(f"rl.lr {rl_config(config).lr}; policy KL to the base after {args.iterations} "
+          f"iterations: {kls[-1]:.2e}")
     print("| compared | Kendall tau-b | Spearman rho | subset overlap | variance gain kept |"
           " prompts skipped |")
     print("|---|---|---|---|---|---|")
