@@ -100,8 +100,8 @@ def main(argv=None):
     from spotlight_jax.rl import grpo
 
     for p in (int(x) for x in args.patches.split(",")):
-        over = {"mode": "flow_grpo", "rl.prompts_per_iter": args.prompts,
-                "sampler.noise_patch": p}
+        over = {"mode": "flow_grpo", "rl.objective": "flow_grpo",
+                "rl.prompts_per_iter": args.prompts, "sampler.noise_patch": p}
         if args.window == "all":
             over["sampler.sde_window"] = None
         config = load_config("tiny", over)
