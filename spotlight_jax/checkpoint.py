@@ -195,6 +195,16 @@ class RunCheckpointer:
                                "move the directory away to start from scratch")
         return None
 
+    def latest_meta(self) -> dict | None:
+        """The JSON metadata of the newest checkpoint whose metadata reads (None if none)."""
+        for step in reversed(self.steps()):
+            try:
+                return self.manager.restore(step, args=ocp.args.Composite(
+                    meta=ocp.args.JsonRestore()))["meta"]
+            except Exception:  # noqa: BLE001 - unreadable: try the previous one
+                continue
+        return None
+
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()

@@ -242,10 +242,20 @@ class Run:
     def save(self):
         self.ckpt.save(self.iteration, self._tree(), {
             "iteration": self.iteration, "history": self.history, "mode": self.mode,
+            "objective": objective(self.config),
             "next_seeds": self.next_seeds, "planner": self.planner.state_dict(),
             "deployment": self.deploy.state_dict()})
 
     def maybe_restore(self) -> bool:
+        meta = self.ckpt.latest_meta()
+        if meta is not None:
+            # checkpoints from before rl.objective existed are Flow-GRPO runs
+            saved = meta.get("objective", "flow_grpo")
+            if saved != objective(self.config):
+                raise ValueError(
+                    f"{self.ckpt.directory} holds a rl.objective={saved!r} run, this config "
+                    f"trains rl.objective={objective(self.config)!r}; use another --workdir or "
+                    f"--config.rl.objective={saved}")
         got = self.ckpt.restore(self._tree())
         if got is None:
             return False

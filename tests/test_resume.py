@@ -64,6 +64,14 @@ def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_resuming_with_another_objective_names_both(tmp_path, base):
+    graphdef, state = base
+    controller.run(micro_config(1), str(tmp_path), graphdef, state, progress=False)
+    r = controller.Run(micro_config(2, **{"rl.objective": "nft"}), str(tmp_path), graphdef, state)
+    with pytest.raises(ValueError, match="holds a rl.objective='flow_grpo' run.*'nft'"):
+        r.maybe_restore()
+
+
 def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplog):
     graphdef, state = base
     c = micro_config(2)
