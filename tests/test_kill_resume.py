@@ -32,14 +32,15 @@ enable_persistent_cache({cache!r})   # the resumed process loads the killed one'
 from test_kill_resume import spotlight_config
 from spotlight_jax import controller
 from spotlight_jax.builders import create_model
-c = spotlight_config()
+c = spotlight_config({objective!r})
 graphdef, state = create_model(controller.model_config(c))
 controller.run(c, {workdir!r}, graphdef, state, progress=False)
 """
 
 
-def spotlight_config():
-    c = micro_config(ITERATIONS)
+def spotlight_config(objective="flow_grpo"):
+    c = micro_config(ITERATIONS, **{"rl.objective": objective, "rl.nft.times": 2,
+                                    "rl.nft.eta_rate": 0.25})
     c.mode = "spotlight"
     c.explore.max_extra_per_prompt = 4
     # a slow emulated reward stretches a micro iteration to ~80 emulated seconds (the trace
@@ -51,8 +52,8 @@ def spotlight_config():
     return c
 
 
-def _state(workdir):
-    c = spotlight_config()
+def _state(workdir, objective="flow_grpo"):
+    c = spotlight_config(objective)
     graphdef, base = create_model(controller.model_config(c))
     r = controller.Run(c, str(workdir), graphdef, base)
     assert r.maybe_restore()
@@ -65,18 +66,19 @@ def _completed_steps(ckdir: Path) -> list[int]:
     return [int(p.name) for p in ckdir.iterdir() if p.name.isdigit()]
 
 
-def _spawn(workdir):
+def _spawn(workdir, objective):
     code = CHILD.format(tests=str(Path(__file__).parent), workdir=str(workdir),
-                        cache=str(Path(workdir).parent / "xla_cache"))
+                        cache=str(Path(workdir).parent / "xla_cache"), objective=objective)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
 @pytest.mark.e2e
-def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
+def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path, objective):
     rng = np.random.default_rng(int(time.time()))
     killed = tmp_path / "killed"
-    child = _spawn(killed)
+    child = _spawn(killed, objective)
     # wait for a first checkpoint, then kill after a random delay (possibly mid-iteration or
     # mid-save: a half-written checkpoint must fall back to the previous one)
     deadline = time.time() + 300
@@ -89,20 +91,20 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path)
     os.killpg(child.pid, signal.SIGKILL)
     child.wait()
     steps = _completed_steps(killed / "checkpoints")
-    resumed = _spawn(killed)                      # a fresh process resumes the workdir
+    resumed = _spawn(killed, objective)           # a fresh process resumes the workdir
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
 
     straight = tmp_path / "straight"
-    c = spotlight_config()
+    c = spotlight_config(objective)
     graphdef, base = create_model(controller.model_config(c))
     h_straight = controller.run(c, str(straight), graphdef, base, progress=False)
 
-    a, b = _state(straight), _state(killed)
+    a, b = _state(straight, objective), _state(killed, objective)
     assert a.iteration == b.iteration == ITERATIONS, (steps, delay)
-    for x, y in zip(jax.tree.leaves(a.trainer.trainable), jax.tree.leaves(b.trainer.trainable)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    for x, y in zip(jax.tree.leaves(a.trainer.opt_state), jax.tree.leaves(b.trainer.opt_state)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for part in a.trainer.state_parts:      # nft: the sampling policy θ_old too
+        for x, y in zip(jax.tree.leaves(getattr(a.trainer, part)),
+                        jax.tree.leaves(getattr(b.trainer, part))):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert json.dumps(a.planner.state_dict()) == json.dumps(b.planner.state_dict())
     assert json.dumps(a.deploy.state_dict()) == json.dumps(b.deploy.state_dict())
     assert a.next_seeds == b.next_seeds
