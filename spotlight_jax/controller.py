@@ -534,7 +534,7 @@ class Run:
         os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
         # one image per validation prompt (first seed), same prompts every time
         save_grid(os.path.join(self.workdir, "samples", f"val_{k:05d}.png"),
-                  images[::c.rl.eval_seeds][:32], cols=8)
+                  images[::c.rl.eval_seeds][:32], cols=8, captions=self.val_prompts[:32])
         return res
 
     # -- one iteration -------------------------------------------------------------------------

@@ -17,11 +17,35 @@ def image_grid(images, cols: int = 8, pad: int = 1) -> np.ndarray:
     return (np.clip(grid, 0, 1) * 255).astype(np.uint8)
 
 
-def save_grid(path: str, images, cols: int = 8, scale: int = 4) -> None:
-    from PIL import Image  # noqa: PLC0415
+def save_grid(path: str, images, cols: int = 8, scale: int = 4, captions=None) -> None:
+    """Images ``[N, H, W, 3]`` in [0, 1] as a ``cols``-wide grid, each enlarged ``scale`` times;
+    with ``captions`` (one string per image, e.g. its prompt) written under each image."""
+    import textwrap  # noqa: PLC0415
 
-    g = Image.fromarray(image_grid(images, cols))
-    g.resize((g.width * scale, g.height * scale), Image.NEAREST).save(path)
+    from PIL import Image, ImageDraw, ImageFont  # noqa: PLC0415
+
+    images = np.asarray(images)
+    if captions is None:
+        g = Image.fromarray(image_grid(images, cols))
+        g.resize((g.width * scale, g.height * scale), Image.NEAREST).save(path)
+        return
+    if len(captions) != len(images):
+        raise ValueError(f"{len(captions)} captions for {len(images)} images")
+    h, w = images.shape[1] * scale, images.shape[2] * scale
+    font = ImageFont.load_default()
+    width = max(8, w // 6)                       # the default font is ~6 px per character
+    lines = [textwrap.wrap(str(c), width)[:3] for c in captions]
+    strip = 12 * max(1, max(len(x) for x in lines)) + 4
+    rows = -(-len(images) // cols)
+    canvas = Image.new("RGB", (cols * (w + 2), rows * (h + strip + 2)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, (img, text) in enumerate(zip(images, lines)):
+        x, y = (i % cols) * (w + 2), (i // cols) * (h + strip + 2)
+        tile = Image.fromarray((np.clip(img, 0, 1) * 255).astype(np.uint8))
+        canvas.paste(tile.resize((w, h), Image.NEAREST), (x, y))
+        for j, line in enumerate(text):
+            draw.text((x + 2, y + h + 2 + 12 * j), line, fill="black", font=font)
+    canvas.save(path)
 
 
 def plot_curves(path: str, series: dict, xlabel: str = "iteration", ylabel: str = "reward",

@@ -59,3 +59,20 @@ def test_alive_series_and_spot_timeline(tmp_path):
                {"step": 2, "vtime_s": 55.0, "spot_util": 0.4, "regroups": 3}]
     plots.spot_timeline(str(tmp_path / "t.png"), r, 2, history)
     assert os.path.getsize(tmp_path / "t.png") > 0
+
+
+def test_sample_grid_writes_each_prompt_under_its_image(tmp_path):
+    from PIL import Image
+
+    from spotlight_jax.plots import save_grid
+    imgs = np.zeros((3, 8, 8, 3), np.float32)
+    save_grid(str(tmp_path / "plain.png"), imgs, cols=3, scale=4)
+    save_grid(str(tmp_path / "cap.png"), imgs, cols=3, scale=4,
+              captions=["a red bar", "two blue squares on the left of a green triangle", "x"])
+    plain = np.asarray(Image.open(tmp_path / "plain.png"))
+    cap = np.asarray(Image.open(tmp_path / "cap.png"))
+    assert cap.shape[0] > plain.shape[0] and cap.shape[1] >= 3 * 32
+    strip = cap[32:]                                     # below the (black) images: text
+    assert (strip < 128).any() and (strip > 128).any()
+    with pytest.raises(ValueError, match="2 captions for 3 images"):
+        save_grid(str(tmp_path / "bad.png"), imgs, captions=["a", "b"])
