@@ -75,8 +75,8 @@ def at(c: dict, axis: str, x: float) -> float:
 def report(curves: dict, minutes: float) -> str:
     grid = [0.0] + [minutes * f for f in (1 / 6, 1 / 3, 1 / 2, 2 / 3, 5 / 6)]
     lines = ["held-out reward (62 prompts, ODE) vs RL minutes: mean over seeds [min, max]",
-             f"{'objective':<10}" + "".join(f"{m:>17.1f}" for m in grid) + f"{'end':>17}"
-             + f"{'gain':>16}{'s/it':>7}{'iters':>7}"]
+             f"{'objective':<10}" + "".join(f"{m:>20.1f}" for m in grid) + f"{'end':>20}"
+             + f"{'gain':>20}{'s/it':>7}{'iters':>7}"]
     for obj, runs in curves.items():
         cells = []
         for m in grid:
@@ -86,8 +86,8 @@ def report(curves: dict, minutes: float) -> str:
         gains = ends - np.array([c["reward"][0] for c in runs.values()])
         its = np.mean([c["iteration"][-1] for c in runs.values()])
         spi = np.median([c["s_per_iteration"] for c in runs.values()])
-        lines.append(f"{obj:<10}" + "".join(f"{x:>17}" for x in cells) + f"{_cell(ends):>17}"
-                     + f"{_cell(gains, signed=True):>16}{spi:>7.2f}{its:>7.0f}")
+        lines.append(f"{obj:<10}" + "".join(f"{x:>20}" for x in cells) + f"{_cell(ends):>20}"
+                     + f"{_cell(gains, signed=True):>20}{spi:>7.2f}{its:>7.0f}")
     lines.append("")
     lines.append("per seed: base -> end (±95% CI at the end), exact accuracy per constraint "
                  "base -> end")
