@@ -30,6 +30,7 @@ MICRO_RUN_OVERRIDES = {
     "sampler.eval_steps": 2, "rl.prompts_per_iter": 2, "rl.group_size": 4, "rl.train_steps": 2,
     "rl.minibatches": 2, "rl.eval_every": 0, "rl.eval_prompts": 2, "rl.eval_seeds": 1,
     "rl.lr": 1e-3, "checkpoint.every": 1,
+    "rl.nft.times": 2,                  # of the 2 grid times a 3-step sampler has in (0, 1)
 }
 
 
