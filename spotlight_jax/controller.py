@@ -748,10 +748,12 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
                    disable=not progress, dynamic_ncols=True)
     for k in range(r.iteration, c.rl.iterations):
         row = r.step(k)
-        before = spent
         spent += row["time_rollout"] + row["time_train"]
-        bar.update(round((min(spent, budget_s) - min(before, budget_s)) / 60, 4) if budget_s
-                   else 1)
+        if budget_s:    # set, not summed: rounded increments would overshoot the total
+            bar.n = round(min(spent, budget_s) / 60, 2)
+            bar.refresh()
+        else:
+            bar.update(1)
         out_of_time = bool(budget_s) and spent >= budget_s
         row["rl_time_s"] = spent
         if c.rl.eval_every and (r.iteration % c.rl.eval_every == 0 or out_of_time
