@@ -162,10 +162,11 @@ def test_sampling_policy_update_and_zero_advantage_batch():
     diff = [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
         jax.tree.leaves(tr.sampling_state()), jax.tree.leaves(tr.policy_state()))]
     assert max(diff) > 0
-    # every advantage 0 (p = 0.5) with θ = θ_old: no gradient at all
+    # every advantage 0 (p = 0.5) with θ = θ_old: no gradient (v+ and v- round differently in
+    # float32, so the two halves cancel to rounding, ~1e-9 of a real step's gradient)
     _, tr2 = _trainer()
     m2 = tr2.update(_batch(cfg, adv=np.zeros(4, np.float32)), jax.random.key(0), 0)
-    assert m2["grad_norm"] == 0.0
+    assert m2["grad_norm"] < 1e-6 * m0["grad_norm"], (m2["grad_norm"], m0["grad_norm"])
 
 
 @pytest.mark.parametrize("shared", [True, False])
