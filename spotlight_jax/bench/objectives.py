@@ -103,8 +103,10 @@ def report(curves: dict, minutes: float) -> str:
     lines.append("held-out reward vs trained images (prompts x G per iteration): mean over seeds")
     lines.append(f"{'objective':<10}" + "".join(f"{m:>10}" for m in marks))
     for obj, runs in curves.items():
-        vals = [np.nanmean([at(c, "images", m) for c in runs.values()]) for m in marks]
-        lines.append(f"{obj:<10}" + "".join(f"{v:>10.3f}" for v in vals))
+        vals = [np.array([at(c, "images", m) for c in runs.values()]) for m in marks]
+        lines.append(f"{obj:<10}" + "".join(
+            f"{np.mean(v[np.isfinite(v)]):>10.3f}" if np.isfinite(v).any() else f"{'-':>10}"
+            for v in vals))
     return "\n".join(lines)
 
 
@@ -131,7 +133,8 @@ def plot(curves: dict, path: str, minutes: float) -> None:
             end = min(c[axis][-1] for c in runs.values())
             xs = np.linspace(0, end, 40)
             mean = np.mean([[at(c, axis, x) for x in xs] for c in runs.values()], axis=0)
-            ax.plot(xs, mean, color=col, lw=2.2, label=f"{obj} (mean of {len(runs)} seeds)")
+            label = f"{obj} (mean of {len(runs)} seeds)" if len(runs) > 1 else f"{obj} (1 seed)"
+            ax.plot(xs, mean, color=col, lw=2.2, label=label)
     base = np.mean([c["reward"][0] for runs in curves.values() for c in runs.values()])
     for ax in axes:
         ax.axhline(base, color="grey", ls=":", lw=1)
