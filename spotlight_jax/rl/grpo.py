@@ -315,10 +315,7 @@ class GRPOTrainer(PolicyTrainer):
         out["rollout_logp_dev"] = float(jax.device_get(metrics[0]["rollout_logp_dev"]))
         if devs:
             out["rescore_dev"] = float(np.max(jax.device_get(devs)))
-        for k in ("loss", "grad_norm"):
-            if not np.isfinite(out[k]):
-                raise FloatingPointError(f"GRPO {k} is {out[k]} at iteration {step}; lower rl.lr "
-                                         "or raise rl.beta")
+        self.check_finite(out, step, "GRPO", "lower rl.lr or raise rl.beta")
         return out
 
 

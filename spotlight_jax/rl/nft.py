@@ -194,10 +194,8 @@ class NFTTrainer(PolicyTrainer):
             self.trainable, self.opt_state, self.ema, self.old, self.base, args,
             jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)))
         out = {k: float(v) for k, v in jax.device_get(m).items()}
-        for k in ("loss", "grad_norm"):
-            if not np.isfinite(out[k]):
-                raise FloatingPointError(f"nft {k} is {out[k]} at iteration {step}; lower rl.lr "
-                                         "or raise rl.nft.eta_max / rl.nft.kl_beta")
+        self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "
+                          "rl.nft.kl_beta")
         return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -77,6 +78,13 @@ class PolicyTrainer:
 
     def eval_state(self):
         return self.merged(self.ema) if self.ema is not None else self.policy_state()
+
+    @staticmethod
+    def check_finite(metrics: dict, step: int, name: str, fix: str) -> None:
+        """Stops on a NaN/Inf loss or gradient norm, naming the iteration and the fix."""
+        for k in ("loss", "grad_norm"):
+            if not np.isfinite(metrics[k]):
+                raise FloatingPointError(f"{name} {k} is {metrics[k]} at iteration {step}; {fix}")
 
     def _place(self, x):
         return jnp.asarray(x) if self.mesh is None else place_batch(x, self.mesh)
