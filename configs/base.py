@@ -164,7 +164,7 @@ def get_config():
 
 def add_spotlight_sections(c):
     """Exploration, deployment, trace and cost sections (used by every mode but flow_grpo)."""
-    from spotlight_jax.cost import default_cost_config
+    from spotlight_jax.emulation.cost import default_cost_config
 
     e = c.explore = ml_collections.ConfigDict()
     e.algorithm = "ucb"             # planner: ucb | thompson | uniform (bench: explore.planner)

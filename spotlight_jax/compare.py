@@ -169,8 +169,8 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
                 progress: bool = True) -> str:
     """Runs every mode with the same seeds, prompts and trace; writes and returns the report."""
     from spotlight_jax import controller  # noqa: PLC0415
-    from spotlight_jax.cost import Assumption  # noqa: PLC0415
     from spotlight_jax.emulation import Deployment  # noqa: PLC0415
+    from spotlight_jax.emulation.cost import Assumption  # noqa: PLC0415
     from spotlight_jax.plots import spot_timeline  # noqa: PLC0415
 
     histories, phases, assumptions = {}, {}, None

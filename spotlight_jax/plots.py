@@ -102,7 +102,7 @@ def seed_curves(workdirs, key: str = "val_reward") -> dict:
 
 
 def alive_series(replay, devices_per_node: int, until_s: float | None = None):
-    """Spot devices alive over time from a trace replay (``spotlight_jax.elastic.traces.Replay``):
+    """Spot devices alive over time from a trace replay (``spotlight_jax.emulation.traces.Replay``):
     ``(times, alive)`` where ``alive[i]`` holds from ``times[i]`` to ``times[i + 1]``, starting
     at 0 and ending at ``until_s`` (default: the last event). Notices change nothing (the node
     is still up until its loss); a loss of a node already down is ignored, as the pool does."""

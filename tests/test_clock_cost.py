@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from spotlight_jax import clock as clock_lib
-from spotlight_jax import cost as cost_lib
-from spotlight_jax.clock import DeviceGroup, EventCursor, VirtualClock, WallClock
-from spotlight_jax.cost import CostConfig, Workload
+from spotlight_jax.emulation import clock as clock_lib
+from spotlight_jax.emulation import cost as cost_lib
+from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock, WallClock
+from spotlight_jax.emulation.cost import CostConfig, Workload
 from spotlight_jax.models import MMDiT, MMDiTConfig
 
 OD = DeviceGroup("od0", "on_demand", 4)

@@ -2,7 +2,8 @@
 import jax
 import pytest
 
-from spotlight_jax.elastic import DevicePool, PoolConfig, ReplayConfig, SpotEvent
+from spotlight_jax.elastic import DevicePool, PoolConfig
+from spotlight_jax.emulation import ReplayConfig, SpotEvent
 
 
 def test_default_layout_on_8_devices():

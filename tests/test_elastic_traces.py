@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from spotlight_jax.elastic import (
+from spotlight_jax.elastic import DevicePool
+from spotlight_jax.emulation import (
     LEAD_TIME_PRESETS,
-    DevicePool,
     ReplayConfig,
     SpotTrace,
     TraceError,
@@ -270,8 +270,7 @@ def test_comma_separated_one_node_traces_make_a_pool(tmp_path):
     import runpy
     from pathlib import Path
 
-    from spotlight_jax.elastic import load_traces
-    from spotlight_jax.emulation import Deployment
+    from spotlight_jax.emulation import Deployment, load_traces
     a = _write(tmp_path, "a.json", json.dumps({"metadata": {"gap_seconds": 30},
                                                "data": [1, 1, 0, 1]}))
     b = _write(tmp_path, "b.json", json.dumps({"metadata": {"gap_seconds": 30},

@@ -151,8 +151,8 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
     # spot_rollout / spotlight rollouts go through the pull scheduler; a notice, an abrupt loss
     # and a rejoin inside the phase must not change a bit of the trajectories (against the same
     # phase without events), and the abrupt loss costs at most commit_every steps per request
-    from spotlight_jax.clock import EventCursor
-    from spotlight_jax.elastic.traces import SpotEvent
+    from spotlight_jax.emulation.clock import EventCursor
+    from spotlight_jax.emulation.traces import SpotEvent
 
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
@@ -188,8 +188,8 @@ def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
     # on the on-demand node's pair, SP 1 on each of two spot nodes: three programs to compile);
     # a request handed from one group to another by a notice still ends equal to the
     # one-program direct rollout
-    from spotlight_jax.clock import EventCursor
-    from spotlight_jax.elastic.traces import SpotEvent
+    from spotlight_jax.emulation.clock import EventCursor
+    from spotlight_jax.emulation.traces import SpotEvent
 
     graphdef, state = base
     c = mode_config("spot_rollout", iterations=1)   # (no spot fleet to build)

@@ -41,7 +41,7 @@ def test_seed_curves_use_common_evaluations_and_plot(tmp_path, capsys):
 
 
 def test_alive_series_and_spot_timeline(tmp_path):
-    from spotlight_jax.elastic.traces import Replay, SpotEvent
+    from spotlight_jax.emulation.traces import Replay, SpotEvent
     r = Replay(nodes=("spot0", "spot1"), initial_alive=("spot0",), duration_s=100.0, events=(
         SpotEvent(10.0, "join", "spot1"),
         SpotEvent(20.0, "notice", "spot0", deadline=30.0),

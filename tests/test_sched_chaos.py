@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from spotlight_jax.elastic import ReplayConfig, SpotTrace, replay, synthetic_trace
+from spotlight_jax.emulation import ReplayConfig, SpotTrace, replay, synthetic_trace
 from spotlight_jax.sched import (
     QueueConfig,
     RequestQueue,

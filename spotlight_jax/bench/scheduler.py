@@ -47,15 +47,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from spotlight_jax.diffusion import SamplerConfig  # noqa: E402
-from spotlight_jax.elastic import (  # noqa: E402
-    DevicePool,
-    GroupConfig,
-    PoolConfig,
-    ReplayConfig,
-    form_groups,
-    replay,
-    synthetic_trace,
-)
+from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig, form_groups  # noqa: E402
+from spotlight_jax.emulation import ReplayConfig, replay, synthetic_trace  # noqa: E402
 from spotlight_jax.models import MMDiT, MMDiTConfig  # noqa: E402
 from spotlight_jax.sched import (  # noqa: E402
     Commit,

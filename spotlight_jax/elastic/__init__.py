@@ -1,10 +1,10 @@
-"""Elastic layer: device pool, spot traces, SP regrouping, executable cache, state moves.
+"""Elastic layer: device pool, SP regrouping, executable cache, state moves.
 
-``DevicePool`` knows each device's node and role and which are alive; ``traces`` loads or
-synthesises spot traces and replays them as join/notice/loss events; ``groups`` re-forms SP groups
-inside nodes; ``exec_cache`` holds programs compiled ahead of time for every group a node can form;
-``state_move`` rebuilds state on a new mesh from live devices only (re-wrap or device-to-device
-copy, never from storage).
+``DevicePool`` knows each device's node and role and which are alive (it applies the
+join/notice/loss events that ``spotlight_jax.emulation.traces`` replays); ``groups`` re-forms SP
+groups inside nodes; ``exec_cache`` holds programs compiled ahead of time for every group a
+node can form; ``state_move`` rebuilds state on a new mesh from live devices only (re-wrap or
+device-to-device copy, never from storage).
 """
 from spotlight_jax.elastic.exec_cache import (
     CacheMiss,
@@ -30,22 +30,6 @@ from spotlight_jax.elastic.state_move import (
     move_tree,
     shard_views,
 )
-from spotlight_jax.elastic.traces import (
-    LEAD_TIME_PRESETS,
-    Outage,
-    Replay,
-    ReplayConfig,
-    SpotEvent,
-    SpotTrace,
-    TraceError,
-    default_trace_dir,
-    load_trace,
-    load_traces,
-    merge_traces,
-    poisson_outages,
-    replay,
-    synthetic_trace,
-)
 
 __all__ = [
     "CacheMiss", "ExecutableCache", "count_backend_compiles", "enable_persistent_cache",
@@ -53,7 +37,4 @@ __all__ = [
     "GroupConfig", "SPGroup", "choose_strategy", "form_groups", "form_node_groups",
     "ROLES", "DevicePool", "PoolConfig", "PoolEvent",
     "MoveReport", "ShardSource", "ShardViews", "StateLostError", "move_tree", "shard_views",
-    "LEAD_TIME_PRESETS", "Outage", "Replay", "ReplayConfig", "SpotEvent", "SpotTrace",
-    "TraceError", "default_trace_dir", "load_trace", "load_traces", "merge_traces",
-    "poisson_outages", "replay", "synthetic_trace",
 ]

@@ -3,7 +3,7 @@
 The learning in every mode is real computation; the *time axis* of a CPU run is emulated. This
 module holds the deployment (on-demand devices, spot nodes of SP groups), replays a spot trace
 (SkyPilot file or synthetic Poisson) on the run's clock, and charges each phase its duration from
-the cost model (``spotlight_jax.cost``: FLOPs of the paper-scale model on a named accelerator,
+the cost model (``emulation.cost``: FLOPs of the paper-scale model on a named accelerator,
 or measured timings). Preemptions inside a phase cost what the scheduler's rules say they cost:
 a notice commits in-flight state (only a regroup latency), an abrupt loss redoes the work since
 the last periodic commit.
@@ -14,9 +14,9 @@ import dataclasses
 import math
 import os
 
-from spotlight_jax.clock import DeviceGroup, EventCursor, VirtualClock
-from spotlight_jax.cost import CostConfig, make_cost_model, workload_from_config
-from spotlight_jax.elastic.traces import ReplayConfig, load_traces, replay, synthetic_trace
+from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock
+from spotlight_jax.emulation.cost import CostConfig, make_cost_model, workload_from_config
+from spotlight_jax.emulation.traces import ReplayConfig, load_traces, replay, synthetic_trace
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Cost models: how long each operation takes, and what the devices cost.
 
-The controller charges every operation to a clock (``spotlight_jax.clock``); in emulation the
+The controller charges every operation to a clock (``emulation.clock``); in emulation the
 durations come from a cost model, so the time and dollar axes of the report are those of a real
 deployment while the learning runs on a tiny model on the CPU. Two models share one interface
 (:class:`CostModel`):
@@ -52,7 +52,7 @@ from typing import Any
 
 import ml_collections
 
-from spotlight_jax.clock import ROLES, Clock
+from spotlight_jax.emulation.clock import ROLES, Clock
 from spotlight_jax.models.mmdit import MMDiTConfig
 
 COST_MODELS = ("profile", "measured")
