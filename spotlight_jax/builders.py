@@ -207,3 +207,9 @@ def create_model(cfg: MMDiTConfig, mesh: Mesh | None = None, seed: int = 0):
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), shardings,
                              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     return graphdef, jax.jit(init, out_shardings=shardings)()
+
+
+def make_deployment(config):
+    """The emulated deployment (on-demand devices, spot nodes, trace, cost model) of ``config``."""
+    from spotlight_jax.emulation import Deployment  # noqa: PLC0415
+    return Deployment(config)
