@@ -164,8 +164,6 @@ def get_config():
 
 def add_spotlight_sections(c):
     """Exploration, deployment, trace and cost sections (used by every mode but flow_grpo)."""
-    from spotlight_jax.emulation.cost import default_cost_config
-
     e = c.explore = ml_collections.ConfigDict()
     e.algorithm = "ucb"             # planner: ucb | thompson | uniform (bench: explore.planner)
     e.max_extra_per_prompt = 24     # pool is at most group_size + this
@@ -211,6 +209,54 @@ def add_spotlight_sections(c):
     t.abrupt_fraction = 0.2         # share of preemptions without notice
     t.seed = 0
 
-    c.cost = default_cost_config()
+    # Cost model, deployment profile and prices (spotlight_jax.emulation.cost_models.CostConfig;
+    # every number not derived is an assumption with its source).
+    k = c.cost = ml_collections.ConfigDict()
+    k.model = "profile"             # profile | measured (emulation.cost_models.COST_MODELS)
+    # --- accelerator and achieved efficiency -------------------------------------------------
+    k.device = "h100_sxm"           # key of emulation.datasheets.DEVICES (peak numbers + sources);
+    #                                 the paper reports 4 reserved + 8 spot H100 (REFERENCE.md)
+    k.mfu = 0.4                     # ASSUMPTION: achieved/peak bf16 FLOP/s of a large DiT step;
+    #                                 typical of well-tuned large-transformer training (PaLM
+    #                                 reports 46%, MegaScale 55%); not measured for this model
+    k.mbu = 0.7                     # ASSUMPTION: achieved/peak HBM bandwidth when streaming
+    #                                 the weights (floor of a small-batch step)
+    k.nvlink_one_way = 0.5          # NVLink datasheet figures count both directions; one
+    #                                 direction gets half (NVIDIA NVLink 4: 450 GB/s each way)
+    k.collective_latency_s = 20e-6  # ASSUMPTION: fixed cost per intra-node collective (order
+    #                                 of NCCL small-message latency on NVLink)
+    # --- paper workload -------------------------------------------------------------------
+    # The paper-scale model whose FLOPs time the profile: the model section of this config
+    # (configs/<name>.py or a path), at image_pixels / vae_factor latent cells.
+    k.profile_model = "qwen_image_like"
+    k.image_pixels = 512            # paper: Qwen-Image at 512^2 (and 1280^2), REFERENCE.md
+    k.vae_factor = 8                # Qwen-Image/SD3-style VAE downsamples by 8
+    #                                 (configs/qwen_image_like.py: 1280 px -> 160 latent cells)
+    k.cfg_passes = 2                # forwards per denoising step: Flow-GRPO's presets use CFG
+    #                                 4.5 in rollouts and training (REFERENCE.md) = cond+uncond;
+    #                                 0 = follow the run's sampler.guidance
+    k.lora_rank = 32                # configs/qwen_image_like.py (Flow-GRPO: LoRA r=32);
+    #                                 -1 = follow the run's rl.lora_rank
+    k.backward_factor_full = 2.0    # backward = 2x forward FLOPs with weight gradients
+    #                                 (the 6N-per-token rule, Kaplan et al. 2020)
+    k.backward_factor_lora = 1.0    # frozen base weights: only activation gradients (~1x fwd)
+    k.param_bytes = 2               # bf16 weights (configs/qwen_image_like.py param_dtype)
+    k.adapter_bytes = 4             # LoRA factors are float32 (spotlight_jax/rl/lora.py)
+    k.act_bytes = 2                 # bf16 activations moved by SP collectives
+    k.reward_s_per_image = 0.1      # ASSUMPTION: detector/OCR reward model on a GPU, per image
+    k.network_gbit_s = 100.0        # ASSUMPTION: node-to-node bandwidth for the weight broadcast
+    #                                 (a common cloud NIC tier; GPU fabrics such as EFA are faster)
+    # --- SP regroup latencies -------------------------------------------------------------
+    k.regroup_shrink_s = 7.6e-3     # MEASURED: bench.regroup, warm regroup after losing 2 of 8
+    #                                 devices, 50M params (commit 32721c0 message: 7.6 ms)
+    k.regroup_grow_measured_s = 0.644  # MEASURED: bench.regroup rejoin (device-to-device copy,
+    #                                    50M params, CPU): 644 ms; profile derives it from NVLink
+    k.regroup_cold_s = 120.0        # ASSUMPTION: reload from storage + recompile takes
+    #                                 "minutes" (paper abstract: minutes -> sub-second)
+    # --- prices ---------------------------------------------------------------------------
+    k.on_demand_per_hour = 3.90     # $/GPU-h, REFERENCE.md: public H100 on-demand ~$3.90/GPU-h
+    k.spot_discount = 0.73          # paper: spot 69-77% cheaper (REFERENCE.md); 0.73 ->
+    #                                 $1.05/GPU-h, inside the public $0.8-2.5 spot range
+
     c.compare = ml_collections.ConfigDict(dict(target_frac=0.8))
     return c

@@ -2,7 +2,7 @@
 # A real multi-process cluster on one machine, running the tiny config end to end:
 #   1. a local Ray head advertising 2 "spot_node" resources (the spot machines);
 #   2. the trainer's jax.distributed job: 2 processes x 2 emulated CPU devices over gloo.
-#      Process 0 runs the controller (spot_rollout mode, Ray transport): each iteration's
+#      Process 0 runs the runner (spot_rollout mode, Ray transport): each iteration's
 #      rollouts go to 2 spot host actors (single-host JAX processes with an SP group of 2
 #      devices) that pull requests from its queue; the GRPO update runs over all 4 trainer
 #      devices, process 1 joining every collective; evaluation and checkpoints in process 0;
@@ -18,9 +18,6 @@ ITERS=${2:-3}
 mkdir -p "$WORK"
 export JAX_PLATFORMS=cpu
 PORT=${PORT:-12355}
-OVERRIDES="{\"mode\": \"spot_rollout\", \"deployment.transport\": \"ray\", \
-\"deployment.spot_nodes\": 2, \"deployment.ray_spot_resource\": \"spot_node\", \
-\"rl.iterations\": $ITERS, \"rl.eval_every\": $ITERS}"
 
 echo "== Ray head with 2 spot nodes"
 ray stop --force >/dev/null 2>&1 || true
@@ -29,16 +26,18 @@ trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
 
 echo "== trainer job: 2 processes x 2 devices over gloo, $ITERS iterations (logs: $WORK/trainer*.log)"
 for i in 0 1; do
-  python -m spotlight_jax.cluster.trainer --coordinator=127.0.0.1:$PORT --num_processes=2 \
-    --process_id=$i --cpu_devices=2 --config=tiny --overrides="$OVERRIDES" \
-    --workdir="$WORK/run" > "$WORK/trainer$i.log" 2>&1 &
+  python -m spotlight_jax.main --coordinator=127.0.0.1:$PORT --num_processes=2 \
+    --process_id=$i --cpu_devices=2 --config=configs/tiny.py --workdir="$WORK/run" \
+    --config.mode=spot_rollout --config.deployment.transport=ray \
+    --config.deployment.spot_nodes=2 --config.deployment.ray_spot_resource=spot_node \
+    --config.rl.iterations=$ITERS --config.rl.eval_every=$ITERS > "$WORK/trainer$i.log" 2>&1 &
 done
 wait
 grep '^{"process"' "$WORK/trainer0.log"
 grep -h "stop after" "$WORK/trainer1.log"
 
 echo "== spot hosts serving a queue; the first one preempted with a SIGTERM notice"
-python -m spotlight_jax.cluster.demo --address=auto --hosts=2 --requests=16 --notice_after=4
+python -m spotlight_jax.bench.ray_hosts_demo --address=auto --hosts=2 --requests=16 --notice_after=4
 
 echo "== the trainer job's checkpoint, resumed in one process for one more iteration"
 python -m spotlight_jax.main --config=configs/tiny.py --workdir="$WORK/run" \

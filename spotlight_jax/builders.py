@@ -1,27 +1,54 @@
-"""Config sections -> frozen dataclasses, and sharded model construction.
+"""Config sections -> frozen dataclasses, their validation, and sharded model construction.
 
 This is the boundary where the ConfigDict ends: every library module below takes its own small
-frozen dataclass, built here. Models are initialised sharded from the start
-(``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), never on one device first.
+frozen dataclass, built here (``model_config``, ``mesh_config``, ``sampler_config``,
+``rl_config``, ``deployment_config``, ``trace_config``, ``cost_config``, ``workload``, ...), and
+each of those dataclasses checks its own values. A bad value becomes a :class:`ConfigError`: one
+line naming the dotted config field, the value and the fix (``rl.lr=-1.0: must be > 0 (e.g.
+--config.rl.lr=1e-3)``). :func:`validate` builds every section and checks what needs the
+devices present; the command line calls it before any work. Models are initialised sharded from
+the start (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), never on one device
+first.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
+import math
 import os
 import pathlib
+import re
 import runpy
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import SamplerConfig
+from spotlight_jax.diffusion.rollout import resolve_window
+from spotlight_jax.emulation import (
+    CostConfig,
+    Deployment,
+    DeploymentConfig,
+    TraceConfig,
+    TraceError,
+    Workload,
+)
+from spotlight_jax.explore.planner import PlannerConfig
 from spotlight_jax.models import MMDiT, MMDiTConfig
-from spotlight_jax.parallel import MeshConfig, make_mesh
+from spotlight_jax.parallel import STRATEGIES, MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
+from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig, trainer_class
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+class ConfigError(ValueError):
+    """A config value this run cannot use. The message is one line: the dotted field, its value,
+    what it must be and the fix."""
 
 
 def load_config(name_or_path: str | os.PathLike, overrides: dict | None = None):
@@ -58,12 +85,43 @@ def pick_fields(cls, section, **overrides):
     return cls(**values)
 
 
+# -- validation: a library dataclass's "name=value: ..." errors, named by their config fields --
+
+def _paths(prefix: str, cls, **renamed) -> dict[str, str]:
+    """``{field: dotted config path}`` of ``cls`` under the section ``prefix`` (``renamed``:
+    fields whose config key differs, e.g. ``num_steps="sampler.eval_steps"``)."""
+    return {f.name: renamed.get(f.name, f"{prefix}.{f.name}") for f in dataclasses.fields(cls)}
+
+
+def _qualify(message: str, paths: dict[str, str]) -> str:
+    """``message`` with each bare ``field=`` replaced by its dotted config path, and an example
+    fix ``e.g. field=x`` by the flag that sets it (``e.g. --config.rl.lr=x``)."""
+    names = "|".join(re.escape(n) for n in sorted(paths, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.\-])(e\.g\. )?({names})=")
+    return pattern.sub(lambda m: (f"e.g. --config.{paths[m.group(2)]}=" if m.group(1)
+                                  else f"{paths[m.group(2)]}="), message)
+
+
+def _build(paths: dict[str, str], make):
+    """``make()``, its ValueError re-raised as a :class:`ConfigError` named by ``paths``."""
+    try:
+        return make()
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(_qualify(str(e), paths)) from e
+
+
+# -- sections ---------------------------------------------------------------------------------
+
 def model_config(config) -> MMDiTConfig:
-    return pick_fields(MMDiTConfig, config.model).validate()
+    return _build(_paths("model", MMDiTConfig),
+                  lambda: pick_fields(MMDiTConfig, config.model).validate())
 
 
 def mesh_config(config) -> MeshConfig:
-    return pick_fields(MeshConfig, config.mesh)
+    return _build(_paths("mesh", MeshConfig),
+                  lambda: pick_fields(MeshConfig, config.mesh).validate())
 
 
 OBJECTIVES = ("flow_grpo", "nft")
@@ -72,10 +130,25 @@ OBJECTIVES = ("flow_grpo", "nft")
 def objective(config) -> str:
     """``rl.objective``: how the policy learns from a batch (``flow_grpo``: the score-function
     gradient through SDE steps; ``nft``: the forward-process regression on finished images)."""
-    name = config.rl.get("objective", "flow_grpo")
+    name = config.rl.objective
     if name not in OBJECTIVES:
-        raise ValueError(f"rl.objective={name!r}: choose one of {OBJECTIVES}")
+        raise ConfigError(f"rl.objective={name!r}: choose one of {OBJECTIVES}")
     return name
+
+
+def _sde_sampler_config(config) -> SamplerConfig:
+    """The SDE sampler of ``config.sampler`` (``flow_grpo``'s training rollouts)."""
+    s = config.sampler
+    patches = s.noise_patches
+    return _build(
+        _paths("sampler", SamplerConfig, shared_init_bits="sampler.shared_initial_noise"),
+        lambda: SamplerConfig(
+            num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level, sde_type=s.sde_type,
+            guidance=s.guidance,
+            sde_window=tuple(s.sde_window) if s.sde_window is not None else None,
+            shared_init_bits=SHARED_INIT_BITS if s.shared_initial_noise else 0,
+            noise_patch=s.noise_patch,
+            noise_patches=tuple(int(p) for p in patches) if patches else None).validate())
 
 
 def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
@@ -83,44 +156,55 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
     ``nft`` objective samples its training images with the deterministic ODE at
     ``sampler.num_steps`` steps (a seed then fixes x_T, and with it the image)."""
     s = config.sampler
-    window = tuple(s.sde_window) if s.get("sde_window") is not None else None
-    patches = s.get("noise_patches")
     if evaluation:
-        return SamplerConfig(num_steps=s.eval_steps, shift=s.shift, noise_level=0.0,
-                             sde_type="ode", guidance=s.eval_guidance).validate()
+        return _build(_paths("sampler", SamplerConfig, num_steps="sampler.eval_steps",
+                             guidance="sampler.eval_guidance"),
+                      lambda: SamplerConfig(num_steps=s.eval_steps, shift=s.shift,
+                                            noise_level=0.0, sde_type="ode",
+                                            guidance=s.eval_guidance).validate())
     if objective(config) == "nft":
-        if s.get("shared_initial_noise"):
-            raise ValueError("sampler.shared_initial_noise=True gives every rollout of a prompt "
-                             "the same x_T, so the ODE rollouts of rl.objective='nft' would be "
-                             "identical; set sampler.shared_initial_noise=False")
-        return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=0.0,
-                             sde_type="ode", guidance=s.guidance).validate()
-    return SamplerConfig(num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level,
-                         sde_type=s.sde_type, guidance=s.guidance, sde_window=window,
-                         shared_init_bits=SHARED_INIT_BITS if s.get("shared_initial_noise")
-                         else 0, noise_patch=s.get("noise_patch", 1),
-                         noise_patches=tuple(int(p) for p in patches) if patches else None
-                         ).validate()
+        if s.shared_initial_noise:
+            raise ConfigError("sampler.shared_initial_noise=True gives every rollout of a "
+                              "prompt the same x_T, so the ODE rollouts of rl.objective='nft' "
+                              "would be identical; set sampler.shared_initial_noise=False")
+        return _build(_paths("sampler", SamplerConfig),
+                      lambda: SamplerConfig(num_steps=s.num_steps, shift=s.shift,
+                                            noise_level=0.0, sde_type="ode",
+                                            guidance=s.guidance).validate())
+    return _sde_sampler_config(config)
+
+
+# The objectives' default learning rates (LoRA r16/a32 on the tiny config; measured, README
+# "Flow-GRPO" and docs/objectives.md).
+GRPO_LR, NFT_LR = 5e-4, 1e-3
+
+
+def _resolved(config, nft: bool) -> dict:
+    """``rl.global_std=None`` and ``rl.lr=None`` resolved to the objective's defaults."""
+    r = config.rl
+    return {"global_std": nft if r.global_std is None else bool(r.global_std),
+            "lr": (NFT_LR if nft else GRPO_LR) if r.lr is None else float(r.lr)}
+
+
+def _grpo_config(config) -> GRPOConfig:
+    return _build(_paths("rl", GRPOConfig),
+                  lambda: pick_fields(GRPOConfig, config.rl, **_resolved(config, False))
+                  .validate())
+
+
+def _nft_config(config) -> NFTConfig:
+    r = config.rl
+    paths = {f.name: f"rl.nft.{f.name}" if f.name in r.nft else f"rl.{f.name}"
+             for f in dataclasses.fields(NFTConfig)}
+    return _build(paths, lambda: pick_fields(NFTConfig, {**dict(r), **dict(r.nft)},
+                                             **_resolved(config, True)).validate())
 
 
 def rl_config(config) -> GRPOConfig | NFTConfig:
     """The objective's frozen config from ``config.rl`` (``rl.nft.*`` for ``nft``), with
     ``rl.global_std=None`` and ``rl.lr=None`` resolved to the objective's defaults (batch std
     for ``nft``, as its anchor, per-group std for ``flow_grpo``; `NFT_LR`, `GRPO_LR`)."""
-    r = config.rl
-    nft = objective(config) == "nft"
-    std, lr = r.get("global_std"), r.get("lr")
-    resolved = {"global_std": nft if std is None else bool(std),
-                "lr": (NFT_LR if nft else GRPO_LR) if lr is None else float(lr)}
-    if nft:
-        fields = {**dict(r), **dict(r.get("nft") or {})}
-        return pick_fields(NFTConfig, fields, **resolved).validate()
-    return pick_fields(GRPOConfig, r, **resolved)
-
-
-# The objectives' default learning rates (LoRA r16/a32 on the tiny config; measured, README
-# "Flow-GRPO" and docs/objectives.md).
-GRPO_LR, NFT_LR = 5e-4, 1e-3
+    return _nft_config(config) if objective(config) == "nft" else _grpo_config(config)
 
 
 def make_trainer(config, graphdef, base, mesh=None):
@@ -138,10 +222,53 @@ SHARED_INIT_BITS = 8
 def eval_reward(config) -> str:
     """The held-out measurement's reward: ``rl.eval_reward`` ('' = the training reward
     ``rl.reward``), so a shaped training reward is still measured by the reward it shapes."""
-    return config.rl.get("eval_reward", "") or config.rl.reward
+    return config.rl.eval_reward or config.rl.reward
+
+
+def pretrain_config(config) -> PretrainConfig:
+    return _build(_paths("pretrain", PretrainConfig),
+                  lambda: pick_fields(PretrainConfig, config.pretrain))
+
+
+def world_config(config) -> world.WorldConfig:
+    """The synthetic world at ``world.image_size`` pixels (its other fields keep their
+    defaults)."""
+    return _build(_paths("world", world.WorldConfig),
+                  lambda: world.WorldConfig(image_size=config.world.image_size))
 
 
 SPOT_MODES = ("spot_rollout", "spotlight", "compare")
+RUN_MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight", "compare")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessConfig:
+    """What the command line sets up before any work (top-level fields): the emulated CPU
+    devices, the attention strategy, the compilation cache and where the base model comes from
+    (``base_checkpoint``: 'auto' = a shipped checkpoint matching the config, 'none' = pretrain
+    into the workdir, else a directory holding ``params/``)."""
+
+    num_cpu_devices: int = 0
+    attention: str = "dense"
+    compilation_cache_dir: str = ""
+    base_checkpoint: str = "auto"
+
+    def __post_init__(self):
+        if self.num_cpu_devices < 0:
+            raise ValueError(f"num_cpu_devices={self.num_cpu_devices!r}: must be >= 0 (0 = the "
+                             "backend's default)")
+        if self.attention not in STRATEGIES:
+            raise ValueError(f"attention={self.attention!r}: choose one of {STRATEGIES}")
+        path = self.base_checkpoint
+        if path not in ("auto", "none", "") and not os.path.isdir(os.path.join(path, "params")):
+            raise ValueError(f"base_checkpoint={path!r}: no checkpoint there (expected "
+                             f"{os.path.join(path, 'params')}); give a base checkpoint "
+                             "directory, 'auto' or 'none' (pretrain into the workdir)")
+
+
+def process_config(config) -> ProcessConfig:
+    return _build({f.name: f.name for f in dataclasses.fields(ProcessConfig)},
+                  lambda: pick_fields(ProcessConfig, config))
 
 
 def cpu_device_count(config) -> int:
@@ -149,7 +276,10 @@ def cpu_device_count(config) -> int:
     ``num_cpu_devices`` for the modes with spot devices; none for ``flow_grpo`` and
     ``explore_sync``, which run on the trainer's device alone (idle emulated devices slow every
     program on the shared cores: measured ~25% on the tiny update, docs/performance.md)."""
-    return int(config.num_cpu_devices) if config.mode in SPOT_MODES else 0
+    n = int(config.num_cpu_devices)
+    if n < 0:
+        raise ConfigError(f"num_cpu_devices={n}: must be >= 0 (0 = the backend's default)")
+    return n if config.mode in SPOT_MODES else 0
 
 
 def build_mesh(config, devices=None) -> Mesh:
@@ -209,7 +339,225 @@ def create_model(cfg: MMDiTConfig, mesh: Mesh | None = None, seed: int = 0):
     return graphdef, jax.jit(init, out_shardings=shardings)()
 
 
-def make_deployment(config):
-    """The emulated deployment (on-demand devices, spot nodes, trace, cost model) of ``config``."""
-    from spotlight_jax.emulation import Deployment  # noqa: PLC0415
-    return Deployment(config)
+# -- the deployment -------------------------------------------------------------------------
+
+def deployment_config(config) -> DeploymentConfig:
+    return _build(_paths("deployment", DeploymentConfig),
+                  lambda: pick_fields(DeploymentConfig, config.deployment))
+
+
+def trace_config(config) -> TraceConfig:
+    return _build(_paths("trace", TraceConfig), lambda: pick_fields(TraceConfig, config.trace))
+
+
+@functools.lru_cache(maxsize=8)
+def _profile_model(name: str) -> MMDiTConfig:
+    """The model section of the config ``name`` (``cost.profile_model``)."""
+    try:
+        return pick_fields(MMDiTConfig, load_config(name).model).validate()
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"cost.profile_model={name!r}: {e}") from e
+
+
+def cost_config(config) -> CostConfig:
+    """The ``cost`` section, its ``profile_model`` (a config name or path) loaded from that
+    config's model section: the paper-scale model's shapes live in that config alone."""
+    values = dict(config.cost)
+    names = {f.name for f in dataclasses.fields(CostConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"cost.{unknown[0]}: no such cost field; valid fields are "
+                          f"{sorted(names)}")
+    model = _profile_model(str(values.pop("profile_model")))
+    return _build(_paths("cost", CostConfig), lambda: CostConfig(**values, profile_model=model))
+
+
+def workload(config) -> Workload:
+    """What the run does per rollout and per trained trajectory, for the cost model (reads
+    ``config.sampler`` and ``config.rl``)."""
+    s, r = config.sampler, config.rl
+    start, end = resolve_window(s.sde_window, int(s.num_steps))
+    stochastic = end - start
+    ts = int(r.train_steps)
+    return Workload(num_steps=int(s.num_steps),
+                    train_steps=ts if 0 < ts < stochastic else int(stochastic),
+                    inner_epochs=int(r.inner_epochs),
+                    kl=float(r.beta) > 0 or bool(r.detail_beta),
+                    rescore=bool(r.rescore),
+                    cfg_passes=1 if float(s.guidance) == 1.0 else 2,
+                    lora_rank=int(r.lora_rank))
+
+
+def make_deployment(config) -> Deployment:
+    """The emulated deployment (on-demand devices, spot nodes, trace, cost model) of ``config``.
+    A trace file that is missing or unreadable raises :class:`TraceError` naming
+    ``trace.path``, the file and the fix."""
+    trace = trace_config(config)
+    try:
+        return Deployment(deployment_config(config), trace, cost_config(config),
+                          workload(config), num_steps=int(config.sampler.num_steps))
+    except TraceError as e:
+        raise TraceError(_qualify(str(e), _paths("trace", TraceConfig))) from e
+
+
+# -- the whole config ---------------------------------------------------------------------------
+
+def _check_run_settings(s) -> None:
+    """One-line ConfigErrors for the runner's settings (:func:`run_settings`)."""
+    def bad(path, value, why):
+        raise ConfigError(f"{path}={value!r}: {why}")
+
+    if s.mode not in RUN_MODES:
+        bad("mode", s.mode, f"choose one of {RUN_MODES}")
+    if s.seed < 0:
+        bad("seed", s.seed, "must be >= 0")
+    for path, v in (("rl.iterations", s.iterations), ("rl.eval_every", s.eval_every),
+                    ("trainer_devices", s.trainer_devices)):
+        if v < 0:
+            bad(path, v, "must be >= 0")
+    if not (math.isfinite(s.max_minutes) and s.max_minutes >= 0):
+        bad("rl.max_minutes", s.max_minutes, "must be >= 0 (0 = no time budget)")
+    for path, v in (("rl.prompts_per_iter", s.prompts_per_iter),
+                    ("rl.eval_prompts", s.eval_prompts), ("rl.eval_seeds", s.eval_seeds),
+                    ("checkpoint.every", s.checkpoint_every),
+                    ("checkpoint.max_to_keep", s.max_to_keep)):
+        if v < 1:
+            bad(path, v, "must be >= 1")
+    if s.group_size < 2:
+        bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
+    known = rewards.names()
+    if s.reward not in known:
+        bad("rl.reward", s.reward, f"unknown reward; registered rewards: {', '.join(known)}")
+    if s.eval_reward not in known:
+        bad("rl.eval_reward", s.eval_reward,
+            f"unknown reward; registered rewards: {', '.join(known)} ('' = rl.reward)")
+    e = s.explore
+    _build(_paths("explore", PlannerConfig),
+           lambda: PlannerConfig(group_size=s.group_size, algorithm=e.algorithm,
+                                 max_extra_per_prompt=e.max_extra_per_prompt, seed=s.seed))
+    if e.sync_extra_per_prompt < 0:
+        bad("explore.sync_extra_per_prompt", e.sync_extra_per_prompt, "must be >= 0")
+    if not 0.0 <= e.budget_frac <= 1.0:
+        bad("explore.budget_frac", e.budget_frac, "must be in [0, 1] (a share of the spot time)")
+    if s.transport not in ("emulated", "ray"):
+        bad("deployment.transport", s.transport, "choose 'emulated' or 'ray'")
+    if s.transport == "ray" and importlib.util.find_spec("ray") is None:
+        bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
+            "--config.deployment.transport=emulated)")
+    if s.rollout_on_groups not in ("auto", "true", "false", True, False):
+        bad("deployment.rollout_on_groups", s.rollout_on_groups, "choose 'auto', 'true' or "
+            "'false'")
+    if not 0.0 < s.target_frac <= 1.0:
+        bad("compare.target_frac", s.target_frac, "must be in (0, 1] (e.g. "
+            "--config.compare.target_frac=0.8)")
+
+
+def validate(config, devices=None) -> None:
+    """Builds every section's frozen dataclass of ``config`` and, given ``devices`` (the
+    devices this process will run on), checks what needs them (:func:`check_devices`). Raises
+    :class:`ConfigError` naming the first bad field, its value and the fix; returns None for a
+    config that can run."""
+    process_config(config)
+    _check_run_settings(_build({}, lambda: run_settings(config)))
+    model_config(config)
+    mesh_config(config)
+    _sde_sampler_config(config)       # the SDE fields, whichever objective trains
+    sampler_config(config)
+    sampler_config(config, evaluation=True)
+    _grpo_config(config)              # both objectives' fields: a typo in either is caught
+    _nft_config(config)
+    world_config(config)
+    pretrain_config(config)
+    deploy = deployment_config(config)
+    trace = trace_config(config)
+    if trace.paths:                   # missing files and a start past the trace's end
+        _build(_paths("trace", TraceConfig), lambda: trace.load(deploy.spot_nodes, 3600.0))
+    cost_config(config)
+    workload(config)
+    if devices is not None:
+        check_devices(config, devices)
+
+
+def check_devices(config, devices) -> None:
+    """ConfigErrors for what ``devices`` (this process's) cannot hold: more trainer devices
+    than are present, or a mesh the trainer's devices cannot form."""
+    devices = list(devices)
+    want = int(config.trainer_devices)
+    if want > len(devices):
+        emulated = cpu_device_count(config)
+        where = f" (num_cpu_devices={emulated} emulated CPU devices)" if emulated else ""
+        raise ConfigError(f"trainer_devices={want}: only {len(devices)} devices are "
+                          f"present{where}; set --config.trainer_devices to at most "
+                          f"{len(devices)} (0 = all)")
+    n = want or len(devices)
+    mesh = mesh_config(config)
+    try:
+        mesh.resolve(n)
+    except ValueError as e:
+        raise ConfigError(f"mesh.data={mesh.data}, mesh.fsdp={mesh.fsdp}, mesh.sp={mesh.sp}: "
+                          f"cannot be formed from the trainer's {n} device(s) ({e}); change "
+                          "--config.mesh.* (one axis -1 takes the devices left) or "
+                          "--config.trainer_devices") from e
+
+
+# -- the runner's settings ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ExploreSettings:
+    """How the runner explores seeds (``explore.*``)."""
+    algorithm: str = "ucb"
+    max_extra_per_prompt: int = 24
+    sync_extra_per_prompt: int = 8
+    cluster_by_kind: bool = True
+    budget_frac: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """Everything the runner reads from a config besides what its builders make (models,
+    samplers, trainer, deployment): the mode, the loop's cadence and budget, evaluation,
+    checkpointing, exploration and where rollouts run."""
+    mode: str
+    objective: str
+    seed: int
+    iterations: int
+    max_minutes: float
+    prompts_per_iter: int
+    group_size: int
+    reward: str
+    eval_reward: str
+    eval_every: int
+    eval_prompts: int
+    eval_seeds: int
+    checkpoint_every: int
+    max_to_keep: int
+    trainer_devices: int
+    explore: ExploreSettings
+    transport: str              # 'emulated' | 'ray'
+    fleet: bool
+    scheduler: bool
+    rollout_on_groups: str | bool
+    ray_spot_resource: str
+    target_frac: float          # compare mode's target share of the baseline's gain
+
+
+def run_settings(config) -> RunSettings:
+    r, d = config.rl, config.deployment
+    return RunSettings(
+        mode=config.mode, objective=objective(config), seed=int(config.seed),
+        iterations=int(r.iterations), max_minutes=float(r.max_minutes),
+        prompts_per_iter=int(r.prompts_per_iter), group_size=int(r.group_size),
+        reward=r.reward, eval_reward=eval_reward(config), eval_every=int(r.eval_every),
+        eval_prompts=int(r.eval_prompts), eval_seeds=int(r.eval_seeds),
+        checkpoint_every=int(config.checkpoint.every),
+        max_to_keep=int(config.checkpoint.max_to_keep),
+        trainer_devices=int(config.trainer_devices),
+        explore=pick_fields(ExploreSettings, config.explore),
+        transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
+        rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
+        target_frac=float(config.compare.target_frac))
+
+
+def host_config(config) -> dict:
+    """The run's config as a plain dict, for a process that builds its own model from it (a Ray
+    spot host)."""
+    return config.to_dict()

@@ -3,8 +3,16 @@
   python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/spotlight
   python -m spotlight_jax.main --config=configs/qwen_image_like.py --workdir=/tmp/q --dry_run
   python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/s --config.mode=spotlight
+
+One process of a multi-process trainer job (``jax.distributed``; every process runs the same
+command with its own ``--process_id``; process 0 runs the runner, the others follow it):
+
+  python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/job \\
+      --coordinator=127.0.0.1:12355 --num_processes=2 --process_id=0 --cpu_devices=2
 """
+import contextlib
 import logging as pylogging
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -13,7 +21,75 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and plots.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print sizes and shardings; allocate nothing.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Run as one process of a jax.distributed "
+                                  "trainer job (auto-detected on SLURM / Kubernetes / MPI unless "
+                                  "--coordinator, --num_processes, --process_id say).")
+_COORDINATOR = flags.DEFINE_string("coordinator", None, "Trainer job: host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Trainer job: processes in it.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Trainer job: this process's index.")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "Trainer job: emulated CPU devices per "
+                                    "process (0 = as the backend has them).")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of a config error (otherwise "
+                           "one line 'error: ...' and exit code 2).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _fail(message) -> None:
+    """One line ``error: ...`` on stderr and exit code 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _message(e: BaseException) -> str:
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
+@contextlib.contextmanager
+def _config_errors():
+    """A bad config value ends the command with one line on stderr and exit code 2, before any
+    work (``--debug`` shows the traceback instead)."""
+    from spotlight_jax.builders import ConfigError  # noqa: PLC0415
+    try:
+        yield
+    except (ConfigError, KeyError, FileNotFoundError) as e:
+        if _DEBUG.value:
+            raise
+        _fail(_message(e))
+
+
+def _parse_flags(argv):
+    """absl's flag parsing, except that a ``--config.*`` override of a field the config does not
+    have is one line and exit code 2 (absl reports bad flag values itself)."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as e:
+        if "--debug" in argv:
+            raise
+        while e.args and isinstance(e.args[0], Exception):     # ml_collections wraps KeyErrors
+            e = e.args[0]
+        key, *hint = _message(e).split("\n")
+        key = key.strip("'\"")
+        given = [a.split("=")[0] for a in argv
+                 if a.startswith("--config.") and key in a.split("=")[0].split(".")]
+        flag = given[0] if given else "a --config.* override"
+        _fail(f"{flag}: the config has no field {key!r}" + (f" ({' '.join(hint)})" if hint
+                                                              else ""))
+
+
+def _loaded_config():
+    """``--config``'s ConfigDict; a file that does not load is one line naming the cause."""
+    config = _CONFIG.value
+    try:
+        config.get("mode")              # a file that failed to load raises on first use
+    except OSError as e:
+        if _DEBUG.value:
+            raise
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        last = [line.strip() for line in str(cause).splitlines() if line.strip()][-1]
+        _fail(f"--config: {last} (give a config file such as --config=configs/tiny.py)")
+    return config
 
 
 class _ProjectInfoOnly(pylogging.Filter):
@@ -29,13 +105,19 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.get_absl_handler().addFilter(_ProjectInfoOnly())
-    config = _CONFIG.value
+    config = _loaded_config()
+    from spotlight_jax import builders  # noqa: PLC0415
+    with _config_errors():
+        builders.validate(config)       # every section, before any backend use
+    if _DISTRIBUTED.value or _NUM_PROCESSES.value is not None or _COORDINATOR.value:
+        return _trainer_job(config)
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
 
-    from spotlight_jax.builders import cpu_device_count  # noqa: PLC0415
-    if cpu_device_count(config):
-        jax.config.update("jax_num_cpu_devices", cpu_device_count(config))
-    if config.get("compilation_cache_dir"):
+    with _config_errors():
+        if builders.cpu_device_count(config):
+            jax.config.update("jax_num_cpu_devices", builders.cpu_device_count(config))
+        builders.check_devices(config, jax.devices())
+    if config.compilation_cache_dir:
         import os  # noqa: PLC0415
 
         from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415
@@ -48,5 +130,24 @@ def main(argv):
     train.train_and_evaluate(config, _WORKDIR.value)
 
 
+def _trainer_job(config):
+    """One process of the trainer's ``jax.distributed`` job; process 0 prints one JSON line with
+    the run's iterations and held-out rewards."""
+    import json  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    from spotlight_jax import train  # noqa: PLC0415
+    from spotlight_jax.cluster.distributed import initialize  # noqa: PLC0415
+    initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+               cpu_devices=_CPU_DEVICES.value)
+    history = train.run_trainer_job(config, _WORKDIR.value, progress=jax.process_index() == 0)
+    if history is not None:
+        evals = [h for h in history if "val_reward" in h]
+        print(json.dumps({"process": 0, "iterations": history[-1]["iteration"],
+                          "val_reward": [h["val_reward"] for h in evals]}), flush=True)
+    jax.distributed.shutdown()
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

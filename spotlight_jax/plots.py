@@ -1,7 +1,12 @@
-"""Plots people would rather look at than read: image grids and reward curves (matplotlib Agg)."""
+"""Plots people would rather look at than read: image grids and reward curves (matplotlib Agg).
+
+``python -m spotlight_jax.plots`` draws several runs' held-out curves as mean and spread (absl
+flags; see ``main``).
+"""
 from __future__ import annotations
 
 import numpy as np
+from absl import app, flags
 
 
 def image_grid(images, cols: int = 8, pad: int = 1) -> np.ndarray:
@@ -78,7 +83,7 @@ def plot_curves(path: str, series: dict, xlabel: str = "iteration", ylabel: str 
 def seed_curves(workdirs, key: str = "val_reward") -> dict:
     """Mean and min/max over runs of ``key`` at the evaluations every run has, by iteration.
 
-    Reads each workdir's ``rl.jsonl`` (written by ``controller.run``; keys spelled
+    Reads each workdir's ``rl.jsonl`` (written by ``runner.run``; keys spelled
     ``val/reward`` are matched too). Returns ``{"x", "mean", "lo", "hi", "runs"}``, ``runs``
     being the per-run ``(x, y)`` series.
     """
@@ -181,43 +186,66 @@ def spot_timeline(path: str, replay, devices_per_node: int, history=(), until_s=
     plt.close(fig)
 
 
-def main(argv=None):
-    """``python -m spotlight_jax.plots --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]``:
-    held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table.
-
-    ``--group NAME RUN_DIR [RUN_DIR ...]`` (repeatable) draws one band per named group in the
-    same plot (e.g. ``--group flow_grpo A0 A1 A2 --group explore_sync B0 B1 B2``); ``--key``
-    picks another logged metric (e.g. ``reward_mean``, the training rollouts' reward)."""
-    import argparse  # noqa: PLC0415
-
-    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="*")
-    ap.add_argument("--group", nargs="+", action="append", default=[],
-                    metavar=("NAME", "RUN_DIR"))
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--label", default="held-out reward")
-    ap.add_argument("--key", default="val_reward")
-    ap.add_argument("--title", default="")
-    args = ap.parse_args(argv)
-    groups = [(args.label, args.runs)] if args.runs else []
-    for g in args.group:
-        if len(g) < 2:
-            ap.error(f"--group {g[0]!r} names no run directory; use --group NAME RUN_DIR ...")
-        groups.append((g[0], g[1:]))
-    if not groups:
-        ap.error("give run directories, or one or more --group NAME RUN_DIR ...")
+def group_curves(out: str, groups, key: str = "val_reward", title: str = "") -> None:
+    """Held-out curves of named groups of runs, ``groups = [(name, [run_dir, ...]), ...]``: one
+    mean and min-max band per group in the plot ``out``, and a markdown table printed."""
     series = {}
     print("| group | iteration | mean | min | max |\n|---|---|---|---|---|")
     for name, runs in groups:
-        c = seed_curves(runs, args.key)
+        c = seed_curves(runs, key)
         series[f"{name} (mean, min-max over {len(runs)} runs)"] = (c["x"], c["mean"], c["lo"],
                                                                   c["hi"])
         for x, m, lo, hi in zip(c["x"], c["mean"], c["lo"], c["hi"]):
             print(f"| {name} | {x} | {m:.3f} | {lo:.3f} | {hi:.3f} |")
-    ylabel = "held-out reward (ODE)" if args.key == "val_reward" else args.key
-    plot_curves(args.out, series, ylabel=ylabel, title=args.title)
-    print(f"wrote {args.out}")
+    ylabel = "held-out reward (ODE)" if key == "val_reward" else key
+    plot_curves(out, series, ylabel=ylabel, title=title)
+
+
+def parse_groups(runs, group_specs, label: str) -> list[tuple[str, list[str]]]:
+    """The command line's groups: the positional ``runs`` (named ``label``), then each
+    ``--group NAME=RUN_DIR,RUN_DIR,...``."""
+    groups = [(label, list(runs))] if runs else []
+    for spec in group_specs:
+        name, _, dirs = spec.partition("=")
+        dirs = [d for d in dirs.split(",") if d]
+        if not dirs:
+            raise ValueError(f"--group {spec!r} names no run directory; use "
+                             f"--group NAME=RUN_DIR,RUN_DIR,...")
+        groups.append((name, dirs))
+    if not groups:
+        raise ValueError("give run directories, or one or more --group NAME=RUN_DIR,RUN_DIR,...")
+    return groups
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The command line's flags; defined only when this module runs as the program, so importing
+    the library defines none."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("out", None, "Path of the plot (.png).", **fv)
+    flags.DEFINE_multi_string("group", [], "NAME=RUN_DIR,RUN_DIR,...: one band per named group "
+                              "of runs (repeatable).", **fv)
+    flags.DEFINE_string("label", "held-out reward", "Name of the positional runs' group.", **fv)
+    flags.DEFINE_string("key", "val_reward", "The logged metric to plot.", **fv)
+    flags.DEFINE_string("title", "", "Title of the plot.", **fv)
+    flags.mark_flag_as_required("out", flag_values=flag_values)
+
+
+def main(argv):
+    """``python -m spotlight_jax.plots --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]``:
+    held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table.
+
+    ``--group NAME=RUN_DIR,RUN_DIR,...`` (repeatable) draws one band per named group in the
+    same plot (e.g. ``--group flow_grpo=A0,A1,A2 --group explore_sync=B0,B1,B2``); ``--key``
+    picks another logged metric (e.g. ``reward_mean``, the training rollouts' reward)."""
+    fv = flags.FLAGS
+    try:
+        groups = parse_groups(argv[1:], fv.group, fv.label)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    group_curves(fv.out, groups, fv.key, fv.title)
+    print(f"wrote {fv.out}")
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -25,6 +25,8 @@ from spotlight_jax.diffusion import Sampler, SamplerConfig, from_image, sample_t
 from spotlight_jax.evaluate import evaluate
 from spotlight_jax.metrics import MetricWriter
 
+T_SAMPLING = ("uniform", "logit_normal")   # diffusion.sample_t's kinds
+
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
@@ -52,12 +54,34 @@ class PretrainConfig:
     t_min: float = 0.0
 
     def __post_init__(self):
-        bad = [k for k in self.kind_list if k not in world.KINDS]
-        if bad:
-            raise ValueError(f"pretrain.kinds has unknown kind(s) {bad}; known kinds: "
-                             f"{', '.join(world.KINDS)}")
+        def bad(name, why):
+            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
+        unknown = [k for k in self.kind_list if k not in world.KINDS]
+        if unknown:
+            bad("kinds", f"unknown kind(s) {unknown}; known kinds: {', '.join(world.KINDS)} "
+                         "(comma-separated; '' = all)")
         if not 0.0 <= self.t_min < 1.0:
-            raise ValueError(f"pretrain.t_min={self.t_min} must be in [0, 1)")
+            bad("t_min", "must be in [0, 1)")
+        for name in ("steps", "batch_size", "eval_prompts", "eval_seeds"):
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
+        for name in ("warmup", "eval_every"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        for name in ("lr", "grad_clip", "t_shift"):
+            if not getattr(self, name) > 0:
+                bad(name, "must be > 0")
+        if self.weight_decay < 0:
+            bad("weight_decay", "must be >= 0")
+        if not 0.0 <= self.end_lr_frac <= 1.0:
+            bad("end_lr_frac", "must be in [0, 1] (the final lr as a share of lr)")
+        if not 0.0 <= self.prompt_dropout < 1.0:
+            bad("prompt_dropout", "must be in [0, 1)")
+        if not 0.0 <= self.ema < 1.0:
+            bad("ema", "must be in [0, 1) (e.g. ema=0.999)")
+        if self.t_sampling not in T_SAMPLING:
+            bad("t_sampling", f"choose one of {T_SAMPLING}")
 
     @property
     def kind_list(self) -> tuple[str, ...]:

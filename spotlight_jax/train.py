@@ -2,7 +2,9 @@
 
 Order of business: (1) the base model — the shipped checkpoint for this model config if there is
 one, else ``<workdir>/base`` if a previous run pretrained it, else pretrain now and save it there;
-(2) the post-training mode (``config.mode``) run by the controller, resuming from ``workdir``.
+(2) the post-training mode (``config.mode``) run by ``spotlight_jax.runner``, resuming from
+``workdir``. ``run_trainer_job`` is the same post-training as one process of a multi-process
+trainer job (``spotlight_jax.cluster``).
 """
 from __future__ import annotations
 
@@ -12,22 +14,28 @@ import os
 
 import jax
 from absl import logging
+from flax import nnx
 
 from spotlight_jax import checkpoint, world
 from spotlight_jax.builders import (
     abstract_model,
+    build_mesh,
     create_model,
     eval_reward,
     model_config,
     pick_fields,
+    rl_config,
     sampler_config,
 )
+from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow
 from spotlight_jax.dry_run import dry_run
 from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.pretrain import PretrainConfig, pretrain
+from spotlight_jax.runner import MODES, run, run_compare
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
-__all__ = ["train_and_evaluate", "dry_run", "load_or_pretrain_base", "shipped_base_dir"]
+__all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain_base",
+           "shipped_base_dir"]
 
 
 def pretrain_config(config) -> PretrainConfig:
@@ -74,7 +82,7 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
     """``(graphdef, base_state, source)`` following the priority order in the module docstring.
     With ``allow_pretrain=False`` a missing base is a ValueError instead of a pretraining run."""
     cfg = model_config(config)
-    choice = config.get("base_checkpoint", "auto")
+    choice = config.base_checkpoint
     candidates = []
     if choice not in ("auto", "none", "", None):
         candidates.append(choice)
@@ -117,20 +125,17 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
 def train_and_evaluate(config, workdir: str):
     """Runs ``config.mode`` end to end in ``workdir`` (resuming whatever is there);
     ``compare`` runs every mode into ``workdir/<mode>`` and writes ``report.md``."""
-    from spotlight_jax.controller import MODES  # noqa: PLC0415
     if config.mode not in (*MODES, "compare"):
         raise ValueError(f"unknown mode {config.mode!r}; choose one of {(*MODES, 'compare')}")
     os.makedirs(workdir, exist_ok=True)
     logging.info("devices: %s", jax.devices())
     graphdef, base, source = load_or_pretrain_base(config, workdir)
     if config.mode == "compare":
-        from spotlight_jax.compare import run_compare  # noqa: PLC0415
         path = run_compare(config, workdir, graphdef, base, base_source=source)
         print(open(path).read().split("\n## ")[0])
         print(f"report: {path}  (plots next to it; each mode's run in {workdir}/<mode>)")
         return path
-    from spotlight_jax import controller  # noqa: PLC0415 - heavy, only when training
-    history = controller.run(config, workdir, graphdef, base, base_source=source)
+    history = run(config, workdir, graphdef, base, base_source=source)
     print(summary(config, workdir, history, source))
     return history
 
@@ -166,3 +171,42 @@ def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
               f"samples:  {os.path.join(workdir, 'samples')}",
               f"curve:    {os.path.join(workdir, 'reward_curve.png')}"]
     return "\n".join(lines)
+
+
+def run_trainer_job(config, workdir: str, *, progress: bool = False):
+    """Post-training of ``config`` by this trainer job: process 0 runs the runner
+    (``runner.run``) with a ``TrainerJob`` over every process's devices, writing the run
+    (metrics, samples, checkpoints) to ``workdir``; the other processes follow its commands.
+    The base model is process 0's (shipped, ``config.base_checkpoint`` or ``workdir/base``),
+    broadcast to the others. Returns the history in process 0, None in the others."""
+    mesh = build_mesh(config, jax.devices())
+    graphdef, abstract = abstract_model(model_config(config), config.seed)
+    base = None
+    if jax.process_index() == 0:
+        try:
+            if config.base_checkpoint == "none":
+                raise ValueError("a trainer job does not pretrain: run the pretraining first "
+                                 "(python -m spotlight_jax.main ... --config.rl.iterations=0) "
+                                 "and point --config.base_checkpoint at it")
+            graphdef, base, source = load_or_pretrain_base(
+                config, workdir, progress=False, allow_pretrain=False)
+        except Exception:
+            broadcast_base({})     # releases the followers with an empty base
+            raise
+        logging.info("trainer job: base %s", source)
+    pure = broadcast_base(base)
+    if not pure:
+        raise RuntimeError("process 0 found no base model; see its log")
+    host = jax.tree.map(lambda x: x, abstract)
+    nnx.replace_by_pure_dict(host, pure)
+    rl_cfg, samp = rl_config(config), sampler_config(config)
+    if jax.process_index() != 0:
+        follow(graphdef, host, rl_cfg, samp, mesh)
+        return None
+    local = build_mesh(config, jax.local_devices())   # process 0's samplers and shadow weights
+    job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local)
+    try:
+        return run(config, workdir, graphdef, host, base_source=source,
+                              progress=progress, trainer=job, devices=list(local.devices.flat))
+    finally:
+        job.stop()

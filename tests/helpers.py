@@ -1,4 +1,8 @@
-"""Shared test fixtures: a micro model that compiles in seconds."""
+"""Shared test fixtures: a micro model that compiles in seconds, configs and subprocess helpers."""
+import os
+import socket
+from pathlib import Path
+
 import jax
 from flax import nnx
 
@@ -26,7 +30,7 @@ MICRO_RUN_OVERRIDES = {
     **{f"model.{f}": getattr(MICRO, f) for f in MICRO.__dataclass_fields__},
     "mode": "flow_grpo", "rl.objective": "flow_grpo", "world.image_size": MICRO.image_size,
     "sampler.num_steps": 3,
-    "sampler.sde_window": None,
+    "sampler.sde_window": (0, 3),       # every step of the 3-step sampler
     "sampler.eval_steps": 2, "rl.prompts_per_iter": 2, "rl.group_size": 4, "rl.train_steps": 2,
     "rl.minibatches": 2, "rl.eval_every": 0, "rl.eval_prompts": 2, "rl.eval_seeds": 1,
     "rl.lr": 1e-3, "checkpoint.every": 1,
@@ -37,3 +41,34 @@ MICRO_RUN_OVERRIDES = {
 def micro_config(iterations, **overrides):
     from spotlight_jax.builders import load_config
     return load_config("tiny", {**MICRO_RUN_OVERRIDES, "rl.iterations": iterations, **overrides})
+
+
+def config_flags(overrides: dict) -> list[str]:
+    """Dotted config overrides as ``--config.x=y`` command-line flags (absl's syntax: tuples as
+    ``(a,b)``; absl cannot set a field to None, so None values are refused here)."""
+    out = []
+    for key, value in overrides.items():
+        if value is None:
+            raise ValueError(f"{key}=None cannot be given as a --config flag")
+        if isinstance(value, tuple):
+            value = "(" + ",".join(str(v) for v in value) + ")"
+        out.append(f"--config.{key}={value}")
+    return out
+
+
+TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict:
+    """The environment of a child JAX process: CPU, without the test process's 8 forced host
+    devices (each child sets its own count)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "force_host_platform_device_count" not in f)
+    return env

@@ -1,9 +1,11 @@
 """Sequence-parallel attention vs an independent dense reference, on 8 emulated CPU devices.
 
 Forward outputs and dQ/dK/dV of every strategy must match a plain-softmax einsum on one device to
-1e-5 (float32) on 1-D (``sp``) and 2-D (``data`` x ``sp``) meshes. Inputs are rank-coded (position
-and head offsets on top of noise) so a misordered shard or head shows up as an error.
+1e-5 (float32) on 1-D (``sp``) and 2-D (``data`` x ``sp``) meshes, inside ``jax.jit`` and eagerly
+(plain calls and eager ``jax.grad``, as in a notebook). Inputs are rank-coded (position and head
+offsets on top of noise) so a misordered shard or head shows up as an error.
 """
+import contextlib
 import functools
 import importlib
 import logging
@@ -241,3 +243,54 @@ def test_eager_single_device_inputs_bfloat16_and_dense_paths():
     for kwargs in ({}, {"mesh": None, "strategy": "ring"}, {"mesh": mesh, "strategy": "dense"},
                    {"mesh": mesh, "strategy": "usp"}):
         np.testing.assert_allclose(np.asarray(attention(q, k, v, **kwargs)), want, atol=TOL)
+
+
+# Heads for the eager tests at sp=4: ulysses runs pure Ulysses, usp splits into ulysses 2 x ring 2.
+EAGER_HEADS = {"ulysses": 4, "ring": 4, "usp": 6}
+
+
+def explicit_mesh(kind):
+    """``jax.make_mesh`` with its default ``Explicit`` axes: the mesh a notebook user makes first,
+    and the one eager ``jax.grad`` used to fail on."""
+    if kind == "1d":
+        return jax.make_mesh((4,), ("sp",), devices=jax.devices()[:4])
+    return jax.make_mesh((2, 4), ("data", "sp"))
+
+
+# Every strategy on both meshes, unplaced and placed; unplaced under set_mesh (a mesh context with
+# Explicit axes changes the eager path, whatever the strategy) once per mesh.
+EAGER_CASES = [(s, kind, placement) for s in ("ulysses", "ring", "usp") for kind in ("1d", "2d")
+               for placement in ("unplaced", "placed")] + [
+    ("ring", kind, "unplaced_under_set_mesh") for kind in ("1d", "2d")]
+
+
+@pytest.mark.parametrize("strategy,kind,placement", EAGER_CASES)
+def test_eager_forward_and_grad_match_dense(strategy, kind, placement):
+    """Eager forward and eager ``jax.grad`` w.r.t. q, k, v, outside any jit, vs the dense reference.
+
+    ``unplaced``: plain single-device arrays and no mesh context (22 tokens: padded to 24).
+    ``unplaced_under_set_mesh``: the same inside ``jax.set_mesh(mesh)``. ``placed``: inputs already
+    sequence-sharded on the mesh with a NamedSharding (24 tokens), inside ``jax.set_mesh(mesh)``,
+    which JAX itself needs for eager ``jax.grad`` of any value on an ``Explicit`` mesh.
+    Gradients come back placed like their inputs.
+    """
+    seq, heads = (24 if placement == "placed" else 22), EAGER_HEADS[strategy]
+    q, k, v, ct = make_inputs(seq=seq, heads=heads, seed=4)
+    mesh = explicit_mesh(kind)
+    if placement == "placed":
+        spec = P(None, "sp") if kind == "1d" else P("data", "sp")
+        q, k, v = (jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v))
+
+    def loss(q, k, v):
+        out = attention(q, k, v, mesh=mesh, strategy=strategy)
+        return jnp.sum(out * ct), out
+
+    with contextlib.nullcontext() if placement == "unplaced" else jax.set_mesh(mesh):
+        out = attention(q, k, v, mesh=mesh, strategy=strategy)
+        grads, out_in_grad = jax.grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    want = expected(seq=seq, heads=heads, seed=4)
+    assert_close((out, *grads), want)
+    assert_close((out_in_grad, *grads), want)
+    for grad, x in zip(grads, (q, k, v)):
+        assert grad.sharding.is_equivalent_to(x.sharding, x.ndim), (grad.sharding, x.sharding)

@@ -12,15 +12,23 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+from spotlight_jax import builders
+from spotlight_jax.emulation import calibration, cost_models, datasheets, flops
 from spotlight_jax.emulation import clock as clock_lib
-from spotlight_jax.emulation import cost as cost_lib
 from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock, WallClock
-from spotlight_jax.emulation.cost import CostConfig, Workload
+from spotlight_jax.emulation.cost_models import CostConfig, Workload
 from spotlight_jax.models import MMDiT, MMDiTConfig
 
 OD = DeviceGroup("od0", "on_demand", 4)
 SPOT = DeviceGroup("spot0", "spot", 2)
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+# The cost section of configs/base.py: the paper deployment, its profile model loaded from
+# configs/qwen_image_like.py.
+PAPER = builders.cost_config(builders.load_config("base"))
+
+
+def paper(**fields) -> CostConfig:
+    return dataclasses.replace(PAPER, **fields)
 
 
 # ----------------------------------------------------------------------------------- clocks
@@ -207,13 +215,13 @@ def test_flop_formula_matches_the_model_jaxpr(cfg):
     mask = jax.ShapeDtypeStruct((b, cfg.text_len), jnp.bool_)
     jaxpr = jax.make_jaxpr(lambda st, *a: nnx.merge(graphdef, st)(*a))(state, x, t, tok, mask)
     ref = _dot_flops(jaxpr.jaxpr)
-    assert cost_lib.forward_flops(cfg, batch=b) == ref
+    assert flops.forward_flops(cfg, batch=b) == ref
     n_params = sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(state, nnx.Param)))
-    assert cost_lib.param_count(cfg) == n_params
+    assert flops.param_count(cfg) == n_params
 
 
 def test_paper_profile_tokens_params_and_flops():
-    p = cost_lib.profile_for(CostConfig().profile_model, 512)
+    p = cost_models.profile_for(PAPER.profile_model, 512)
     assert p.tokens == (256, 1024)                       # 512 / 8 / 2 = 32 -> 1024 patches
     assert 20.0e9 < p.params < 21.0e9                    # "20B"
     m, s = p.model, 1280
@@ -225,13 +233,13 @@ def test_paper_profile_tokens_params_and_flops():
 def test_profile_model_matches_the_qwen_config():
     from spotlight_jax.builders import model_config
     cfg = runpy.run_path(str(CONFIGS / "qwen_image_like.py"))["get_config"]()
-    assert model_config(cfg) == CostConfig().profile_model
+    assert model_config(cfg) == PAPER.profile_model
 
 
 # ---------------------------------------------------------------------------- profile model
 
 def test_profile_scales_with_batch_and_sp_degree():
-    p = cost_lib.make_cost_model(CostConfig(), Workload(lora_rank=32))
+    p = cost_models.make_cost_model(paper(), Workload(lora_rank=32))
     # compute-bound at batch 8: doubling the batch doubles the step (no comm at SP 1)
     assert p.rollout_step(16, 1) == pytest.approx(2 * p.rollout_step(8, 1), rel=1e-12)
     # SP k splits the compute; communication is added on top
@@ -249,14 +257,14 @@ def test_profile_scales_with_batch_and_sp_degree():
     # training: 4 steps x (1 fwd + 1 bwd(LoRA) + remat + KL) x CFG 2 = 32 forwards
     assert p.train_passes() == 8.0
     assert p.train_sample(1) == pytest.approx(32 * p.flops / (989e12 * 0.4))
-    rescored = cost_lib.make_cost_model(CostConfig(), Workload(lora_rank=32, rescore=True))
+    rescored = cost_models.make_cost_model(paper(), Workload(lora_rank=32, rescore=True))
     assert rescored.train_passes() == 10.0     # + one re-score forward per step, x CFG 2
     assert p.train_sample(4) == pytest.approx(p.train_sample(1) / 4)
     assert p.train(6, 4) == pytest.approx(6 * p.train_sample(4))
-    full = cost_lib.make_cost_model(CostConfig(lora_rank=0), Workload(kl=False))
+    full = cost_models.make_cost_model(paper(lora_rank=0), Workload(kl=False))
     assert full.train_passes() == 2 * (1 + 2 + 1 + 0 + 0)   # fwd, bwd, remat, no KL, no re-score
     assert full.broadcast() == pytest.approx(full.weight_bytes * 8 / 100e9)
-    h = cost_lib.make_cost_model(CostConfig(device="a100_sxm"), Workload())
+    h = cost_models.make_cost_model(paper(device="a100_sxm"), Workload())
     assert h.rollout_step(8) == pytest.approx(p.rollout_step(8) * 989 / 312)
     assert p.regroup("shrink") < p.regroup("grow") < 1.0 < p.regroup("cold")
     names = {a.name for a in p.describe()}
@@ -265,26 +273,26 @@ def test_profile_scales_with_batch_and_sp_degree():
 
 
 def test_cost_config_section_round_trip_and_workload():
-    section = cost_lib.default_cost_config()
-    assert CostConfig.from_config(section) == CostConfig()
-    section.mfu = 0.5
-    assert CostConfig.from_config(section).mfu == 0.5
     base = runpy.run_path(str(CONFIGS / "base.py"))["get_config"]()
-    w = cost_lib.workload_from_config(base)
+    qwen = runpy.run_path(str(CONFIGS / "qwen_image_like.py"))["get_config"]()
+    assert builders.cost_config(base) == CostConfig(profile_model=builders.model_config(qwen))
+    base.cost.mfu = 0.5
+    assert builders.cost_config(base).mfu == 0.5
+    w = builders.workload(base)
     # base.py trains every SDE step (train_steps = 0; its window is steps 0-7) with LoRA rank 16
     assert w == Workload(num_steps=10, train_steps=8, inner_epochs=1, kl=True, cfg_passes=1,
                          lora_rank=16)
     base.sampler.sde_window = None
-    assert cost_lib.workload_from_config(base).train_steps == 10
+    assert builders.workload(base).train_steps == 10
     base.rl.train_steps, base.rl.lora_rank = 4, 0
-    assert cost_lib.workload_from_config(base) == Workload(
+    assert builders.workload(base) == Workload(
         num_steps=10, train_steps=4, inner_epochs=1, kl=True, cfg_passes=1, lora_rank=0)
 
 
 # ------------------------------------------------------------------------------------ prices
 
 def test_prices_and_dollars_from_alive_time():
-    p = cost_lib.make_cost_model(CostConfig(), Workload())
+    p = cost_models.make_cost_model(paper(), Workload())
     assert p.price_per_hour("on_demand") == 3.90
     assert p.price_per_hour("spot") == pytest.approx(3.90 * 0.27)       # $1.053
     assert p.dollars_per_hour({"on_demand": 4, "spot": 8}) == pytest.approx(15.6 + 8 * 1.053)
@@ -304,7 +312,7 @@ def test_calibrate_fits_rollout_and_round_trips():
     def rollout(b):
         time.sleep(0.004 + 0.004 * b)
 
-    m = cost_lib.calibrate(rollout, lambda: time.sleep(0.01), rollout_batches=(1, 3),
+    m = calibration.calibrate(rollout, lambda: time.sleep(0.01), rollout_batches=(1, 3),
                            train_batch=2, repeats=2, warmup=0,
                            workload=Workload(num_steps=5))
     assert m.rollout_step(2) >= 0.008 and m.rollout_step(3) > m.rollout_step(1)
@@ -312,14 +320,20 @@ def test_calibrate_fits_rollout_and_round_trips():
     assert m.rollout(1) == 5 * m.rollout_step(1)
     assert 0.005 <= m.train_sample() < 0.5 and m.train_sample(2) == m.train_sample() / 2
     assert m.reward(3) == pytest.approx(0.3) and m.broadcast() == 0.0
-    back = cost_lib.MeasuredCost.from_state_dict(json.loads(json.dumps(m.state_dict())))
+    back = cost_models.MeasuredCost.from_state_dict(json.loads(json.dumps(m.state_dict())))
     assert back.state_dict() == m.state_dict()
-    assert cost_lib.make_cost_model(CostConfig(model="measured"), measured=m) is m
+    assert cost_models.make_cost_model(CostConfig(model="measured"), measured=m) is m
     assert {a.name for a in m.describe()} >= {"rollout_per_sample", "sp_scaling", "spot_price"}
-    assert cost_lib._fit_line([1, 2], [2.0, 1.0]) == (1.5, 0.0)   # noise: no negative slope
+    assert calibration.fit_line([1, 2], [2.0, 1.0]) == (1.5, 0.0)   # noise: no negative slope
 
 
 # --------------------------------------------------------------------------------- bad inputs
+
+def _with_cost_field(name, value):
+    c = builders.load_config("base")
+    c.cost[name] = value
+    return c
+
 
 @pytest.mark.parametrize("make, match", [
     (lambda: VirtualClock().charge(OD, -1.0, "train"), ">= 0"),
@@ -330,13 +344,13 @@ def test_calibrate_fits_rollout_and_round_trips():
     (lambda: VirtualClock().set_alive("spot", -1), ">= 0"),
     (lambda: clock_lib.make_clock("fast"), r"\('virtual', 'wall'\)"),
     (lambda: CostConfig(device="tpu_v9"), "a100_sxm.*h100_sxm.*h200_sxm"),
-    (lambda: cost_lib.device_spec("b200"), "h100_sxm"),
+    (lambda: datasheets.device_spec("b200"), "h100_sxm"),
     (lambda: CostConfig(model="guess"), r"\('profile', 'measured'\)"),
-    (lambda: CostConfig.from_config({"mfuu": 0.3}), "valid fields"),
-    (lambda: cost_lib.make_cost_model(CostConfig(model="measured")), "calibrat"),
-    (lambda: cost_lib.make_cost_model(CostConfig()).rollout_step(0), "positive integer"),
-    (lambda: cost_lib.make_cost_model(CostConfig()).regroup("warm"), "shrink"),
-    (lambda: cost_lib.Prices().per_hour("reserved"), "on_demand"),
+    (lambda: builders.cost_config(_with_cost_field("mfuu", 0.3)), "valid fields"),
+    (lambda: cost_models.make_cost_model(CostConfig(model="measured")), "calibrat"),
+    (lambda: cost_models.make_cost_model(paper()).rollout_step(0), "positive integer"),
+    (lambda: cost_models.make_cost_model(paper()).regroup("warm"), "shrink"),
+    (lambda: cost_models.Prices().per_hour("reserved"), "on_demand"),
 ])
 def test_bad_inputs_raise_value_error_naming_choices(make, match):
     with pytest.raises(ValueError, match=match):

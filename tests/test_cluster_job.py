@@ -16,10 +16,17 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import MICRO_RUN_OVERRIDES, micro_config, micro_model
-from test_cluster_trainer import _child_env, _free_port
+from helpers import (
+    MICRO_RUN_OVERRIDES,
+    TINY,
+    child_env,
+    config_flags,
+    free_port,
+    micro_config,
+    micro_model,
+)
 
-from spotlight_jax import checkpoint, controller
+from spotlight_jax import checkpoint, runner
 
 ITERATIONS = 3
 
@@ -37,13 +44,13 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
     checkpoint.save_params(base_dir, base, {})
 
     # the job: controller in process 0, process 1 follows
-    port = _free_port()
+    port = free_port()
     job_dir = tmp_path / "job"
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "spotlight_jax.cluster.trainer", f"--coordinator=127.0.0.1:{port}",
-         "--num_processes=2", f"--process_id={i}", "--cpu_devices=2", "--config=tiny",
-         f"--overrides={json.dumps(_overrides(base_dir))}", f"--workdir={job_dir}"],
-        env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [sys.executable, "-m", "spotlight_jax.main", f"--coordinator=127.0.0.1:{port}",
+         "--num_processes=2", f"--process_id={i}", "--cpu_devices=2", f"--config={TINY}",
+         *config_flags(_overrides(base_dir)), f"--workdir={job_dir}"],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -54,11 +61,11 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
 
     # the reference: one process, 4 devices
     ref_dir = tmp_path / "ref"
-    ref = controller.run(c, str(ref_dir), graphdef, base, progress=False,
+    ref = runner.run(c, str(ref_dir), graphdef, base, progress=False,
                          devices=jax.devices()[:4])
 
     # the job's checkpoint restores in single-process mode
-    run = controller.Run(c, str(job_dir), graphdef, base, jax.devices()[:4])
+    run = runner.RunState(c, str(job_dir), graphdef, base, jax.devices()[:4])
     assert run.maybe_restore()
     assert run.iteration == ITERATIONS
     got = run.history
@@ -70,10 +77,10 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
         np.testing.assert_allclose(g["loss"], r["loss"], rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(got[-1]["val_reward"], ref[-1]["val_reward"], atol=1e-4)
 
-    want_run = controller.Run(c, str(ref_dir), graphdef, base, jax.devices()[:4])
+    want_run = runner.RunState(c, str(ref_dir), graphdef, base, jax.devices()[:4])
     assert want_run.maybe_restore()
     want_run.ckpt.close()
-    before = jax.tree.leaves(controller.Run(c, str(tmp_path / "fresh"), graphdef, base,
+    before = jax.tree.leaves(runner.RunState(c, str(tmp_path / "fresh"), graphdef, base,
                                             jax.devices()[:4]).trainer.trainable)
     want = jax.tree.leaves(want_run.trainer.trainable)
     have = jax.tree.leaves(run.trainer.trainable)

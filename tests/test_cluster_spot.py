@@ -25,7 +25,9 @@ from spotlight_jax.sched import (
 )
 
 ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
-from spotlight_jax.cluster import spot  # noqa: E402
+from spotlight_jax.builders import model_config  # noqa: E402
+from spotlight_jax.cluster import ray_hosts as spot  # noqa: E402
+from spotlight_jax.runner.rollouts import group_seeds  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -132,15 +134,15 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
     trains on; the rollouts match the trainer's own sampler up to float rounding."""
     import numpy as np
 
-    from spotlight_jax import controller
+    from spotlight_jax import runner
     from spotlight_jax.builders import create_model
 
     c = load_config("tiny", {**MICRO_RUN_OVERRIDES, "mode": "spot_rollout", "rl.iterations": 2,
                              "deployment.transport": "ray", "deployment.spot_nodes": 2})
-    graphdef, base = create_model(controller.model_config(c))
-    run = controller.Run(c, str(tmp_path), graphdef, base)
+    graphdef, base = create_model(model_config(c))
+    run = runner.RunState(c, str(tmp_path), graphdef, base)
     prompts = run.prompts(0)
-    seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
+    seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     got, info = run.ray_rollout(0, prompts, seeds)
     assert info["ray_hosts_started"] == 2 and info["ray_hosts_lost"] == 0
     assert info["ray_request_steps"] == len(got["seeds"]) * c.sampler.num_steps

@@ -8,54 +8,40 @@ is ~lr per element; we allow 1e-3 of the largest change (1e-6 absolute at lr 1e-
 any real discrepancy (a wrong batch split or a missing all-reduce changes the update by O(1)).
 """
 import json
-import os
-import socket
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import MICRO_RUN_OVERRIDES, micro_config
+from helpers import MICRO_RUN_OVERRIDES, TINY, child_env, config_flags, free_port, micro_config
 
-from spotlight_jax import checkpoint, controller
-from spotlight_jax.builders import build_mesh, create_model, rl_config, sampler_config
-from spotlight_jax.rl import GRPOTrainer
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _child_env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    # the test process forces 8 host devices; each trainer process sets its own count
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "force_host_platform_device_count" not in f)
-    return env
+from spotlight_jax import checkpoint, runner
+from spotlight_jax.builders import build_mesh, create_model, model_config, rl_config, sampler_config
+from spotlight_jax.parallel.sharding import shard_state
+from spotlight_jax.rl import GRPOTrainer, advantages
+from spotlight_jax.runner.rollouts import group_seeds
 
 
 @pytest.mark.cluster
 def test_two_process_gloo_update_equals_single_process(tmp_path):
     c = micro_config(1)
-    graphdef, base = create_model(controller.model_config(c))
+    graphdef, base = create_model(model_config(c))
     base_dir = str(tmp_path / "base")
     checkpoint.save_params(base_dir, base, {})
-    run = controller.Run(c, str(tmp_path / "run"), graphdef, base, jax.devices()[:1])
+    run = runner.RunState(c, str(tmp_path / "run"), graphdef, base, jax.devices()[:1])
     prompts = run.prompts(0)
-    batch = run.rollout(prompts, controller.group_seeds(c.seed, 0, len(prompts),
+    batch = run.rollout(prompts, group_seeds(c.seed, 0, len(prompts),
                                                         c.rl.group_size))
     train = {"latents": batch["latents"], "log_probs": batch["log_probs"],
-             "advantages": controller.advantages(batch["rewards"], batch["prompt_ids"]),
+             "advantages": advantages(batch["rewards"], batch["prompt_ids"]),
              "tokens": batch["tokens"], "mask": batch["mask"]}
     assert np.abs(train["advantages"]).max() > 0
     np.savez(tmp_path / "batch.npz", **{k: np.asarray(v) for k, v in train.items()})
 
     # one process, 4 devices
     mesh = build_mesh(c, jax.devices()[:4])
-    ref = GRPOTrainer(graphdef, controller.shard_state(base, mesh), rl_config(c),
+    ref = GRPOTrainer(graphdef, shard_state(base, mesh), rl_config(c),
                       sampler_config(c), mesh=mesh)
     ref_metrics = ref.update(train, jax.random.key(c.seed), 0)
     want = [np.asarray(x) for x in jax.tree.leaves(ref.trainable)]
@@ -63,13 +49,13 @@ def test_two_process_gloo_update_equals_single_process(tmp_path):
         GRPOTrainer(graphdef, base, rl_config(c), sampler_config(c)).trainable)]
 
     # two processes x 2 devices
-    port = _free_port()
-    overrides = json.dumps({k: v for k, v in MICRO_RUN_OVERRIDES.items()})
+    port = free_port()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "spotlight_jax.cluster.trainer", f"--coordinator=127.0.0.1:{port}",
-         "--num_processes=2", f"--process_id={i}", "--cpu_devices=2", "--config=tiny",
-         f"--overrides={overrides}", f"--base={base_dir}", f"--batch={tmp_path / 'batch.npz'}",
-         f"--out={tmp_path / 'got.npz'}"], env=_child_env(), stdout=subprocess.PIPE,
+        [sys.executable, "-m", "spotlight_jax.bench.distributed_update",
+         f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+         "--cpu_devices=2", f"--config={TINY}", *config_flags(MICRO_RUN_OVERRIDES),
+         f"--base={base_dir}", f"--batch={tmp_path / 'batch.npz'}",
+         f"--out={tmp_path / 'got.npz'}"], env=child_env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):

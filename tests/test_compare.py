@@ -6,7 +6,7 @@ import pytest
 from test_modes import mode_config
 from test_resume import base  # noqa: F401 - module fixture
 
-from spotlight_jax import compare
+from spotlight_jax.runner import compare
 
 
 def _hist(points, start=0.5):

@@ -249,28 +249,29 @@ def test_deployment_replays_the_configured_window(tmp_path):
     import runpy
     from pathlib import Path
 
-    from spotlight_jax.emulation import Deployment
+    from spotlight_jax.builders import make_deployment
     tiny = Path(__file__).parents[1] / "configs" / "tiny.py"
     get_config = runpy.run_path(str(tiny))["get_config"]
     p = _write(tmp_path, "t.json", json.dumps({"metadata": {"gap_seconds": 300},
                                                 "data": [4, 4, 4, 1, 4]}))
     c = get_config()
     c.trace.path = str(p)
-    assert len(Deployment(c).alive_nodes) == 4
+    assert len(make_deployment(c).alive_nodes) == 4
     c.trace.start_s = 900.0
-    d = Deployment(c)
+    d = make_deployment(c)
     assert len(d.alive_nodes) == 1 and d.trace_source.endswith("@900s")
     assert [e.kind for e in d.replay.events] == ["join"] * 3
     c.trace.start_s = 1500.0
     with pytest.raises(TraceError, match="past the trace's end"):
-        Deployment(c)
+        make_deployment(c)
 
 
 def test_comma_separated_one_node_traces_make_a_pool(tmp_path):
     import runpy
     from pathlib import Path
 
-    from spotlight_jax.emulation import Deployment, load_traces
+    from spotlight_jax.builders import make_deployment
+    from spotlight_jax.emulation import load_traces
     a = _write(tmp_path, "a.json", json.dumps({"metadata": {"gap_seconds": 30},
                                                "data": [1, 1, 0, 1]}))
     b = _write(tmp_path, "b.json", json.dumps({"metadata": {"gap_seconds": 30},
@@ -282,10 +283,10 @@ def test_comma_separated_one_node_traces_make_a_pool(tmp_path):
         load_traces(" , ")
     c = runpy.run_path(str(Path(__file__).parents[1] / "configs" / "tiny.py"))["get_config"]()
     c.trace.path = f"{a},{b}"
-    d = Deployment(c)
+    d = make_deployment(c)
     assert len(d.alive_nodes) == 2
     assert [e.kind for e in d.replay.events if e.kind != "notice"] == ["loss", "loss", "join",
                                                                          "join"]
     c.trace.path = f"{a},{tmp_path / 'missing.json'}"
     with pytest.raises(ValueError, match="missing.json.*does not exist"):
-        Deployment(c)
+        make_deployment(c)

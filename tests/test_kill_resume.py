@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from test_resume import micro_config
 
-from spotlight_jax import controller
-from spotlight_jax.builders import create_model
+from spotlight_jax import runner
+from spotlight_jax.builders import create_model, model_config
 from spotlight_jax.metrics import read_jsonl
 
 ITERATIONS = 3
@@ -30,11 +30,11 @@ jax.config.update("jax_num_cpu_devices", 8)
 from spotlight_jax.elastic.exec_cache import enable_persistent_cache
 enable_persistent_cache({cache!r})   # the resumed process loads the killed one's programs
 from test_kill_resume import spotlight_config
-from spotlight_jax import controller
-from spotlight_jax.builders import create_model
+from spotlight_jax import runner
+from spotlight_jax.builders import create_model, model_config
 c = spotlight_config({objective!r})
-graphdef, state = create_model(controller.model_config(c))
-controller.run(c, {workdir!r}, graphdef, state, progress=False)
+graphdef, state = create_model(model_config(c))
+runner.run(c, {workdir!r}, graphdef, state, progress=False)
 """
 
 
@@ -54,8 +54,8 @@ def spotlight_config(objective="flow_grpo"):
 
 def _state(workdir, objective="flow_grpo"):
     c = spotlight_config(objective)
-    graphdef, base = create_model(controller.model_config(c))
-    r = controller.Run(c, str(workdir), graphdef, base)
+    graphdef, base = create_model(model_config(c))
+    r = runner.RunState(c, str(workdir), graphdef, base)
     assert r.maybe_restore()
     return r
 
@@ -96,8 +96,8 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path,
 
     straight = tmp_path / "straight"
     c = spotlight_config(objective)
-    graphdef, base = create_model(controller.model_config(c))
-    h_straight = controller.run(c, str(straight), graphdef, base, progress=False)
+    graphdef, base = create_model(model_config(c))
+    h_straight = runner.run(c, str(straight), graphdef, base, progress=False)
 
     a, b = _state(straight, objective), _state(killed, objective)
     assert a.iteration == b.iteration == ITERATIONS, (steps, delay)

@@ -10,9 +10,9 @@ from flax import nnx
 from helpers import MICRO, micro_model
 
 from spotlight_jax import world
-from spotlight_jax.controller import shard_state
 from spotlight_jax.models import AttentionSpec, MMDiT
 from spotlight_jax.parallel import MeshConfig, make_mesh
+from spotlight_jax.parallel.sharding import shard_state
 
 
 def inputs(cfg, b=4, seed=0):

@@ -5,14 +5,17 @@ import numpy as np
 import pytest
 from test_resume import micro_config
 
-from spotlight_jax import controller
-from spotlight_jax.builders import create_model
+from spotlight_jax import runner, world
+from spotlight_jax.builders import create_model, model_config
 from spotlight_jax.explore import max_variance_subset
+from spotlight_jax.explore.explorer import candidate_seeds
+from spotlight_jax.runner.exploration import extras_budget_s
+from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
 
 
 @pytest.fixture(scope="module")
 def base():
-    return create_model(controller.model_config(micro_config(1)))
+    return create_model(model_config(micro_config(1)))
 
 
 def mode_config(mode, iterations=2, objective="flow_grpo"):
@@ -27,11 +30,11 @@ def mode_config(mode, iterations=2, objective="flow_grpo"):
     return c
 
 
-@pytest.mark.parametrize("mode,objective", [(m, "flow_grpo") for m in controller.MODES]
+@pytest.mark.parametrize("mode,objective", [(m, "flow_grpo") for m in runner.MODES]
                          + [("flow_grpo", "nft"), ("spotlight", "nft")])
 def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
-    h = controller.run(mode_config(mode, objective=objective), str(tmp_path), graphdef, state,
+    h = runner.run(mode_config(mode, objective=objective), str(tmp_path), graphdef, state,
                        progress=False)
     rows = [r for r in h if "reward_mean" in r]
     assert len(rows) == 2
@@ -53,7 +56,7 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
                                                                           objective):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1, objective=objective)
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     # the weights that sample the training batch (θ_k; nft: the sampling policy θ_old)
     stale = jax.tree.map(np.asarray, r.trainer.sampling_state())
     r.step(0)
@@ -63,23 +66,23 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
     assert r.next_seeds is not None and len(r.next_seeds) == len(prompts)
     G = c.rl.group_size
     n0 = G + r.planner.last_plan["extra"][prompts[0]]
-    pool = controller.candidate_seeds(c.seed, 1, 0, n0)
-    rewards = r.spot_explorer.score(stale, [prompts[0]], [pool])[0]
+    pool = candidate_seeds(c.seed, 1, 0, n0)
+    rewards = r.mode.spot.explorer.score(stale, [prompts[0]], [pool])[0]
     assert sorted(pool[max_variance_subset(rewards, G)].tolist()) == sorted(r.next_seeds[0])
 
 
 def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     trainer = {d.id for d in r.mesh.devices.flat}
-    spot = {d for _, _, g in r.fleet.groups for d in g.device_ids}
-    assert len(r.fleet.groups) == c.deployment.spot_nodes
+    spot = {d for _, _, g in r.mode.fleet.groups for d in g.device_ids}
+    assert len(r.mode.fleet.groups) == c.deployment.spot_nodes
     assert spot and not trainer & spot, (trainer, spot)
     # the explorer's rollouts really run on the spot groups' devices ...
-    r.pull_weights(r.trainer.policy_state())
-    for node, i, g in r.fleet.groups:
-        out = node.rollout(*controller.world.tokenize(["a red bar"] * r.engine.chunk,
+    r.mode.spot.pull(r.trainer.policy_state())
+    for node, i, g in r.mode.fleet.groups:
+        out = node.rollout(*world.tokenize(["a red bar"] * r.engine.chunk,
                                                       r.mcfg.text_len),
                            np.arange(r.engine.chunk, dtype=np.uint32), group=i)
         assert {d.id for d in out["images"].devices()} == set(g.device_ids)
@@ -94,34 +97,34 @@ def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_pa
 def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     params = r.trainer.policy_state()
-    r.pull_weights(params)
+    r.mode.spot.pull(params)
     prompts = ["a red bar", "two blue squares", "a green column"]
-    cands = [controller.candidate_seeds(0, 1, i, 5) for i in range(3)]
+    cands = [candidate_seeds(0, 1, i, 5) for i in range(3)]
     # 15 candidates in chunks of 32 on whichever group: the same rewards as the trainer's own
     # single-device sampler (same program, other devices)
     want = r.explorer.score(params, prompts, cands)
-    got = r.fleet.score(None, prompts, cands)
+    got = r.mode.fleet.score(None, prompts, cands)
     for a, b in zip(want, got):
         np.testing.assert_allclose(a, b, atol=1e-6)
     # the trace preempts a node: its devices are lost and its weight buffers really deleted
     d = r.deploy
     lost = sorted(d.alive_nodes)[0]
-    snode = r.fleet.fleet.nodes[lost]
+    snode = r.mode.fleet.fleet.nodes[lost]
     bufs = snode.device_buffers(snode.devices)
     d.alive_nodes.discard(lost)
     row = {}
-    r.sync_fleet(row)
+    r.mode.sync(r, row)
     assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
     assert all(b.is_deleted() for b in bufs) and not snode.groups
-    assert lost not in r.fleet.alive_nodes
-    np.testing.assert_array_equal(np.concatenate(r.fleet.score(None, prompts, cands)),
+    assert lost not in r.mode.fleet.alive_nodes
+    np.testing.assert_array_equal(np.concatenate(r.mode.fleet.score(None, prompts, cands)),
                                   np.concatenate(got))   # exploration goes on without it
     # ... and rejoins: it pulls the weights device-to-device from a live peer, compiling nothing
     d.alive_nodes.add(lost)
     row = {}
-    r.sync_fleet(row)
+    r.mode.sync(r, row)
     assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
     assert row["fleet_bytes_copied"] > 0 and row["fleet_regroup_s"] < 1.0
     assert snode.groups
@@ -131,13 +134,13 @@ def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_pat
     # every node down (a real trace does this), then one back: no peer holds the weights, so it
     # pulls them from the trainer's device, which is outside the fleet's pool
     trainer_ids = {dev.id for x in jax.tree.leaves(params) for dev in x.devices()}
-    assert not trainer_ids & {dev.id for dev in r.fleet.pool.devices(alive=None)}
+    assert not trainer_ids & {dev.id for dev in r.mode.fleet.pool.devices(alive=None)}
     d.alive_nodes.clear()
-    r.sync_fleet({})
-    assert not r.fleet.alive_nodes and not r.fleet.groups
+    r.mode.sync(r, {})
+    assert not r.mode.fleet.alive_nodes and not r.mode.fleet.groups
     d.alive_nodes.add(lost)
     row = {}
-    r.sync_fleet(row)
+    r.mode.sync(r, row)
     assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
     report = snode.reports[-1]
     assert report.kind == "peer_pull" and report.source_devices <= trainer_ids
@@ -157,9 +160,9 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
     c.deployment.commit_every = 1              # (one program: bitwise equal whoever resumes)
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
-    seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
+    seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     setup_step = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
     t = setup_step  # one sample-step: events land while the first calls are in flight
     r.deploy.events = EventCursor([
@@ -167,11 +170,11 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
         SpotEvent(1.5 * t, "loss", "spot1", abrupt=True),
         SpotEvent(3 * t, "loss", "spot0"),
         SpotEvent(4 * t, "join", "spot1")])
-    got, info = r.scheduled_rollout(0, prompts, seeds)
+    got, info = r.spot_rollouts.rollout(0, prompts, seeds)
     assert info["sched_events"] >= 3
     assert info["sched_lost_steps"] <= c.deployment.commit_every * len(got["seeds"])
     r.deploy.events = EventCursor([])
-    calm, calm_info = r.scheduled_rollout(0, prompts, seeds)
+    calm, calm_info = r.spot_rollouts.rollout(0, prompts, seeds)
     assert calm_info["sched_events"] == 0
     for key in ("latents", "log_probs", "images", "rewards", "tokens", "seeds", "prompt_ids"):
         np.testing.assert_array_equal(got[key], calm[key])     # bitwise: nothing lost or redone
@@ -196,18 +199,18 @@ def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
     c.deployment.rollout_on_groups = "true"
     c.deployment.on_demand_devices, c.deployment.spot_nodes = 2, 2
     c.deployment.commit_every = 1
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
-    seeds = controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
+    seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     t = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
     r.deploy.events = EventCursor([SpotEvent(0.5 * t, "notice", "spot0", deadline=3 * t),
                                    SpotEvent(1.5 * t, "loss", "spot1", abrupt=True)])
-    got, info = r.scheduled_rollout(0, prompts, seeds)
+    got, info = r.spot_rollouts.rollout(0, prompts, seeds)
     assert info["sched_events"] >= 2
-    ran = {d for st in r.group_steppers if st.calls for d in st.group.device_ids}
+    ran = {d for st in r.spot_rollouts.steppers if st.calls for d in st.group.device_ids}
     assert info["sched_group_devices"] == len(ran)
     assert len(ran) == 4 and ran - {d.id for d in r.mesh.devices.flat}, ran
-    assert any(st.group.degree == 2 and st.calls for st in r.group_steppers)
+    assert any(st.group.degree == 2 and st.calls for st in r.spot_rollouts.steppers)
     direct = r.rollout(prompts, seeds)
     for key in ("latents", "log_probs", "images"):
         np.testing.assert_allclose(got[key], direct[key], atol=1e-5)
@@ -222,21 +225,21 @@ def test_too_few_devices_for_the_scheduler_pool_runs_rollouts_directly(tmp_path,
     graphdef, state = base
     c = mode_config("spot_rollout", iterations=1)
     c.deployment.spot_nodes = len(jax.devices())
-    run = controller.Run(c, str(tmp_path), graphdef, state)
+    run = runner.RunState(c, str(tmp_path), graphdef, state)
     assert not run.scheduler_on
     assert "cannot hold the scheduler's pool" in caplog.text
     row = run.step(0)
     assert "sched_makespan_s" not in row and row["vtime_s"] > 0
     c.deployment.spot_nodes = 2
-    assert controller.Run(c, str(tmp_path / "b"), graphdef, state).scheduler_on
+    assert runner.RunState(c, str(tmp_path / "b"), graphdef, state).scheduler_on
 
 
 def test_rollout_on_groups_setting_resolves_and_rejects_bad_values():
-    assert controller.rollout_on_groups("auto") is False        # emulated CPU devices
-    assert controller.rollout_on_groups("True") is True
-    assert controller.rollout_on_groups(False) is False
+    assert rollout_on_groups("auto") is False        # emulated CPU devices
+    assert rollout_on_groups("True") is True
+    assert rollout_on_groups(False) is False
     with pytest.raises(ValueError, match="'sometimes'"):
-        controller.rollout_on_groups("sometimes")
+        rollout_on_groups("sometimes")
 
 
 def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base):
@@ -245,7 +248,7 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
     graphdef, state = base
     c = mode_config("flow_grpo", iterations=1)
     c.rl.advantage = "decoupled"
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     seen = {}
     update = r.trainer.update
 
@@ -255,7 +258,7 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
 
     r.trainer.update = capture
     prompts = r.prompts(0)
-    batch = r.rollout(prompts, controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
+    batch = r.rollout(prompts, group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
     r.train_on(batch, 0, prompts)
     flat = [prompts[i] for i in batch["prompt_ids"]]
     parts = get_components("geneval_lite")(batch["images"], flat)
@@ -271,7 +274,7 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
         c2 = mode_config("flow_grpo", iterations=1)
         c2.rl.update(bad)
         with pytest.raises(ValueError, match=match):
-            controller.Run(c2, str(tmp_path / "bad"), graphdef, state)
+            runner.RunState(c2, str(tmp_path / "bad"), graphdef, state)
 
 
 def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
@@ -281,9 +284,9 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     c = mode_config("flow_grpo", iterations=1)
     c.rl.reward = "geneval_lite_shaped"
     c.rl.eval_reward = "geneval_lite"
-    r = controller.Run(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
-    batch = r.rollout(prompts, controller.group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
+    batch = r.rollout(prompts, group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
     flat = [prompts[i] for i in batch["prompt_ids"]]
     np.testing.assert_array_equal(batch["rewards"],
                                   rewards.get("geneval_lite_shaped")(batch["images"], flat))
@@ -295,7 +298,7 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     r.close()
     c.rl.eval_reward = "pickscore"
     with pytest.raises(ValueError, match="unknown reward 'pickscore'"):
-        controller.Run(c, str(tmp_path / "bad"), graphdef, state)
+        runner.RunState(c, str(tmp_path / "bad"), graphdef, state)
 
 
 def test_exploration_budget_fits_base_and_extra_candidates_in_the_update_window():
@@ -303,14 +306,14 @@ def test_exploration_budget_fits_base_and_extra_candidates_in_the_update_window(
     candidates every exploration also scores, so the whole exploration fits the update's
     window on the live spot devices (it used to overrun it when preemptions shrank the fleet)."""
     from spotlight_jax.explore import Planner, PlannerConfig
-    assert controller.extras_budget_s(10.0, 4, 16, 0.5) == 40.0 - 16 * 0.5
-    assert controller.extras_budget_s(1.0, 2, 16, 0.5) == 0.0      # the base alone fills it
+    assert extras_budget_s(10.0, 4, 16, 0.5) == 40.0 - 16 * 0.5
+    assert extras_budget_s(1.0, 2, 16, 0.5) == 0.0      # the base alone fills it
     P, G, per = 8, 8, 0.5
     planner = Planner(PlannerConfig(group_size=G, max_extra_per_prompt=24))
     prompts = [f"p{i}" for i in range(P)]
     for devices in (8, 6, 4, 2):
         window = 20.0       # 8 devices: 160 device-s, all 8 x 32 candidates cost 128
-        plan = planner.plan(prompts, controller.extras_budget_s(window, devices, P * G, per),
+        plan = planner.plan(prompts, extras_budget_s(window, devices, P * G, per),
                             per)
         used = sum(plan.values()) * per / devices
         assert used <= window + 1e-9, (devices, used)

@@ -1,11 +1,22 @@
 """Mean and spread of held-out curves over runs (python -m spotlight_jax.plots)."""
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from spotlight_jax import plots
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args):
+    """``python -m spotlight_jax.plots ARGS`` (its absl flags are defined only there)."""
+    return subprocess.run([sys.executable, "-m", "spotlight_jax.plots", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def _run(path, points):
@@ -16,7 +27,7 @@ def _run(path, points):
             f.write(json.dumps({"step": step + 1, "reward_mean": 0.2}) + "\n")
 
 
-def test_seed_curves_use_common_evaluations_and_plot(tmp_path, capsys):
+def test_seed_curves_use_common_evaluations_and_plot(tmp_path):
     _run(tmp_path / "a", [(0, 0.5), (10, 0.6), (20, 0.7)])
     _run(tmp_path / "b", [(0, 0.4), (10, 0.8)])
     c = plots.seed_curves([tmp_path / "a", tmp_path / "b"])
@@ -24,17 +35,22 @@ def test_seed_curves_use_common_evaluations_and_plot(tmp_path, capsys):
     np.testing.assert_allclose(c["mean"], [0.45, 0.7])
     np.testing.assert_allclose(c["lo"], [0.4, 0.6])
     np.testing.assert_allclose(c["hi"], [0.5, 0.8])
-    plots.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c.png")])
-    assert "| held-out reward | 10 | 0.700 | 0.600 | 0.800 |" in capsys.readouterr().out
+    proc = _cli(tmp_path / "a", tmp_path / "b", "--out", tmp_path / "c.png")
+    assert proc.returncode == 0, proc.stderr
+    assert "| held-out reward | 10 | 0.700 | 0.600 | 0.800 |" in proc.stdout
     assert os.path.getsize(tmp_path / "c.png") > 0
     # named groups in one plot, and another metric
-    plots.main(["--group", "base", str(tmp_path / "a"), "--group", "other", str(tmp_path / "b"),
-                "--key", "reward_mean", "--out", str(tmp_path / "g.png")])
-    out = capsys.readouterr().out
+    proc = _cli("--group", f"base={tmp_path / 'a'}", "--group", f"other={tmp_path / 'b'}",
+                "--key", "reward_mean", "--out", tmp_path / "g.png")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
     assert "| base | 1 | 0.200 | 0.200 | 0.200 |" in out and "| other | 11 | 0.200" in out
     assert "| base | 0 | 0.100 |" in out
-    with pytest.raises(SystemExit):
-        plots.main(["--group", "lonely", "--out", str(tmp_path / "x.png")])
+    # a group without run directories: a usage error (SystemExit, non-zero status)
+    proc = _cli("--group", "lonely", "--out", tmp_path / "x.png")
+    assert proc.returncode != 0 and "names no run directory" in proc.stderr
+    with pytest.raises(ValueError, match="names no run directory"):
+        plots.parse_groups([], ["lonely"], "held-out reward")
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ValueError, match="no 'val_reward'"):
         plots.seed_curves([tmp_path / "empty"])

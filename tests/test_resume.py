@@ -8,22 +8,22 @@ import numpy as np
 import pytest
 from helpers import MICRO, micro_config  # noqa: F401 (re-exported for other tests)
 
-from spotlight_jax import controller
-from spotlight_jax.builders import create_model
+from spotlight_jax import runner
+from spotlight_jax.builders import create_model, model_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def params_of(workdir, c, devices=None):
-    graphdef, base = create_model(controller.model_config(c))
-    r = controller.Run(c, str(workdir), graphdef, base, devices)
+    graphdef, base = create_model(model_config(c))
+    r = runner.RunState(c, str(workdir), graphdef, base, devices)
     assert r.maybe_restore()
     return r
 
 
 @pytest.fixture(scope="module")
 def base():
-    return create_model(controller.model_config(micro_config(1)))
+    return create_model(model_config(micro_config(1)))
 
 
 @pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
@@ -31,10 +31,10 @@ def test_resume_is_bitwise_identical(tmp_path, base, objective):
     graphdef, state = base
     o = {"rl.objective": objective, "rl.nft.times": 2, "rl.nft.eta_rate": 0.25}
     straight = tmp_path / "straight"
-    h1 = controller.run(micro_config(3, **o), str(straight), graphdef, state, progress=False)
+    h1 = runner.run(micro_config(3, **o), str(straight), graphdef, state, progress=False)
     resumed = tmp_path / "resumed"
-    controller.run(micro_config(2, **o), str(resumed), graphdef, state, progress=False)
-    h2 = controller.run(micro_config(3, **o), str(resumed), graphdef, state, progress=False)
+    runner.run(micro_config(2, **o), str(resumed), graphdef, state, progress=False)
+    h2 = runner.run(micro_config(3, **o), str(resumed), graphdef, state, progress=False)
     ra, rb = params_of(straight, micro_config(3, **o)), params_of(resumed, micro_config(3, **o))
     # nft: the sampling policy θ_old is part of the state (it lags θ from iteration 1 on)
     parts = ra.trainer.state_parts
@@ -55,7 +55,7 @@ def test_resume_is_bitwise_identical(tmp_path, base, objective):
 def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
     graphdef, state = base
     c = micro_config(1)
-    controller.run(c, str(tmp_path), graphdef, state, progress=False, devices=jax.devices())
+    runner.run(c, str(tmp_path), graphdef, state, progress=False, devices=jax.devices())
     r8 = params_of(tmp_path, c, jax.devices())
     r4 = params_of(tmp_path, c, jax.devices()[:4])
     leaves4 = jax.tree.leaves(r4.trainer.trainable)
@@ -66,8 +66,8 @@ def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
 
 def test_resuming_with_another_objective_names_both(tmp_path, base):
     graphdef, state = base
-    controller.run(micro_config(1), str(tmp_path), graphdef, state, progress=False)
-    r = controller.Run(micro_config(2, **{"rl.objective": "nft"}), str(tmp_path), graphdef, state)
+    runner.run(micro_config(1), str(tmp_path), graphdef, state, progress=False)
+    r = runner.RunState(micro_config(2, **{"rl.objective": "nft"}), str(tmp_path), graphdef, state)
     with pytest.raises(ValueError, match="holds a rl.objective='flow_grpo' run.*'nft'"):
         r.maybe_restore()
 
@@ -75,7 +75,7 @@ def test_resuming_with_another_objective_names_both(tmp_path, base):
 def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplog):
     graphdef, state = base
     c = micro_config(2)
-    controller.run(c, str(tmp_path), graphdef, state, progress=False)
+    runner.run(c, str(tmp_path), graphdef, state, progress=False)
     ckdir = tmp_path / "checkpoints"
     latest = max(int(p.name) for p in ckdir.iterdir() if p.name.isdigit())
     # truncate every array file of the latest checkpoint (a half-written save)
@@ -83,8 +83,8 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplo
         for f in files:
             if not f.endswith(".json") and "meta" not in root:
                 open(os.path.join(root, f), "wb").close()
-    graphdef2, base2 = create_model(controller.model_config(c))
-    r = controller.Run(c, str(tmp_path), graphdef2, base2)
+    graphdef2, base2 = create_model(model_config(c))
+    r = runner.RunState(c, str(tmp_path), graphdef2, base2)
     with caplog.at_level("WARNING"):
         assert r.maybe_restore()
     assert r.iteration == latest - 1

@@ -1,12 +1,13 @@
 """Benchmark: sequence-parallel attention strategies vs dense attention on one device.
 
     python -m spotlight_jax.bench.attention [--seqs 1024,2048,4096,8192] [--repeats 3]
+        [--budget_s 15] [--usp_ulysses 2]
 
 For each sequence length (batch 1, 8 heads, head_dim 64, float32) it jits forward + backward
 (``grad`` of ``sum(attention(q, k, v) * cotangent)`` w.r.t. q, k, v) and reports:
 
 * the median wall time of ``--repeats`` runs (after one warm-up), and its ratio to dense attention
-  on a single device. A configuration whose runs would exceed ``--budget-s`` is timed once (the
+  on a single device. A configuration whose runs would exceed ``--budget_s`` is timed once (the
   executable is compiled ahead, so that run has no compile in it). The default run (all four
   lengths) used 2.5 min of CPU and 6 min of wall time on a 2-core machine shared with other jobs;
 * per-device peak memory from ``jit(...).lower(...).compile().memory_analysis()``
@@ -15,7 +16,7 @@ For each sequence length (batch 1, 8 heads, head_dim 64, float32) it jits forwar
 
 SP strategies run on an 8-device ``sp`` mesh of emulated CPU devices. With 8 heads, ``usp`` on a
 single 8-wide axis would be pure Ulysses, so it runs on the same 8 devices viewed as a
-``(ulysses, ring)`` mesh of ``--usp-ulysses`` x ``8 / --usp-ulysses`` (default 2 x 4).
+``(ulysses, ring)`` mesh of ``--usp_ulysses`` x ``8 / --usp_ulysses`` (default 2 x 4).
 
 The 8 emulated devices share the host's cores, so times measure the overhead of each strategy
 (collectives, extra passes), not a speed-up; per-device memory is the meaningful scaling number.
@@ -24,15 +25,19 @@ as skipped.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
 
 NUM_DEVICES = 8
 HEADS, HEAD_DIM, BATCH = 8, 64, 1
@@ -161,31 +166,33 @@ def print_table(rows, header=True):
               f"{fmt(r['max_err'], '12.1e')}  {r['note']}".rstrip(), flush=True)
 
 
-def main(argv=None):
-    try:
-        jax.config.update("jax_num_cpu_devices", NUM_DEVICES)
-    except RuntimeError:  # backend already initialised by the caller
-        pass
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seqs", default="1024,2048,4096,8192",
-                        help="comma-separated sequence lengths")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per configuration")
-    parser.add_argument("--budget-s", type=float, default=15.0,
-                        help="if --repeats runs of a configuration would take longer than this, "
-                             "time a single run instead")
-    parser.add_argument("--usp-ulysses", type=int, default=2,
-                        help="Ulysses degree of the usp mesh (ring degree = 8 / this)")
-    args = parser.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("seqs", "1024,2048,4096,8192", "Comma-separated sequence lengths.", **fv)
+    flags.DEFINE_integer("repeats", 3, "Timed runs per configuration.", **fv)
+    flags.DEFINE_float("budget_s", 15.0, "If --repeats runs of a configuration would take longer "
+                       "than this, time a single run instead.", **fv)
+    flags.DEFINE_integer("usp_ulysses", 2, "Ulysses degree of the usp mesh (ring degree = 8 / "
+                         "this).", **fv)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _setup.emulate_devices(NUM_DEVICES, cpu=False)
     if len(jax.devices()) < NUM_DEVICES:
         raise SystemExit(f"need {NUM_DEVICES} devices, found {len(jax.devices())}; run with "
                          f"JAX_PLATFORMS=cpu before anything initialises a JAX backend")
-    if NUM_DEVICES % args.usp_ulysses or HEADS % args.usp_ulysses:
-        raise SystemExit(f"--usp-ulysses must divide {NUM_DEVICES} devices and {HEADS} heads")
-    seqs = [int(s) for s in args.seqs.split(",") if s]
+    if NUM_DEVICES % FLAGS.usp_ulysses or HEADS % FLAGS.usp_ulysses:
+        raise app.UsageError(f"--usp_ulysses={FLAGS.usp_ulysses} must divide {NUM_DEVICES} "
+                             f"devices and {HEADS} heads")
+    seqs = [int(s) for s in FLAGS.seqs.split(",") if s]
     print(f"batch {BATCH}, heads {HEADS}, head_dim {HEAD_DIM}, float32, backend "
-          f"{jax.default_backend()}, {len(jax.devices())} devices; median of {args.repeats}")
-    run(seqs, args.repeats, args.usp_ulysses, args.budget_s)
+          f"{jax.default_backend()}, {len(jax.devices())} devices; median of {FLAGS.repeats}")
+    run(seqs, FLAGS.repeats, FLAGS.usp_ulysses, FLAGS.budget_s)
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

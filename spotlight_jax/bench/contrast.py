@@ -12,9 +12,13 @@ whether exploration can speed learning up.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
-from pathlib import Path
+
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
 
 
 def contrast_table(rewards, group_size: int, global_std: bool = False) -> dict:
@@ -41,41 +45,47 @@ def contrast_table(rewards, group_size: int, global_std: bool = False) -> dict:
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "configs"
-                                            / "tiny.py"))
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--pool", type=int, default=16, help="candidate seeds per prompt")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
+                        **fv)
+    flags.DEFINE_integer("prompts", 64, "Training prompts to score.", **fv)
+    flags.DEFINE_integer("pool", 16, "Candidate seeds per prompt.", **fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the prompt choice and the candidate seeds.", **fv)
 
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import numpy as np
 
-    from spotlight_jax import controller, train
+    from spotlight_jax import train
     from spotlight_jax.builders import load_config, rl_config
     from spotlight_jax.explore import candidate_seeds
+    from spotlight_jax.runner import RunState
 
-    config = load_config(args.config)
-    config.mode, config.seed = "flow_grpo", args.seed
+    config = load_config(FLAGS.config)
+    config.mode, config.seed = "flow_grpo", FLAGS.seed
     G = config.rl.group_size
-    if args.pool < G:
-        raise SystemExit(f"--pool {args.pool} is smaller than the group size {G}")
+    if FLAGS.pool < G:
+        raise app.UsageError(f"--pool={FLAGS.pool} is smaller than the group size {G}")
     workdir = tempfile.mkdtemp(prefix="contrast_")
     graphdef, base, source = train.load_or_pretrain_base(config, workdir)
-    run = controller.Run(config, workdir, graphdef, base)
+    run = RunState(config, workdir, graphdef, base)
     pool = run.train_prompts
-    rng = np.random.default_rng(args.seed)
-    prompts = [pool[i] for i in rng.choice(len(pool), min(args.prompts, len(pool)), replace=False)]
-    seeds = [candidate_seeds(args.seed, 0, i, args.pool) for i in range(len(prompts))]
+    rng = np.random.default_rng(FLAGS.seed)
+    picks = rng.choice(len(pool), min(FLAGS.prompts, len(pool)), replace=False)
+    prompts = [pool[i] for i in picks]
+    seeds = [candidate_seeds(FLAGS.seed, 0, i, FLAGS.pool) for i in range(len(prompts))]
     rewards = np.stack(run.explorer.score(run.trainer.sampling_state(), prompts, seeds))
     t = contrast_table(rewards, G, global_std=rl_config(config).global_std)
-    print(f"\n{len(prompts)} training prompts x {args.pool} candidate seeds, G = {G}, training SDE "
-          f"rollout, base: {source}")
+    print(f"\n{len(prompts)} training prompts x {FLAGS.pool} candidate seeds, G = {G}, training "
+          f"SDE rollout, base: {source}")
     print("| groups | within-group std | zero-variance groups | mean abs advantage | reward |")
     print("|---|---|---|---|---|")
     names = {"first": f"first {G} seeds (flow_grpo)",
-             "selected": f"max-variance {G} of {args.pool} (explore_sync)"}
+             "selected": f"max-variance {G} of {FLAGS.pool} (explore_sync)"}
     for k, name in names.items():
         s = t[k]
         print(f"| {name} | {s['group_std']:.3f} | {s['zero_var_groups']:.3f} | "
@@ -83,4 +93,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -16,10 +16,14 @@ The log-prob gradient of a step is ``eps / std`` projected through the model, so
 """
 from __future__ import annotations
 
-import argparse
 import itertools
-import sys
 import tempfile
+
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
 
 
 def step_gradients(run, batches: int):
@@ -28,8 +32,8 @@ def step_gradients(run, batches: int):
     import jax.numpy as jnp
     import numpy as np
 
-    from spotlight_jax import controller
     from spotlight_jax.rl import grpo
+    from spotlight_jax.runner.rollouts import group_seeds
 
     tr = run.trainer
     cfg, smp, graphdef, base = tr.cfg, tr.sampler, tr.graphdef, tr.base
@@ -45,8 +49,8 @@ def step_gradients(run, batches: int):
     grads, spread = {int(j): [] for j in steps}, []
     for b in range(batches):
         prompts = run.prompts(b)
-        seeds = controller.group_seeds(run.config.seed, b, len(prompts),
-                                       run.config.rl.group_size, smp.shared_init_bits)
+        seeds = group_seeds(run.settings.seed, b, len(prompts), run.settings.group_size,
+                            smp.shared_init_bits)
         out = run.rollout(prompts, seeds)
         spread.append(grpo.group_stats(out["rewards"], out["prompt_ids"])["group_std"])
         adv = grpo.advantages(out["rewards"], out["prompt_ids"])
@@ -84,34 +88,38 @@ def update_cosine(grads: dict, weights) -> float:
                           for a, b in itertools.combinations(upd, 2)]))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", type=int, default=6)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--patches", default="1,2,4", help="noise_patch values to compare")
-    ap.add_argument("--window", choices=("all", "config"), default="all",
-                    help="SDE steps: all 10, or the config's sampler.sde_window (0, -2)")
-    args = ap.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_integer("batches", 6, "Independent iteration batches at the base.", **fv)
+    flags.DEFINE_integer("prompts", 8, "Prompts per batch (x rl.group_size rollouts).", **fv)
+    flags.DEFINE_string("patches", "1,2,4", "noise_patch values to compare.", **fv)
+    flags.DEFINE_enum("window", "all", ["all", "config"], "SDE steps: all 10, or the config's "
+                      "sampler.sde_window (0, -2).", **fv)
 
-    import jax
-    jax.config.update("jax_num_cpu_devices", 12)
-    from spotlight_jax import controller, train
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _setup.emulate_devices(12, cpu=False)
+    from spotlight_jax import train
     from spotlight_jax.builders import load_config
     from spotlight_jax.rl import grpo
+    from spotlight_jax.runner import RunState
 
-    for p in (int(x) for x in args.patches.split(",")):
+    for p in (int(x) for x in FLAGS.patches.split(",")):
         over = {"mode": "flow_grpo", "rl.objective": "flow_grpo",
-                "rl.prompts_per_iter": args.prompts, "sampler.noise_patch": p}
-        if args.window == "all":
+                "rl.prompts_per_iter": FLAGS.prompts, "sampler.noise_patch": p}
+        if FLAGS.window == "all":
             over["sampler.sde_window"] = None
         config = load_config("tiny", over)
         with tempfile.TemporaryDirectory() as wd:
             graphdef, base, _ = train.load_or_pretrain_base(config, wd, progress=False)
-            run = controller.Run(config, wd, graphdef, base)
-            grads, spread = step_gradients(run, args.batches)
+            run = RunState(config, wd, graphdef, base)
+            grads, spread = step_gradients(run, FLAGS.batches)
             sampler = run.trainer.sampler
             run.close()
-        print(f"\nnoise_patch={p}: {args.batches} batches of {args.prompts} prompts x "
+        print(f"\nnoise_patch={p}: {FLAGS.batches} batches of {FLAGS.prompts} prompts x "
               f"{config.rl.group_size} rollouts, within-group reward std "
               f"{sum(spread) / len(spread):.3f}")
         print("step  energy share  cross-batch cos")
@@ -120,8 +128,8 @@ def main(argv=None):
         for kind in grpo.STEP_WEIGHTS:
             print(f"whole update, rl.step_weight={kind!r}: cross-batch cos "
                   f"{update_cosine(grads, grpo.step_weights(sampler, kind)):+.4f}")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    define_flags()
+    app.run(main)

@@ -2,6 +2,7 @@
 
   python -m spotlight_jax.bench.objectives [--seeds 0,1,2] [--minutes 15] [--out DIR]
   python -m spotlight_jax.bench.objectives --out DIR --report_only     # tables from DIR's runs
+  python -m spotlight_jax.bench.objectives --seeds 0 -- --config.rl.lr=1e-3  # more config flags
 
 Each (objective, seed) is one ``python -m spotlight_jax.main`` run of ``configs/tiny.py`` in
 ``flow_grpo`` mode (no spot devices: the objective alone) into ``DIR/<objective>_s<seed>``; a run
@@ -10,16 +11,24 @@ already there resumes (or, when finished, is only read). The held-out reward (62
 over seeds with the spread, with each constraint's exact accuracy at the end; ``DIR/objectives.png``
 plots both axes and ``DIR/objectives.json`` keeps every curve. Run on a quiet machine: the budget
 is wall time.
+
+Arguments after ``--`` are more ``--config.x=y`` overrides, passed to every run's
+``spotlight_jax.main`` command line after this benchmark's own (absl leaves everything after
+``--`` unparsed).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
 
 OBJECTIVES = ("flow_grpo", "nft")
 # iterations between evaluations: about every 3.4 RL minutes at each objective's speed
@@ -35,9 +44,8 @@ def run_one(out: str, objective: str, seed: int, minutes: float, eval_seeds: int
            f"--config.rl.eval_every={EVAL_EVERY[objective]}",
            f"--config.rl.eval_seeds={eval_seeds}", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(workdir + ".log", "a") as log:
-        subprocess.run(cmd, check=True, cwd=root, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(cmd, check=True, cwd=_setup.REPO, stdout=log, stderr=subprocess.STDOUT)
     return workdir
 
 
@@ -150,44 +158,55 @@ def plot(curves: dict, path: str, minutes: float) -> None:
     plt.close(fig)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--objectives", default=",".join(OBJECTIVES))
-    ap.add_argument("--minutes", type=float, default=15.0)
-    ap.add_argument("--eval_seeds", type=int, default=8)
-    ap.add_argument("--out", default="/tmp/spotlight_objectives")
-    ap.add_argument("--report_only", action="store_true", help="only read the runs in --out")
-    ap.add_argument("extra", nargs="*", help="more --config.x=y flags for every run")
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    objectives = args.objectives.split(",")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("seeds", "0,1,2", "Comma-separated seeds, one run per objective each.",
+                        **fv)
+    flags.DEFINE_string("objectives", ",".join(OBJECTIVES),
+                        f"Comma-separated objectives, from {OBJECTIVES}.", **fv)
+    flags.DEFINE_float("minutes", 15.0, "RL minutes per run (rl.max_minutes).", **fv)
+    flags.DEFINE_integer("eval_seeds", 8, "Seeds per held-out prompt (rl.eval_seeds).", **fv)
+    flags.DEFINE_string("out", "/tmp/spotlight_objectives", "Directory of the runs and tables.",
+                        **fv)
+    flags.DEFINE_bool("report_only", False, "Only read the runs in --out.", **fv)
+
+
+def main(argv):
+    extra = argv[1:]
+    bad = [a for a in extra if not a.startswith("--config.")]
+    if bad:
+        raise app.UsageError(f"unexpected arguments {bad}: after -- give only --config.x=y "
+                             f"overrides for the runs")
+    os.makedirs(FLAGS.out, exist_ok=True)
+    seeds = [int(s) for s in FLAGS.seeds.split(",")]
+    objectives = FLAGS.objectives.split(",")
     for obj in objectives:
         if obj not in OBJECTIVES:
-            raise SystemExit(f"--objectives: unknown {obj!r}; choose from {OBJECTIVES}")
+            raise app.UsageError(f"--objectives: unknown {obj!r}; choose from {OBJECTIVES}")
     from spotlight_jax.builders import load_config  # noqa: PLC0415
     rl = load_config("tiny").rl
     per_iteration = rl.prompts_per_iter * rl.group_size
     curves: dict = {}
     for obj in objectives:
         for seed in seeds:
-            workdir = os.path.join(args.out, f"{obj}_s{seed}")
-            if not args.report_only:
-                run_one(args.out, obj, seed, args.minutes, args.eval_seeds, args.extra)
+            workdir = os.path.join(FLAGS.out, f"{obj}_s{seed}")
+            if not FLAGS.report_only:
+                run_one(FLAGS.out, obj, seed, FLAGS.minutes, FLAGS.eval_seeds, extra)
             if os.path.exists(os.path.join(workdir, "rl.jsonl")):
                 curves.setdefault(obj, {})[seed] = curve(workdir, per_iteration)
     if not curves:
-        raise SystemExit(f"no runs in {args.out}")
-    text = report(curves, args.minutes)
+        raise SystemExit(f"no runs in {FLAGS.out}")
+    text = report(curves, FLAGS.minutes)
     print(text)
-    with open(os.path.join(args.out, "objectives.json"), "w") as f:
+    with open(os.path.join(FLAGS.out, "objectives.json"), "w") as f:
         json.dump(curves, f, indent=1)
-    with open(os.path.join(args.out, "objectives.txt"), "w") as f:
+    with open(os.path.join(FLAGS.out, "objectives.txt"), "w") as f:
         f.write(text + "\n")
-    plot(curves, os.path.join(args.out, "objectives.png"), args.minutes)
-    print(f"plot: {os.path.join(args.out, 'objectives.png')}")
+    plot(curves, os.path.join(FLAGS.out, "objectives.png"), FLAGS.minutes)
+    print(f"plot: {os.path.join(FLAGS.out, 'objectives.png')}")
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

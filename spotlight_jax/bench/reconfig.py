@@ -1,7 +1,7 @@
 """Benchmark: recovering a spot node's SP group, warm (on-node state + cached executable) vs cold.
 
     python -m spotlight_jax.bench.reconfig [--configs tiny,small,large] [--repeats 5]
-        [--cold-repeats 1] [--steps 2] [--batch 1]
+        [--cold_repeats 1] [--steps 2] [--batch 1]
 
 One spot node of 4 emulated CPU devices (devices 4-7 of 8; an on-demand node holds 0-3) runs the
 real MMDiT rollout of each config through :class:`spotlight_jax.elastic.node.SpotNode`. Two events:
@@ -34,19 +34,12 @@ from __future__ import annotations
 
 import time
 
-_T0 = time.perf_counter()
+_T0 = time.perf_counter()  # the restarted process (c) reports its import time from here
 
-import os  # noqa: E402
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8").strip()
-
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -55,15 +48,14 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 8)
-
 import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from spotlight_jax import builders, checkpoint  # noqa: E402
+from spotlight_jax.bench import _setup  # noqa: E402
 from spotlight_jax.elastic import (  # noqa: E402
     DevicePool,
     GroupConfig,
@@ -81,7 +73,8 @@ from spotlight_jax.elastic.node import (  # noqa: E402
 
 _T_IMPORTED = time.perf_counter()
 
-REPO = Path(__file__).resolve().parents[2]
+FLAGS = flags.FLAGS
+REPO = _setup.REPO
 LAYOUT = PoolConfig(nodes=(("od0", "on_demand", 4), ("spot0", "spot", 4)))
 NODE, LOST = "spot0", 4
 CONFIGS = {
@@ -366,39 +359,47 @@ def load_config_path(path: Path):
     return builders.model_config(config), config
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default="tiny,small,large",
-                    help=f"comma separated, from {sorted(CONFIGS)} (default tiny,small,large)")
-    ap.add_argument("--repeats", type=int, default=5, help="warm runs per event (median)")
-    ap.add_argument("--cold-repeats", type=int, default=1,
-                    help="cold runs per event and process restarts (median); each compiles")
-    ap.add_argument("--steps", type=int, default=2, help="denoising steps of the rollout")
-    ap.add_argument("--batch", type=int, default=1, help="rollout batch size")
-    ap.add_argument("--workdir", default=None, help="checkpoint directory (default: a temp dir)")
-    ap.add_argument("--nvlink-gbps", type=float, default=300.0,
-                    help="intra-node GPU-to-GPU bandwidth assumed for the 20B extrapolation")
-    ap.add_argument("--storage-gbps", type=float, default=2.0,
-                    help="storage read bandwidth assumed for the 20B extrapolation")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        child(json.loads(args.child))
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("configs", "tiny,small,large",
+                        f"Comma separated, from {sorted(CONFIGS)}.", **fv)
+    flags.DEFINE_integer("repeats", 5, "Warm runs per event (median).", **fv)
+    flags.DEFINE_integer("cold_repeats", 1, "Cold runs per event and process restarts (median); "
+                         "each compiles.", **fv)
+    flags.DEFINE_integer("steps", 2, "Denoising steps of the rollout.", **fv)
+    flags.DEFINE_integer("batch", 1, "Rollout batch size.", **fv)
+    flags.DEFINE_string("workdir", None, "Checkpoint directory (default: a temp dir).", **fv)
+    flags.DEFINE_float("nvlink_gbps", 300.0, "Intra-node GPU-to-GPU bandwidth assumed for the "
+                       "20B extrapolation.", **fv)
+    flags.DEFINE_float("storage_gbps", 2.0, "Storage read bandwidth assumed for the 20B "
+                       "extrapolation.", **fv)
+    flags.DEFINE_string("child", None, "Internal: the spec of a restarted process (c), as JSON.",
+                        **fv)
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _setup.emulate_devices(8)
+    if FLAGS.child:
+        child(json.loads(FLAGS.child))
         return
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("absl").setLevel(logging.ERROR)
     assert len(jax.devices()) >= 8, jax.devices()
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="reconfig_"))
+    workdir = Path(FLAGS.workdir or tempfile.mkdtemp(prefix="reconfig_"))
     rows = []
-    for name in args.configs.split(","):
+    for name in FLAGS.configs.split(","):
         t0 = time.perf_counter()
-        rows.append(run_config(name.strip(), args, workdir))
+        rows.append(run_config(name.strip(), FLAGS, workdir))
         print(f"[{name}: {time.perf_counter() - t0:.0f}s]", file=sys.stderr, flush=True)
-    print_table(rows, args)
-    extrapolate(rows, args)
-    if args.workdir is None:
+    print_table(rows, FLAGS)
+    extrapolate(rows, FLAGS)
+    if FLAGS.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -24,29 +24,20 @@ Emulated devices share the host's cores and memory, so copies are memcpy-speed.
 """
 from __future__ import annotations
 
-import os
+import logging
+import math
+import statistics
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8").strip()
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 8)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-from spotlight_jax.elastic import (  # noqa: E402
+from spotlight_jax.bench import _setup
+from spotlight_jax.elastic import (
     DevicePool,
     ExecutableCache,
     GroupConfig,
@@ -57,6 +48,7 @@ from spotlight_jax.elastic import (  # noqa: E402
     shard_views,
 )
 
+FLAGS = flags.FLAGS
 LAYERS, SEQ, BATCH, HEADS = 4, 24, 1, 8
 LOST = (2, 5)
 
@@ -179,18 +171,23 @@ def run_size(num_params: int, repeats: int) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="2e6,50e6",
-                    help="parameter counts, comma separated (default 2e6,50e6)")
-    ap.add_argument("--repeats", type=int, default=5, help="runs per path (median reported)")
-    args = ap.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("sizes", "2e6,50e6", "Parameter counts, comma separated.", **fv)
+    flags.DEFINE_integer("repeats", 5, "Runs per path (median reported).", **fv)
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _setup.emulate_devices(8)
     logging.basicConfig(level=logging.WARNING)
     assert len(jax.devices()) >= 8, jax.devices()
     rows = []
-    for s in args.sizes.split(","):
-        rows.extend(run_size(int(float(s)), args.repeats))
-    print(f"SP-group regroup latency, 8 emulated CPU devices, median of {args.repeats} runs "
+    for s in FLAGS.sizes.split(","):
+        rows.extend(run_size(int(float(s)), FLAGS.repeats))
+    print(f"SP-group regroup latency, 8 emulated CPU devices, median of {FLAGS.repeats} runs "
           f"(ms; ratios = cold / warm; compiles = XLA compiles on the critical path)")
     hdr = (f"{'params':>8} {'MiB':>6} {'event':<7} {'warm':>8} {'(move)':>8} {'cold compile':>13} "
            f"{'cold reload':>12} {'compile/warm':>13} {'reload/warm':>12} {'compiles w/c/r':>15}")
@@ -210,4 +207,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -8,10 +8,15 @@ so its time should be close to ``steps`` forwards of the model: the printed over
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
+
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
 
 
 def _median_time(fn, repeats):
@@ -24,15 +29,19 @@ def _median_time(fn, repeats):
     return statistics.median(ts)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "configs"
-                                            / "tiny.py"))
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
+                        **fv)
+    flags.DEFINE_integer("batch", 64, "Rollouts per batch.", **fv)
+    flags.DEFINE_integer("steps", 10, "Denoising steps.", **fv)
+    flags.DEFINE_integer("repeats", 5, "Timed runs (median).", **fv)
 
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -42,33 +51,34 @@ def main(argv=None):
     from spotlight_jax.builders import create_model, load_config, model_config
     from spotlight_jax.diffusion import Sampler, SamplerConfig
 
-    config = load_config(args.config)
+    config = load_config(FLAGS.config)
     mcfg = model_config(config)
     graphdef, state = create_model(mcfg)
     prompts = (world.train_prompts(world.WorldConfig(image_size=mcfg.image_size))
-               * 10)[:args.batch]
+               * 10)[:FLAGS.batch]
     tokens, mask = world.tokenize(prompts, mcfg.text_len)
-    seeds = np.arange(args.batch, dtype=np.uint32)
-    shape = (args.batch, mcfg.image_size, mcfg.image_size, mcfg.channels)
+    seeds = np.arange(FLAGS.batch, dtype=np.uint32)
+    shape = (FLAGS.batch, mcfg.image_size, mcfg.image_size, mcfg.channels)
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
-    t = jnp.full((args.batch,), 0.5)
+    t = jnp.full((FLAGS.batch,), 0.5)
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, t, tokens, mask))
     rows = []
-    for mode, sc in [("sde", SamplerConfig(num_steps=args.steps)),
-                     ("ode", SamplerConfig(num_steps=args.steps, noise_level=0.0,
+    for mode, sc in [("sde", SamplerConfig(num_steps=FLAGS.steps)),
+                     ("ode", SamplerConfig(num_steps=FLAGS.steps, noise_level=0.0,
                                            sde_type="ode"))]:
         sampler = Sampler(graphdef, shape[1:], sc)
-        t_fwd = _median_time(lambda: forward(state, x).block_until_ready(), args.repeats)
+        t_fwd = _median_time(lambda: forward(state, x).block_until_ready(), FLAGS.repeats)
         t_roll = _median_time(lambda sampler=sampler: jax.block_until_ready(
-            sampler.rollout(state, tokens, mask, seeds)), args.repeats)
-        rows.append((mode, t_fwd, t_roll, args.batch / t_roll, t_roll / (args.steps * t_fwd) - 1))
-    print(f"config={Path(args.config).name} batch={args.batch} steps={args.steps} "
+            sampler.rollout(state, tokens, mask, seeds)), FLAGS.repeats)
+        rows.append((mode, t_fwd, t_roll, FLAGS.batch / t_roll, t_roll / (FLAGS.steps * t_fwd) - 1))
+    print(f"config={Path(FLAGS.config).name} batch={FLAGS.batch} steps={FLAGS.steps} "
           f"devices={jax.device_count()} ({jax.devices()[0].platform}); medians of "
-          f"{args.repeats}")
+          f"{FLAGS.repeats}")
     print(f"{'sampler':<8}{'forward s':>11}{'rollout s':>11}{'images/s':>10}{'overhead':>10}")
     for mode, tf, tr, ips, ov in rows:
         print(f"{mode:<8}{tf:>11.3f}{tr:>11.3f}{ips:>10.1f}{ov:>+10.1%}")
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

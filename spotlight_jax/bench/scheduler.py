@@ -12,7 +12,7 @@ Sets 8 emulated CPU devices: an on-demand node of 4 + two spot nodes of 2, one S
     Idle tail = device-seconds between a group's last work and the end of the run, as a share of
     all device-seconds.
 (b) **Preemptions** (virtual clock). Synthetic spot traces (Poisson preemptions of the two spot
-    nodes, exponential outages, ``elastic.traces``) replayed with 30 s notices (GCP) or without
+    nodes, exponential outages, ``emulation.traces``) replayed with 30 s notices (GCP) or without
     notice, for several ``commit_every``: completed rollouts per alive device-second, steps lost
     per abrupt loss (per request, bound = commit_every), the work thrown away as a share of the
     work needed (target with notice: 0 steps), and the commit share of busy device time. Medians
@@ -26,31 +26,22 @@ Sets 8 emulated CPU devices: an on-demand node of 4 + two spot nodes of 2, one S
 """
 from __future__ import annotations
 
-import os
+import math
+import statistics
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8").strip()
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 8)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from spotlight_jax.diffusion import SamplerConfig  # noqa: E402
-from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig, form_groups  # noqa: E402
-from spotlight_jax.emulation import ReplayConfig, replay, synthetic_trace  # noqa: E402
-from spotlight_jax.models import MMDiT, MMDiTConfig  # noqa: E402
-from spotlight_jax.sched import (  # noqa: E402
+from spotlight_jax.bench import _setup
+from spotlight_jax.diffusion import SamplerConfig
+from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig, form_groups
+from spotlight_jax.emulation import ReplayConfig, replay, synthetic_trace
+from spotlight_jax.models import MMDiT, MMDiTConfig
+from spotlight_jax.sched import (
     Commit,
     InProcessWorker,
     QueueConfig,
@@ -67,6 +58,7 @@ from spotlight_jax.sched import (  # noqa: E402
     make_requests,
 )
 
+FLAGS = flags.FLAGS
 POOL = PoolConfig()   # od0 (on-demand, 4), spot0 (2), spot1 (2)
 SPS = {"od0": 4, "spot0": 2, "spot1": 2}
 # Seconds of one denoising step: 0.25 s per call (weights read, launches, collectives) + 1 s per
@@ -303,25 +295,32 @@ def commit_path(shape, n, steps, ks, group, reps=30):
         print(f"{k:>12}{cm:>15.3f}{qm:>17.3f}{cm / n + qm:>11.3f}")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    ap.add_argument("--model", default="micro", choices=["micro", "tiny"])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--parts", default="abc")
-    ap.add_argument("--rate", type=float, default=30.0, help="(b) preemptions per node-hour")
-    ap.add_argument("--outage", type=float, default=60.0, help="(b) mean outage seconds")
-    args = ap.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_bool("quick", False, "Smaller sizes (a smoke run).", **fv)
+    flags.DEFINE_enum("model", "micro", ["micro", "tiny"], "(c) the model.", **fv)
+    flags.DEFINE_integer("repeats", 7, "(c) timed runs per configuration (median).", **fv)
+    flags.DEFINE_string("parts", "abc", "Which of the parts a, b, c to run.", **fv)
+    flags.DEFINE_float("rate", 30.0, "(b) preemptions per node-hour.", **fv)
+    flags.DEFINE_float("outage", 60.0, "(b) mean outage seconds.", **fv)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _setup.emulate_devices(8)
     steps = 10
     print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}; pool {POOL.nodes}")
-    if "a" in args.parts:
-        part_a((48, 96) if args.quick else (48, 96, 192, 384), steps)
-    if "b" in args.parts:
-        part_b(96 if args.quick else 480, steps, range(2 if args.quick else 5),
-               (1, 2, 5, None), args.rate, args.outage)
-    if "c" in args.parts:
-        part_c(args.model, 16, steps, 1 if args.quick else args.repeats, (1, 2, 5, None))
+    if "a" in FLAGS.parts:
+        part_a((48, 96) if FLAGS.quick else (48, 96, 192, 384), steps)
+    if "b" in FLAGS.parts:
+        part_b(96 if FLAGS.quick else 480, steps, range(2 if FLAGS.quick else 5),
+               (1, 2, 5, None), FLAGS.rate, FLAGS.outage)
+    if "c" in FLAGS.parts:
+        part_c(FLAGS.model, 16, steps, 1 if FLAGS.quick else FLAGS.repeats, (1, 2, 5, None))
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

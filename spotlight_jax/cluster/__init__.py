@@ -1,9 +1,11 @@
-"""Multi-host scale-out (DESIGN section 6).
+"""Multi-host scale-out (library only; the command line is ``spotlight_jax.main``).
 
-* ``trainer``: the on-demand hosts form one ``jax.distributed`` job (auto-detected on SLURM /
+* ``distributed``: the on-demand hosts form one ``jax.distributed`` job (auto-detected on SLURM /
   Kubernetes / MPI, an explicit coordinator otherwise; gloo collectives on CPU) holding one
-  ``(data, fsdp, sp)`` mesh over all their devices. The controller runs in process 0: what it
-  decides (rollout batches from the spot workers) reaches the other processes by
-  ``broadcast_tree``, and every process then runs the same jitted GRPO update.
-* Spot hosts never join that job, so losing one never takes the trainer down.
+  ``(data, fsdp, sp)`` mesh over all their devices; ``broadcast_tree`` hands process 0's host
+  data to every process.
+* ``job``: the runner runs in process 0 with a ``TrainerJob`` in place of its trainer; the other
+  processes ``follow`` its commands and run the same jitted update.
+* ``ray_hosts``: spot hosts as Ray actors serving the runner's rollout queue. They never join the
+  trainer's job, so losing one never takes the trainer down.
 """

@@ -1,6 +1,6 @@
-"""The controller's trainer when the trainer is a ``jax.distributed`` job of several processes.
+"""The runner's trainer when the trainer is a ``jax.distributed`` job of several processes.
 
-In a multi-process JAX job every process must run the same collective programs. The controller
+In a multi-process JAX job every process must run the same collective programs. The runner
 (rollouts, rewards, selection, evaluation, checkpoints) runs in process 0 only; the other
 processes run ``follow``, a loop that receives process 0's commands (``broadcast_tree``) and joins
 the collective program each one names:
@@ -12,7 +12,7 @@ the collective program each one names:
            every process's part of the global mesh;
   stop     leave the loop.
 
-``TrainerJob`` is what process 0's controller holds in place of the objective's trainer
+``TrainerJob`` is what process 0's runner holds in place of the objective's trainer
 (``GRPOTrainer`` or ``NFTTrainer``): it has the same attributes (``trainable``, ``opt_state``,
 ``ema``, the nft sampling policy ``old``, ``policy_state()``, ``sampling_state()``,
 ``eval_state()``, ``update()``) and sends the command before running its part. Its weights for
@@ -26,8 +26,14 @@ import logging
 
 import jax
 import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
 
-from spotlight_jax.cluster.trainer import broadcast_tree
+from spotlight_jax import checkpoint
+from spotlight_jax.builders import abstract_model, build_mesh, make_trainer, model_config
+from spotlight_jax.cluster.distributed import broadcast_tree
+from spotlight_jax.parallel.sharding import shard_state
+from spotlight_jax.rl import trainer_class
 
 logger = logging.getLogger(__name__)
 _OP = "__op__"
@@ -63,7 +69,6 @@ def _place_like(host, like):
 def broadcast_base(base) -> dict:
     """Process 0's base weights (an NNX state or pure dict; others pass None) on every process,
     as a host pure dict, so follower hosts need no copy of the checkpoint."""
-    from flax import nnx  # noqa: PLC0415
 
     flat = None
     if jax.process_index() == 0:
@@ -82,8 +87,6 @@ def broadcast_base(base) -> dict:
 
 
 def _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh):
-    from spotlight_jax.controller import shard_state  # noqa: PLC0415
-    from spotlight_jax.rl import trainer_class  # noqa: PLC0415
 
     return trainer_class(rl_cfg)(graphdef, shard_state(base_state, mesh), rl_cfg, sampler_cfg,
                                  mesh=mesh)
@@ -97,7 +100,6 @@ class _Replica:
 
     def run(self, cmd: dict):
         """Runs one command's collective part on this process; returns what it produced."""
-        from jax.experimental import multihost_utils  # noqa: PLC0415
 
         t, op = self.trainer, _op(cmd)
         if op == "update":
@@ -139,7 +141,7 @@ def follow(graphdef, base_state, rl_cfg, sampler_cfg, mesh) -> int:
 
 class TrainerJob:
     """Process 0's view of the job's trainer: a drop-in for the objective's trainer in the
-    controller.
+    runner.
 
     ``mesh`` spans every process's devices (the job's trainer mesh); ``local_mesh`` is process
     0's own devices, where the shadow trainer keeps the current weights for sampling."""
@@ -171,7 +173,7 @@ class TrainerJob:
         if with_opt_state:
             self._opt_stale = False
 
-    # -- the trainer interface the controller uses --------------------------------------------
+    # -- the trainer interface the runner uses --------------------------------------------
     def update(self, batch: dict, key, step: int) -> dict:
         arrays = {f"b/{k}": np.asarray(v) for k, v in batch.items()}
         metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
@@ -233,3 +235,30 @@ class TrainerJob:
         if not self.stopped:
             self._send("stop")
             self.stopped = True
+
+
+def update_from_files(config, base_dir: str, batch_path: str, out_path: str | None,
+                      step: int = 0) -> dict:
+    """One GRPO update of ``config``'s trainer on the batch saved at ``batch_path`` (read by
+    process 0, broadcast to all), over a mesh of every process's devices. Process 0 writes the
+    updated trainable parameters (``leaf_00000``... in ``jax.tree.leaves`` order) to
+    ``out_path``. Returns the metrics."""
+
+    mesh = build_mesh(config, jax.devices())
+    graphdef, abstract = abstract_model(model_config(config), config.seed)
+    # every process reads the checkpoint to host memory, then places it on the global mesh
+    # (device_put of identical host values; arrays committed to one process's device cannot
+    # be moved onto devices of other processes)
+    host = jax.tree.map(np.asarray, checkpoint.load_params(base_dir, abstract))
+    base = shard_state(host, mesh)
+    trainer = make_trainer(config, graphdef, base, mesh=mesh)
+    batch = None
+    if jax.process_index() == 0:
+        with np.load(batch_path) as f:
+            batch = {k: f[k] for k in f.files}
+    batch = broadcast_tree(batch)
+    metrics = trainer.update(batch, jax.random.key(config.seed), step)
+    leaves = [np.asarray(x) for x in jax.tree.leaves(trainer.trainable)]
+    if jax.process_index() == 0 and out_path:   # in jax.tree.leaves order (LoRA or full)
+        np.savez(out_path, **{f"leaf_{i:05d}": x for i, x in enumerate(leaves)})
+    return metrics

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -57,10 +58,21 @@ class SamplerConfig:
     noise_patches: tuple[int, ...] | None = None
 
     def validate(self) -> SamplerConfig:
+        """Returns self, or raises a one-line ValueError naming the bad field (``name=value``)."""
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps={self.num_steps}: must be >= 1 (e.g. num_steps=10)")
+        if not (math.isfinite(self.shift) and self.shift > 0):
+            raise ValueError(f"shift={self.shift}: must be > 0 (1 = the plain schedule)")
+        if not (math.isfinite(self.noise_level) and self.noise_level >= 0):
+            raise ValueError(f"noise_level={self.noise_level}: must be >= 0 (0 = ODE sampling)")
+        if not (math.isfinite(self.guidance) and self.guidance >= 0):
+            raise ValueError(f"guidance={self.guidance}: must be >= 0 (1 = no classifier-free "
+                             "guidance)")
         if not 0 <= self.shared_init_bits <= 16:
             raise ValueError(f"shared_init_bits={self.shared_init_bits} must be in 0..16")
         if self.sde_type not in ("sde", "cps", "ode"):
-            raise ValueError(f"unknown sde_type {self.sde_type!r}; choose 'sde', 'cps' or 'ode'")
+            raise ValueError(f"sde_type={self.sde_type!r}: unknown; choose 'sde', 'cps' or "
+                             "'ode'")
         if self.noise_patch < 1:
             raise ValueError(f"noise_patch={self.noise_patch} must be >= 1 (1 = per-pixel noise)")
         if self.noise_patches is not None and (len(self.noise_patches) != self.num_steps
@@ -74,9 +86,9 @@ class SamplerConfig:
         if self.sde_window is not None:
             a, b = self.window
             if not 0 <= a < b <= self.num_steps:
-                raise ValueError(f"sde_window {self.sde_window} (steps {a}..{b - 1}) must "
-                                 "satisfy 0 <= start < end <= "
-                                 f"num_steps={self.num_steps}")
+                raise ValueError(f"sde_window={tuple(self.sde_window)} (steps {a}..{b - 1}): "
+                                 "must satisfy 0 <= start < end <= "
+                                 f"num_steps={self.num_steps} (None = every step)")
         return self
 
     def patch_sizes(self) -> np.ndarray:

@@ -4,8 +4,8 @@ The controller runs real computation but *charges* every operation's duration to
 device group that runs it. Two clocks share one API, so the controller code is identical:
 
 * :class:`VirtualClock` (emulation): time advances only by what is charged. The durations come
-  from a cost model (``emulation.cost``), e.g. seconds of a 20B MMDiT rollout step on H100s,
-  while the learning itself runs on a tiny model on the CPU. This is how the paper's
+  from a cost model (``emulation.cost_models``), e.g. seconds of a 20B MMDiT rollout step on
+  H100s, while the learning itself runs on a tiny model on the CPU. This is how the paper's
   time-to-target and cost claims are reproduced without the paper's hardware.
 * :class:`WallClock` (real hardware): time is ``time.perf_counter``; a charged operation records
   its real measured duration instead of the modelled one.

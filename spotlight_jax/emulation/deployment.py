@@ -2,25 +2,32 @@
 
 The learning in every mode is real computation; the *time axis* of a CPU run is emulated. This
 module holds the deployment (on-demand devices, spot nodes of SP groups), replays a spot trace
-(SkyPilot file or synthetic Poisson) on the run's clock, and charges each phase its duration from
-the cost model (``emulation.cost``: FLOPs of the paper-scale model on a named accelerator,
-or measured timings). Preemptions inside a phase cost what the scheduler's rules say they cost:
-a notice commits in-flight state (only a regroup latency), an abrupt loss redoes the work since
-the last periodic commit.
+(SkyPilot file or synthetic Poisson, ``emulation.traces``) on the run's clock, and charges each
+phase its duration from the cost model (``emulation.cost_models``: FLOPs of the paper-scale model
+on a named accelerator, or measured timings). Preemptions inside a phase cost what the
+scheduler's rules say they cost: a notice commits in-flight state (only a regroup latency), an
+abrupt loss redoes the work since the last periodic commit.
+
+:class:`Deployment` takes frozen configs only; ``builders.make_deployment(config)`` makes them
+from a run's config.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock
-from spotlight_jax.emulation.cost import CostConfig, make_cost_model, workload_from_config
-from spotlight_jax.emulation.traces import ReplayConfig, load_traces, replay, synthetic_trace
+from spotlight_jax.emulation.cost_models import CostConfig, Workload, make_cost_model
+from spotlight_jax.emulation.traces import TraceConfig, replay
 
 
 @dataclasses.dataclass(frozen=True)
 class DeploymentConfig:
+    """The emulated hardware: ``on_demand_devices`` reserved devices plus ``spot_nodes`` spot
+    nodes of ``spot_devices_per_node`` devices, each node one SP group of degree ``spot_sp``;
+    scheduled rollouts commit in-flight state every ``commit_every`` steps (what an abrupt loss
+    redoes). ``scheduler``: rollouts go through the pull scheduler (``sched``)."""
+
     on_demand_devices: int = 4
     spot_nodes: int = 4
     spot_devices_per_node: int = 2
@@ -28,37 +35,39 @@ class DeploymentConfig:
     commit_every: int = 2
     scheduler: bool = True
 
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
+        for name in ("on_demand_devices", "spot_devices_per_node", "spot_sp", "commit_every"):
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
+        if self.spot_nodes < 0:
+            bad("spot_nodes", "must be >= 0")
+        if self.spot_devices_per_node % self.spot_sp:
+            bad("spot_sp", f"must divide spot_devices_per_node={self.spot_devices_per_node} "
+                           "(one SP group per node)")
+
 
 class Deployment:
-    """On-demand devices + spot nodes whose availability follows a trace on a virtual clock."""
+    """On-demand devices + spot nodes whose availability follows a trace on a virtual clock.
 
-    def __init__(self, config, horizon_s: float = 7 * 24 * 3600.0):
-        d = config.deployment
-        self.cfg = DeploymentConfig(**{f.name: d[f.name]
-                                       for f in dataclasses.fields(DeploymentConfig)})
-        self.cost_cfg = CostConfig.from_config(config.cost)
-        self.cost = make_cost_model(self.cost_cfg, workload_from_config(config))
-        self.num_steps = int(config.sampler.num_steps)
-        t = config.trace
-        if t.path:
-            for path in (p.strip() for p in t.path.split(",")):
-                if path and not os.path.exists(path):
-                    raise ValueError(f"trace file {path!r} does not exist; set "
-                                     "--config.trace.path to SkyPilot JSON file(s) (comma-"
-                                     "separated 1-node traces make a pool of nodes) or leave "
-                                     "it empty for a synthetic trace")
-            trace = load_traces(t.path).window(float(t.get("start_s", 0.0)))
-        else:
-            trace = synthetic_trace(self.cfg.spot_nodes, horizon_s,
-                                    rate_per_node_hour=t.rate_per_node_hour,
-                                    mean_outage_s=t.mean_outage_s, seed=t.seed)
-        rc = ReplayConfig.preset(t.cloud, abrupt_fraction=t.abrupt_fraction, seed=t.seed)
-        self.trace_source = trace.source
-        self.replay = replay(trace, self.cfg.spot_nodes, rc)
+    ``num_steps``: denoising steps of a rollout (an abrupt loss redoes ``commit_every`` of
+    them); ``horizon_s``: the length of a synthetic trace.
+    """
+
+    def __init__(self, cfg: DeploymentConfig, trace: TraceConfig, cost: CostConfig,
+                 workload: Workload, num_steps: int, horizon_s: float = 7 * 24 * 3600.0):
+        self.cfg, self.trace_cfg, self.cost_cfg = cfg, trace, cost
+        self.cost = make_cost_model(cost, workload)
+        self.num_steps = int(num_steps)
+        spot_trace = trace.load(cfg.spot_nodes, horizon_s)
+        self.trace_source = spot_trace.source
+        self.replay = replay(spot_trace, cfg.spot_nodes, trace.replay_config())
         self.events = EventCursor(list(self.replay.events))
         self.alive_nodes = set(self.replay.initial_alive)
         self.clock = VirtualClock()
-        self.od = DeviceGroup("on_demand", "on_demand", self.cfg.on_demand_devices)
+        self.od = DeviceGroup("on_demand", "on_demand", cfg.on_demand_devices)
         self.stats = {"preemptions": 0, "abrupt_losses": 0, "joins": 0, "regroups": 0,
                       "regroup_s": 0.0, "lost_work_s": 0.0}
         self._sync_alive()

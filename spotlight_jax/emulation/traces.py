@@ -240,6 +240,67 @@ class ReplayConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TraceConfig:
+    """The ``trace`` config section: which spot availability a deployment replays.
+
+    ``path``: a SkyPilot JSON file, or comma-separated 1-node files merged into a pool of nodes
+    (:func:`load_traces`), replayed from ``start_s`` on; empty = a synthetic Poisson trace
+    (``rate_per_node_hour``, ``mean_outage_s``, ``seed``). ``cloud`` picks the notice lead time
+    (:data:`LEAD_TIME_PRESETS`); ``abrupt_fraction`` of the preemptions come without notice.
+    """
+
+    path: str = ""
+    start_s: float = 0.0
+    rate_per_node_hour: float = 2.0
+    mean_outage_s: float = 600.0
+    cloud: str = "aws"
+    abrupt_fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
+        if not (math.isfinite(self.start_s) and self.start_s >= 0):
+            bad("start_s", "must be a number of seconds >= 0")
+        if not (math.isfinite(self.rate_per_node_hour) and self.rate_per_node_hour >= 0):
+            bad("rate_per_node_hour", "must be >= 0 preemptions per node-hour (0 = none)")
+        if not (math.isfinite(self.mean_outage_s) and self.mean_outage_s > 0):
+            bad("mean_outage_s", "must be > 0 seconds (e.g. mean_outage_s=600.0)")
+        if self.cloud not in LEAD_TIME_PRESETS:
+            bad("cloud", f"choose one of {sorted(LEAD_TIME_PRESETS)}")
+        if not 0.0 <= self.abrupt_fraction <= 1.0:
+            bad("abrupt_fraction", "must be in [0, 1] (the share of losses without notice)")
+        if self.seed < 0:
+            bad("seed", "must be >= 0")
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.path.split(",") if p.strip())
+
+    def check_files(self) -> None:
+        """Raises :class:`TraceError` naming the first trace file of ``path`` that is missing."""
+        for p in self.paths:
+            if not os.path.exists(p):
+                raise TraceError(f"path={self.path!r}: trace file {p!r} does not exist; give "
+                                 "SkyPilot JSON file(s) (comma-separated 1-node traces make a "
+                                 "pool of nodes) or leave it empty for a synthetic trace")
+
+    def load(self, num_nodes: int, horizon_s: float) -> SpotTrace:
+        """The trace to replay for ``num_nodes`` spot nodes: the files' (from ``start_s`` on), or
+        a synthetic one over ``horizon_s`` seconds."""
+        if self.paths:
+            self.check_files()
+            return load_traces(self.path).window(self.start_s)
+        return synthetic_trace(num_nodes, horizon_s, rate_per_node_hour=self.rate_per_node_hour,
+                               mean_outage_s=self.mean_outage_s, seed=self.seed)
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig.preset(self.cloud, abrupt_fraction=self.abrupt_fraction,
+                                   seed=self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
 class SpotEvent:
     """``kind`` is 'join', 'notice' or 'loss'. A notice carries ``deadline`` (the time of its loss);
     a loss is ``abrupt`` when no notice preceded it."""

@@ -13,7 +13,7 @@ from spotlight_jax.explore.selection import (
 )
 from spotlight_jax.explore.stats import bootstrap_mean_ci, kendall_tau_b, spearman_rho
 
-_LAZY = {"Planner", "PlannerConfig", "simulate"}
+_LAZY = {"Planner", "PlannerConfig"}
 _LAZY_EXPLORER = {"Explorer", "RolloutEngine", "candidate_seeds"}
 
 __all__ = [
@@ -26,15 +26,14 @@ __all__ = [
     "kendall_tau_b",
     "max_subset_variance",
     "max_variance_subset",
-    "simulate",
     "spearman_rho",
     "subset_variance",
 ]
 
 
 def __getattr__(name):
-    # The planner is imported lazily so that `python -m spotlight_jax.explore.planner` does not
-    # find the module already imported by its package (runpy's double-import warning).
+    # The planner and the explorer are imported on first use (the explorer pulls in the sampler
+    # and JAX); the planner's synthetic benchmark is spotlight_jax.bench.planner.
     if name in _LAZY:
         from spotlight_jax.explore import planner
 

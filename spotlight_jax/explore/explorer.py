@@ -6,7 +6,7 @@ scorer is the training SDE rollout itself: with Flow-GRPO's SDE the first step's
 the initial noise, so an ODE rollout from the initial noise alone does not rank seeds (Kendall tau
 ~0 was measured). Cheaper scorers (fewer steps, lower noise) are a ``SamplerConfig`` away, but
 should only be used with their tau against the training rollout measured
-(``python -m spotlight_jax.bench.staleness``).
+(``python -m spotlight_jax.bench.staleness_study``).
 
 ``RolloutEngine`` is the shared sample-and-score loop: it samples in chunks and scores chunk ``i``
 in a thread pool while chunk ``i + 1`` samples, so a slow reward never stalls sampling.

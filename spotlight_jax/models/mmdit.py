@@ -86,15 +86,43 @@ class MMDiTConfig:
         return (self.image_size // self.patch_size) ** 2
 
     def validate(self) -> MMDiTConfig:
+        """Returns self, or raises a one-line ValueError naming the bad field (``name=value:``),
+        what it must be and an example fix."""
+        def bad(name, why):
+            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
+        for name in ("image_size", "channels", "patch_size", "width", "depth", "num_heads",
+                     "vocab_size", "text_len", "text_heads"):
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
+        for name in ("text_width", "text_layers", "text_embed_dim", "conv_stem", "pixel_head"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0 (0 = off)")
+        if not self.mlp_ratio > 0:
+            bad("mlp_ratio", "must be > 0 (e.g. mlp_ratio=4.0)")
         if self.width % self.num_heads:
-            raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+            bad("num_heads", f"must divide width={self.width} (e.g. num_heads="
+                             f"{_divisor_near(self.width, self.num_heads)})")
         if self.image_size % self.patch_size:
-            raise ValueError(f"image_size {self.image_size} is not divisible by patch_size "
-                             f"{self.patch_size}")
+            bad("patch_size", f"must divide image_size={self.image_size} (e.g. patch_size="
+                              f"{_divisor_near(self.image_size, self.patch_size)})")
         if (self.width // self.num_heads) % 2:
-            raise ValueError(f"head_dim {self.width // self.num_heads} must be even")
-        as_dtype(self.dtype), as_dtype(self.param_dtype)
+            bad("num_heads", f"gives an odd head_dim={self.width // self.num_heads} "
+                             "(width / num_heads); head_dim must be even")
+        if self.text_width == 0 and self.text_embed_dim == 0:
+            bad("text_embed_dim", "must be > 0 when text_width=0 (the width of the precomputed "
+                                  "text embeddings), or set text_width > 0")
+        if self.text_width and self.text_width % self.text_heads:
+            bad("text_heads", f"must divide text_width={self.text_width}")
+        for name in ("dtype", "param_dtype"):
+            if isinstance(getattr(self, name), str) and getattr(self, name) not in _DTYPES:
+                bad(name, f"choose one of {sorted(_DTYPES)}")
         return self
+
+
+def _divisor_near(n: int, k: int) -> int:
+    """The divisor of ``n`` closest to ``k`` (for an error message's example fix)."""
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
 
 
 @dataclasses.dataclass(frozen=True)

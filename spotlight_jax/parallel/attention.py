@@ -25,6 +25,17 @@ Inputs may be plain single-device arrays or intermediates inside ``jax.jit``: th
 the mesh here (``device_put`` eagerly; ``with_sharding_constraint`` for ``Auto`` meshes or
 ``jax.sharding.reshard`` for meshes with ``Explicit`` axes inside a trace). The batch dimension is
 sharded over the mesh axes outside the SP group that divide it, and replicated otherwise.
+
+Called eagerly (concrete inputs, also under eager ``jax.grad``/``jax.vjp``), the output's sharding
+*type* follows the inputs': inputs not on an ``Explicit`` mesh (plain arrays, or arrays on an
+``Auto`` mesh) run on an ``Auto`` view of ``mesh`` (same devices and axis names), so the result,
+like its inputs, carries no explicit sharding in its type. Eager ``jax.grad`` of a loss built from
+it then needs no mesh context: JAX cannot make the seed cotangent of a scalar typed on an
+``Explicit`` mesh outside ``jax.set_mesh``, and an ``Explicit``-typed output would make every such
+loss one. Inputs already on an ``Explicit`` mesh keep it (so the output mixes with the caller's
+other explicitly sharded arrays); eager ``jax.grad`` there needs ``with jax.set_mesh(mesh)``, as
+it does for any explicitly sharded value. Inside ``jit`` none of this applies: inputs are
+constrained onto ``mesh`` as given.
 """
 from __future__ import annotations
 
@@ -107,13 +118,36 @@ def attention(q, k, v, *, mesh: Mesh | None = None, strategy: str = "dense",
     if plan is None:
         return _local_attention(q, k, v, kv_mask)
     args = (q, k, v) if kv_mask is None else (q, k, v, kv_mask)
-    if not any(isinstance(x, jax.core.Tracer) for x in args):
-        # Eager call: commit the inputs to the mesh (batch-sharded, sequence whole); the jitted
-        # body pads and reshards the sequence.
+    if all(_is_concrete(x) for x in args):
+        # Eager call (maybe under eager autodiff): commit the inputs to the mesh (batch-sharded,
+        # sequence whole); the jitted body pads and reshards the sequence. device_put is
+        # differentiable, so gradients return placed like their inputs.
+        context = jax.sharding.get_abstract_mesh().axis_types
+        if AxisType.Explicit not in context and not any(_on_explicit_mesh(x) for x in args):
+            plan = dataclasses.replace(plan, mesh=_auto_view(plan.mesh))
         args = tuple(
             jax.device_put(x, NamedSharding(plan.mesh, P(plan.batch_axes or None)))
             for x in args)
     return _sp_attention(plan, *args)
+
+
+def _is_concrete(x) -> bool:
+    """True for a concrete array, or an eager autodiff tracer around one (``jax.grad`` outside
+    ``jit``); False for values being traced by ``jit``, ``vmap`` and the like."""
+    return not isinstance(x, jax.core.Tracer) or x.to_concrete_value() is not None
+
+
+def _on_explicit_mesh(x) -> bool:
+    """Whether ``x``'s type carries a mesh with ``Explicit`` axes (``jax.typeof`` sees through
+    autodiff tracers, which have no ``.sharding``)."""
+    return AxisType.Explicit in jax.typeof(x).sharding.mesh.axis_types
+
+
+def _auto_view(mesh: Mesh) -> Mesh:
+    """``mesh`` with every axis ``Auto``: same devices and names, so no data moves."""
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
 def _check_shapes(q, k, v, kv_mask) -> None:

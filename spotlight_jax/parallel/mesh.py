@@ -25,12 +25,21 @@ class MeshConfig:
     fsdp: int = 1
     sp: int = 1
 
+    def validate(self) -> MeshConfig:
+        """Returns self, or raises a one-line ValueError naming the bad axis (``name=value:``)."""
+        for name in MESH_AXES:
+            v = getattr(self, name)
+            if v == 0 or v < -1:
+                raise ValueError(f"{name}={v!r}: must be >= 1, or -1 for the devices left")
+        filled = [name for name in MESH_AXES if getattr(self, name) == -1]
+        if len(filled) > 1:
+            raise ValueError(f"{filled[1]}=-1: only one mesh axis may be -1 ({filled[0]}=-1 "
+                             f"already takes the devices left; e.g. {filled[1]}=1)")
+        return self
+
     def resolve(self, num_devices: int) -> tuple[int, int, int]:
+        self.validate()
         dims = [self.data, self.fsdp, self.sp]
-        if sum(d == -1 for d in dims) > 1:
-            raise ValueError(f"at most one mesh axis may be -1, got data/fsdp/sp={dims}")
-        if any(d == 0 or d < -1 for d in dims):
-            raise ValueError(f"mesh axes must be positive or -1, got data/fsdp/sp={dims}")
         known = math.prod(d for d in dims if d != -1)
         if -1 in dims:
             if num_devices % known:

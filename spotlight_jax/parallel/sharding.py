@@ -93,3 +93,14 @@ def param_shardings(state: nnx.State, mesh: Mesh,
     specs = param_specs(state, mesh, rules)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def shard_state(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.State:
+    """A copy of the NNX ``state`` placed on ``mesh`` following the rule table."""
+    specs = param_specs(state, mesh, rules)
+    flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    leaves, treedef = jax.tree.flatten(nnx.to_pure_dict(state))
+    placed = [jax.device_put(a, NamedSharding(mesh, sp)) for a, sp in zip(leaves, flat_specs)]
+    out = jax.tree.map(lambda x: x, state)
+    nnx.replace_by_pure_dict(out, jax.tree.unflatten(treedef, placed))
+    return out

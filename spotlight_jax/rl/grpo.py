@@ -20,7 +20,12 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, velocity
 from spotlight_jax.diffusion.rollout import project_at, step_at
-from spotlight_jax.rl.policy import PolicyTrainer, make_optimizer, merged_model
+from spotlight_jax.rl.policy import (
+    PolicyTrainer,
+    check_policy_fields,
+    make_optimizer,
+    merged_model,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +65,27 @@ class GRPOConfig:
     # (one more forward per trained step) instead of taking the rollout's; they differ by float
     # rounding only (~1e-7, reported as rollout_logp_dev), so it is off by default.
     rescore: bool = False
+
+    def validate(self) -> GRPOConfig:
+        """Returns self, or raises a one-line ValueError naming the bad field (``name=value:``)."""
+        check_policy_fields(self)
+        for name in ("beta", "detail_beta"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name}={v!r}: must be >= 0 (0 = no KL term)")
+        if not self.clip_eps > 0:
+            raise ValueError(f"clip_eps={self.clip_eps!r}: must be > 0 (e.g. clip_eps=1e-3)")
+        if self.train_steps < 0:
+            raise ValueError(f"train_steps={self.train_steps!r}: must be >= 0 (0 = every SDE "
+                             "step)")
+        if self.step_weight not in STEP_WEIGHTS:
+            raise ValueError(f"step_weight={self.step_weight!r}: choose one of {STEP_WEIGHTS}")
+        if self.inner_epochs < 1:
+            raise ValueError(f"inner_epochs={self.inner_epochs!r}: must be >= 1")
+        if self.advantage == "decoupled" and self.global_std:
+            raise ValueError("global_std=True: advantage='decoupled' normalises within each "
+                             "group; set global_std=False (or advantage='reward')")
+        return self
 
 
 def advantages(rewards, prompt_ids, *, global_std: bool = False, clip: float = 5.0,

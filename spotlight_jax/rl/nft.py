@@ -34,7 +34,12 @@ import optax
 from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, encode_prompt, velocity
-from spotlight_jax.rl.policy import PolicyTrainer, make_optimizer, merged_model
+from spotlight_jax.rl.policy import (
+    PolicyTrainer,
+    check_policy_fields,
+    make_optimizer,
+    merged_model,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,16 +64,21 @@ class NFTConfig:
     minibatches: int = 1           # gradient accumulation over this many sample chunks
 
     def validate(self) -> NFTConfig:
+        """Returns self, or raises a one-line ValueError naming the bad field (``name=value:``)."""
+        check_policy_fields(self)
         if not self.beta > 0:
-            raise ValueError(f"rl.nft.beta={self.beta} must be > 0 (1.0 in the anchor; 0.1 for "
+            raise ValueError(f"beta={self.beta!r}: must be > 0 (1.0 in the anchor; 0.1 for "
                              "text rewards)")
         if self.times < 1:
-            raise ValueError(f"rl.nft.times={self.times} must be >= 1 flow time per image")
-        if not 0.0 <= self.eta_max < 1.0 or self.eta_rate < 0:
-            raise ValueError(f"rl.nft.eta_max={self.eta_max} must be in [0, 1) and "
-                             f"rl.nft.eta_rate={self.eta_rate} >= 0")
+            raise ValueError(f"times={self.times!r}: must be >= 1 flow time per image")
+        if not 0.0 <= self.eta_max < 1.0:
+            raise ValueError(f"eta_max={self.eta_max!r}: must be in [0, 1)")
+        if self.eta_rate < 0:
+            raise ValueError(f"eta_rate={self.eta_rate!r}: must be >= 0")
+        if self.eta_delay < 0:
+            raise ValueError(f"eta_delay={self.eta_delay!r}: must be >= 0 iterations")
         if self.kl_beta < 0:
-            raise ValueError(f"rl.nft.kl_beta={self.kl_beta} must be >= 0")
+            raise ValueError(f"kl_beta={self.kl_beta!r}: must be >= 0")
         return self
 
 

@@ -17,6 +17,37 @@ from flax import nnx
 from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
 
+ADVANTAGES = ("reward", "decoupled")
+
+
+def check_policy_fields(cfg) -> None:
+    """One-line ValueErrors (``name=value: ...``) for the fields every objective's config shares:
+    the group, the advantages, the LoRA policy and its optimiser."""
+    def bad(name, why):
+        raise ValueError(f"{name}={getattr(cfg, name)!r}: {why}")
+
+    if cfg.group_size < 2:
+        bad("group_size", "must be >= 2 (advantages compare rollouts within a group)")
+    if not cfg.lr > 0:
+        bad("lr", "must be > 0 (e.g. lr=1e-3)")
+    if not cfg.grad_clip > 0:
+        bad("grad_clip", "must be > 0 (e.g. grad_clip=1.0)")
+    if cfg.weight_decay < 0:
+        bad("weight_decay", "must be >= 0")
+    if cfg.lora_rank < 0:
+        bad("lora_rank", "must be >= 0 (0 = full fine-tuning)")
+    if cfg.lora_rank > 0 and not cfg.lora_alpha > 0:
+        bad("lora_alpha", f"must be > 0 with lora_rank={cfg.lora_rank} (e.g. lora_alpha="
+                          f"{2.0 * cfg.lora_rank})")
+    if not 0.0 <= cfg.ema < 1.0:
+        bad("ema", "must be in [0, 1) (0 = no EMA)")
+    if not cfg.adv_clip > 0:
+        bad("adv_clip", "must be > 0 (e.g. adv_clip=5.0)")
+    if cfg.advantage not in ADVANTAGES:
+        bad("advantage", f"choose one of {ADVANTAGES}")
+    if cfg.minibatches < 1:
+        bad("minibatches", "must be >= 1")
+
 
 def make_optimizer(cfg):
     """Grad-norm clip then AdamW, from a config with ``grad_clip``, ``lr``, ``weight_decay``."""

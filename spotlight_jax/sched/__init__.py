@@ -6,9 +6,8 @@ batches, exactly-once completion and policy-version rules. ``worker``: the ``Wor
 and the in-process worker that runs leased requests on an SP group in chunks of ``commit_every``
 steps (real model through ``Sampler.segment``, or a cheap toy stepper). ``sim``: a deterministic
 discrete-event simulation on a virtual clock that replays spot traces / random chaos schedules
-over groups of emulated devices. ``cost``: the step-time / capacity model.
+over groups of emulated devices. ``step_cost``: the step-time / capacity model.
 """
-from spotlight_jax.sched.cost import StepCost, capacity_of
 from spotlight_jax.sched.queue import Completion, Lease, QueueConfig, RequestQueue
 from spotlight_jax.sched.requests import (
     KINDS,
@@ -30,6 +29,7 @@ from spotlight_jax.sched.sim import (
     random_schedule,
     results_equal,
 )
+from spotlight_jax.sched.step_cost import StepCost, capacity_of
 from spotlight_jax.sched.worker import (
     CallPlan,
     InProcessWorker,

@@ -43,9 +43,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig, form_node_groups
-from spotlight_jax.sched.cost import StepCost, capacity_of
 from spotlight_jax.sched.queue import RequestQueue
 from spotlight_jax.sched.requests import Commit, Request
+from spotlight_jax.sched.step_cost import StepCost, capacity_of
 from spotlight_jax.sched.worker import InProcessWorker, Stepper, WorkerConfig
 
 EVENT_KINDS = ("join", "notice", "loss", "stall", "corrupt")

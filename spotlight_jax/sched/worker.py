@@ -52,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from spotlight_jax.sched.cost import StepCost, capacity_of
 from spotlight_jax.sched.queue import Lease, RequestQueue
 from spotlight_jax.sched.requests import Commit, CommitRejected, Request
+from spotlight_jax.sched.step_cost import StepCost, capacity_of
 
 ACK_STATUSES = ("accepted", "completed", "duplicate", "stale", "rejected")
 

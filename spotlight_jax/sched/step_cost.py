@@ -4,7 +4,7 @@ The scheduler needs two numbers per SP group: the duration of one denoising call
 virtual clock of the simulation) and its *capacity* (throughput, for sizing the batch it pulls).
 :class:`StepCost` is a small linear model of both. Any object with ``rollout_step(batch, sp)``
 (seconds of one denoising step of ``batch`` samples on ``sp`` devices) can stand in for it, e.g.
-the project's deployment profiles in ``emulation.cost``; :func:`capacity_of` derives the
+the project's deployment profiles in ``emulation.cost_models``; :func:`capacity_of` derives the
 capacity from that method alone.
 """
 from __future__ import annotations

@@ -5,9 +5,9 @@ by a custom resource such as ``spot_node``) holding an :class:`~spotlight_jax.sc
 InProcessWorker` on an SP group of its local devices (SP groups never span hosts). It never
 joins the trainer's ``jax.distributed`` job, so its loss cannot take the trainer down.
 
-In the controller's process, :class:`RayWorker` implements :class:`~spotlight_jax.sched.worker.
-Worker` by remote calls to that actor, and :func:`serve` is the pull loop a controller thread
-runs per spot host against the queue, which stays with the controller (a lock serialises the
+In the runner's process, :class:`RayWorker` implements :class:`~spotlight_jax.sched.worker.
+Worker` by remote calls to that actor, and :func:`serve` is the pull loop a runner thread
+runs per spot host against the queue, which stays with the runner (a lock serialises the
 threads' queue calls):
 
 * **Weights** are published once per policy version into the Ray object store
@@ -248,7 +248,7 @@ class RayWorker(Worker):
 
 
 class LockedQueue:
-    """The controller's :class:`RequestQueue` shared by serving threads: every call holds one
+    """The runner's :class:`RequestQueue` shared by serving threads: every call holds one
     lock (the queue itself is single-threaded by design)."""
 
     def __init__(self, queue: RequestQueue):

@@ -1,6 +1,6 @@
 """Staleness study: do seed rankings under stale weights agree with the current weights'?
 
-  python -m spotlight_jax.bench.staleness [--iterations 12] [--at 4,8,12] [--prompts 8]
+  python -m spotlight_jax.bench.staleness_study [--iterations 12] [--at 4,8,12] [--prompts 8]
       [--seeds 32] [--lr LR] [--out DIR]
 
 Runs a short ``flow_grpo`` post-training run of the config from its base checkpoint, keeping
@@ -12,18 +12,21 @@ G-subsets and the share of the achievable variance gain that stale selection ret
 (``spotlight_jax.explore.staleness``). At the last iteration it also measures cheaper scorers
 against the training rollout under θ_k (an ODE rollout from the seed's initial noise; an SDE
 rollout with half the steps). Prints a table, writes ``staleness.json`` and ``staleness.png``
-to ``--out``.
+to ``--out``. ``run_study`` is the same study as a function.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import tempfile
 import time
-from pathlib import Path
 
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
 STALENESS = (1, 2, 4)
 
 
@@ -31,63 +34,77 @@ def _fmt(ci) -> str:
     return "n/a" if ci is None else f"{ci.mean:+.2f} [{ci.lo:+.2f}, {ci.hi:+.2f}]"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "configs"
-                                            / "tiny.py"))
-    ap.add_argument("--iterations", type=int, default=12)
-    ap.add_argument("--at", default="4,8,12", help="iterations k to study (k >= 4)")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--seeds", type=int, default=32, help="candidates per prompt")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None,
-                    help="override rl.lr (a faster-moving policy makes rankings go stale faster)")
-    ap.add_argument("--out", default="staleness_out")
-    args = ap.parse_args(argv)
-    at = sorted({int(a) for a in args.at.split(",")})
-    if at[0] < max(STALENESS) or at[-1] > args.iterations:
-        raise SystemExit(f"--at {args.at}: every k must satisfy {max(STALENESS)} <= k <= "
-                         f"--iterations ({args.iterations})")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
+                        **fv)
+    flags.DEFINE_integer("iterations", 12, "flow_grpo iterations to train.", **fv)
+    flags.DEFINE_string("at", "4,8,12", f"Iterations k to study (k >= {max(STALENESS)}).", **fv)
+    flags.DEFINE_integer("prompts", 8, "Prompts scored at each k.", **fv)
+    flags.DEFINE_integer("seeds", 32, "Candidate seeds per prompt.", **fv)
+    flags.DEFINE_integer("seed", 0, "The run's seed (config.seed).", **fv)
+    flags.DEFINE_float("lr", None, "Override rl.lr (a faster-moving policy makes rankings go "
+                       "stale faster).", **fv)
+    flags.DEFINE_string("out", "staleness_out", "Directory for staleness.json and .png.", **fv)
 
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    at = sorted({int(a) for a in FLAGS.at.split(",")})
+    if at[0] < max(STALENESS) or at[-1] > FLAGS.iterations:
+        raise app.UsageError(f"--at={FLAGS.at}: every k must satisfy {max(STALENESS)} <= k <= "
+                             f"--iterations ({FLAGS.iterations})")
+    run_study(FLAGS.config, iterations=FLAGS.iterations, at=at, num_prompts=FLAGS.prompts,
+              num_seeds=FLAGS.seeds, seed=FLAGS.seed, lr=FLAGS.lr, out=FLAGS.out)
+
+
+def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_seeds: int,
+              seed: int = 0, lr: float | None = None, out: str) -> dict:
+    """The study (see the module docstring; ``num_prompts``, ``num_seeds``: ``--prompts``,
+    ``--seeds``); prints its table, writes ``out/staleness.json`` and ``out/staleness.png`` and
+    returns what the json holds."""
     import jax
     from tqdm.auto import tqdm
 
-    from spotlight_jax import controller, train
+    from spotlight_jax import train
     from spotlight_jax.builders import load_config, rl_config, sampler_config
     from spotlight_jax.diffusion import Sampler
     from spotlight_jax.explore import Explorer, RolloutEngine, candidate_seeds
     from spotlight_jax.explore.staleness import ranking_agreement, summarize_agreement
     from spotlight_jax.plots import plot_curves
+    from spotlight_jax.runner import RunState
 
-    config = load_config(args.config)
-    config.mode, config.seed = "flow_grpo", args.seed
+    config = load_config(config_path)
+    config.mode, config.seed = "flow_grpo", seed
     config.rl.eval_every = 0
-    if args.lr is not None:
-        config.rl.lr = args.lr
-    os.makedirs(args.out, exist_ok=True)
+    if lr is not None:
+        config.rl.lr = lr
+    os.makedirs(out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="staleness_")
     graphdef, base, source = train.load_or_pretrain_base(config, workdir)
-    run = controller.Run(config, workdir, graphdef, base)
+    run = RunState(config, workdir, graphdef, base)
     G = config.rl.group_size
     snap = {0: run.trainer.sampling_state()}
     t0 = time.time()
     kls = []
-    for k in tqdm(range(args.iterations), desc="train"):
+    for k in tqdm(range(iterations), desc="train"):
         row = run.step(k)
         kls.append(row["kl"])
         snap[k + 1] = jax.tree.map(lambda x: x.copy(), run.trainer.sampling_state())
     train_s = time.time() - t0
 
     def cands(k):
-        return [candidate_seeds(args.seed, 10_000 + k, i, args.seeds) for i in range(args.prompts)]
+        return [candidate_seeds(seed, 10_000 + k, i, num_seeds) for i in range(num_prompts)]
 
-    results = {"config": args.config, "base": source, "lr": rl_config(config).lr, "group_size": G,
-               "seeds": args.seeds, "prompts": args.prompts, "iterations": args.iterations,
+    results = {"config": config_path, "base": source, "lr": rl_config(config).lr, "group_size": G,
+               "seeds": num_seeds, "prompts": num_prompts, "iterations": iterations,
                "kl": kls,
                "train_s": train_s, "staleness": {}, "scorers": {}}
     rows = []
     for k in tqdm(at, desc="score"):
-        prompts = run.prompts(k)[:args.prompts]
+        prompts = run.prompts(k)[:num_prompts]
         seeds = cands(k)
         fresh = run.explorer.score(snap[k], prompts, seeds)
         for d in STALENESS:
@@ -98,7 +115,7 @@ def main(argv=None):
             rows.append((f"θ_{k} vs θ_{k - d}", s))
     # cheaper scorers against the training rollout under the last studied policy
     k = at[-1]
-    prompts, seeds = run.prompts(k)[:args.prompts], cands(k)
+    prompts, seeds = run.prompts(k)[:num_prompts], cands(k)
     fresh = run.explorer.score(snap[k], prompts, seeds)
     train_cfg = sampler_config(config)
     shape = (run.mcfg.image_size,) * 2 + (run.mcfg.channels,)
@@ -117,10 +134,10 @@ def main(argv=None):
                                     for kk, v in s.items()}
         rows.append((f"θ_{k}: {name}", s))
 
-    print(f"\nStaleness of seed rankings ({args.prompts} prompts x {args.seeds} seeds, G={G}; "
+    print(f"\nStaleness of seed rankings ({num_prompts} prompts x {num_seeds} seeds, G={G}; "
           f"means over prompts with 95% bootstrap CIs; random-subset overlap = "
-          f"{G / args.seeds:.2f}; base: {source})")
-    print(f"rl.lr {rl_config(config).lr}; policy KL to the base after {args.iterations} "
+          f"{G / num_seeds:.2f}; base: {source})")
+    print(f"rl.lr {rl_config(config).lr}; policy KL to the base after {iterations} "
           f"iterations: {kls[-1]:.2e}")
     print("| compared | Kendall tau-b | Spearman rho | subset overlap | variance gain kept |"
           " prompts skipped |")
@@ -128,7 +145,7 @@ def main(argv=None):
     for name, s in rows:
         print(f"| {name} | {_fmt(s['tau'])} | {_fmt(s['rho'])} | {_fmt(s['overlap'])} | "
               f"{_fmt(s['retained'])} | {s['skipped']} |")
-    with open(os.path.join(args.out, "staleness.json"), "w") as f:
+    with open(os.path.join(out, "staleness.json"), "w") as f:
         json.dump(results, f, indent=1)
     series = {}
     for k in at:
@@ -136,12 +153,13 @@ def main(argv=None):
         if all(x is not None for x in t):
             series[f"k={k}"] = (list(STALENESS), [x["mean"] for x in t],
                                 [x["lo"] for x in t], [x["hi"] for x in t])
-    plot_curves(os.path.join(args.out, "staleness.png"), series, xlabel="staleness d (updates)",
+    plot_curves(os.path.join(out, "staleness.png"), series, xlabel="staleness d (updates)",
                 ylabel="Kendall tau-b (θ_k vs θ_{k-d})",
                 title="Seed-ranking agreement under stale weights")
-    print(f"wrote {args.out}/staleness.json and staleness.png")
+    print(f"wrote {out}/staleness.json and staleness.png")
     return results
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

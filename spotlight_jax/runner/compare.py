@@ -1,10 +1,10 @@
-"""The four-mode comparison: same seeds, prompts and spot trace; reward against emulated time and $.
+"""The mode comparison: same seeds, prompts and spot trace; reward against emulated time and $.
 
-``run_compare`` runs ``flow_grpo``, ``explore_sync``, ``spot_rollout`` and ``spotlight`` into
-``workdir/<mode>`` (each resumes on its own), then ``write_report`` writes ``report.md`` and the
-plots ``reward_vs_time.png`` / ``reward_vs_cost.png`` into ``workdir``, and ``run_compare`` the
-spot trace as ``spotlight`` met it (``spot_timeline.png``: devices alive, notices, losses, joins,
-its utilisation and regroups per iteration).
+``run_compare`` runs every mode (``flow_grpo``, ``explore_sync``, ``spot_rollout``,
+``spotlight``) into ``workdir/<mode>`` (each resumes on its own), then ``write_report`` writes
+``report.md`` and the plots ``reward_vs_time.png`` / ``reward_vs_cost.png`` into ``workdir``, and
+``run_compare`` plots the spot trace as ``spotlight`` met it (``spot_timeline.png``: devices
+alive, notices, losses, joins, its utilisation and regroups per iteration).
 
 Target: ``base + target_frac x (best validation reward of flow_grpo - base)``, i.e. the share of
 the baseline's own gain that every mode must reach; time/cost-to-target are the emulated hours
@@ -18,7 +18,11 @@ import os
 
 from absl import logging
 
-from spotlight_jax.controller import MODES
+from spotlight_jax.builders import make_deployment, run_settings
+from spotlight_jax.emulation.cost_models import Assumption
+from spotlight_jax.plots import spot_timeline
+from spotlight_jax.runner.loop import run
+from spotlight_jax.runner.modes import MODES
 
 
 def evals(history: list[dict]) -> list[dict]:
@@ -168,11 +172,6 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
 def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
                 progress: bool = True) -> str:
     """Runs every mode with the same seeds, prompts and trace; writes and returns the report."""
-    from spotlight_jax import controller  # noqa: PLC0415
-    from spotlight_jax.emulation import Deployment  # noqa: PLC0415
-    from spotlight_jax.emulation.cost import Assumption  # noqa: PLC0415
-    from spotlight_jax.plots import spot_timeline  # noqa: PLC0415
-
     histories, phases, assumptions = {}, {}, None
     for mode in MODES:
         c = config.copy_and_resolve_references()
@@ -180,8 +179,8 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
             c.mode = mode
         logging.info("compare: running %s", mode)
         mode_dir = os.path.join(workdir, mode)
-        histories[mode] = controller.run(c, mode_dir, graphdef, base, base_source=base_source,
-                                         progress=progress)
+        histories[mode] = run(c, mode_dir, graphdef, base, base_source=base_source,
+                              progress=progress)
         with open(os.path.join(mode_dir, "phases.json")) as f:
             info = json.load(f)
         phases[mode], assumptions = info["phases"], info["assumptions"]
@@ -191,10 +190,10 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
     header = (f"Config seed {config.seed}; trace: {trace}; base: {base_source}. Learning is real "
               "(tiny model); time and cost are emulated from the cost model below.")
     timeline = "spot_timeline.png"
-    spot_timeline(os.path.join(workdir, timeline), Deployment(config).replay,
+    spot_timeline(os.path.join(workdir, timeline), make_deployment(config).replay,
                   config.deployment.spot_devices_per_node, histories["spotlight"],
                   title=f"spotlight on the {'SkyPilot' if config.trace.path else 'synthetic'} "
                         "trace")
-    return write_report(workdir, histories, target_frac=config.compare.target_frac,
+    return write_report(workdir, histories, target_frac=run_settings(config).target_frac,
                         phases=phases, assumptions=[Assumption(**a) for a in assumptions],
                         header=header, timeline=timeline)

@@ -1,164 +1,51 @@
 """Cost models: how long each operation takes, and what the devices cost.
 
-The controller charges every operation to a clock (``emulation.clock``); in emulation the
-durations come from a cost model, so the time and dollar axes of the report are those of a real
-deployment while the learning runs on a tiny model on the CPU. Two models share one interface
+The runner charges every operation to a clock (``emulation.clock``); in emulation the durations
+come from a cost model, so the time and dollar axes of the report are those of a real deployment
+while the learning runs on a tiny model on the CPU. Two models share one interface
 (:class:`CostModel`):
 
-* ``profile`` (:class:`ProfileCost`): durations from the MMDiT's FLOP count divided by an assumed
-  achieved throughput of a named accelerator (peak bf16 x MFU), with a roofline floor for
-  reading the weights from HBM and a communication term per sequence-parallel (SP) degree. The
-  default deployment is the paper's: a Qwen-Image-like 20B MMDiT at 512x512 on H100 SXM.
+* ``profile`` (:class:`ProfileCost`): durations from the MMDiT's FLOP count (``emulation.flops``)
+  divided by an assumed achieved throughput of a named accelerator (``emulation.datasheets``:
+  peak bf16 x MFU), with a roofline floor for reading the weights from HBM and a communication
+  term per sequence-parallel (SP) degree. The default deployment is the paper's: a
+  Qwen-Image-like 20B MMDiT at 512x512 on H100 SXM.
 * ``measured`` (:class:`MeasuredCost`): durations calibrated from this machine's real timings
-  (:func:`calibrate` times the real rollout step / training step callables).
+  (``emulation.calibration.calibrate`` times the real rollout step / training step callables).
 
 Prices per device-hour (on-demand and spot) turn the clock's *alive* device-seconds into dollars
 (:meth:`CostModel.dollars`): a spot device is paid while it is alive, busy or idle; on-demand
 devices are paid all the time.
 
 Every number that is not derived is an assumption with a source: the config section
-(:func:`default_cost_config`) has a comment per field, and :meth:`CostModel.describe` returns
+(``configs/base.py``, ``cost``) has a comment per field, and :meth:`CostModel.describe` returns
 ``(name, value, unit, source)`` rows that the report prints.
-
-FLOP count of one MMDiT forward (per sample; matmuls only, 2 FLOPs per multiply-add -- the
-MFU convention, elementwise ops are not counted). With D = width, H = int(D * mlp_ratio),
-L = text_len, N = (image_size / patch)^2 image tokens, S = L + N, p = patch, C = channels,
-T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt encoder):
-
-    per block     = 2 S D (4D + 2H)        qkv (3D^2) + out (D^2) + fc1/fc2 (2DH), per token of
-                                           its stream (text and image streams have own weights)
-                  + 4 S^2 D                joint attention: Q K^T and A V
-                  + 2 * 2 D (6D)           adaLN-Zero modulation of both streams (per sample)
-    outside       = 2 N (p^2 C_in) D       patch embedding (C_in = conv_stem or C)
-                  + 2 L T D + 2 T D        text projection, pooled-text projection
-                  + 2 (256 D + D^2)        timestep MLP
-                  + 2 D (2D) + 2 N D p^2 C final adaLN and projection
-                  + 2 (h w) 9 C c_stem     optional 3x3 conv stem / head on the h x w image
-                  + 2 (h w) 9 C C
-    prompt enc.   = per layer 2 L Tw (12 Tw) + 4 L^2 Tw   (only with a synthetic prompt encoder)
-    forward       = depth * per block + outside + prompt encoder
-
-It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
-
 from spotlight_jax.emulation.clock import ROLES, Clock
+from spotlight_jax.emulation.datasheets import DEVICES, device_spec
+from spotlight_jax.emulation.flops import forward_flops, lora_param_count, param_count
 from spotlight_jax.models.mmdit import MMDiTConfig
 
 COST_MODELS = ("profile", "measured")
 REGROUP_KINDS = ("shrink", "grow", "cold")
 
 
-# ------------------------------------------------------------------------------ device table
-
-@dataclasses.dataclass(frozen=True)
-class DeviceSpec:
-    """Peak numbers of one accelerator: dense bf16 TFLOP/s, HBM GB/s, NVLink GB/s (total,
-    both directions, per GPU)."""
-
-    label: str
-    bf16_tflops: float
-    hbm_gb_s: float
-    nvlink_gb_s: float
-    source: str
-
-
-DEVICES: dict[str, DeviceSpec] = {
-    "h100_sxm": DeviceSpec(
-        "NVIDIA H100 SXM5 80GB", 989.0, 3350.0, 900.0,
-        "NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with 2:4 sparsity "
-        "= 989 dense; HBM3 3.35 TB/s; NVLink 4 900 GB/s"),
-    "h200_sxm": DeviceSpec(
-        "NVIDIA H200 SXM 141GB", 989.0, 4800.0, 900.0,
-        "NVIDIA H200 Tensor Core GPU datasheet (SXM): same BF16 compute as H100 SXM "
-        "(1,979 sparse = 989 dense); HBM3e 4.8 TB/s; NVLink 900 GB/s"),
-    "a100_sxm": DeviceSpec(
-        "NVIDIA A100 SXM4 80GB", 312.0, 2039.0, 600.0,
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS dense "
-        "(624 sparse); HBM2e 2,039 GB/s; NVLink 3 600 GB/s"),
-}
-
-
-def device_spec(name: str) -> DeviceSpec:
-    if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r}; choose one of {sorted(DEVICES)}")
-    return DEVICES[name]
-
-
-# ------------------------------------------------------------------------------- config
-
-# The paper-scale model whose FLOPs time the emulation: the same fields as
-# configs/qwen_image_like.py's model section (a test checks they agree), image_size in latent
-# cells (overridden from image_pixels / vae_factor when a profile is built).
-_PAPER_MODEL = dict(
-    image_size=160, channels=16, patch_size=2, width=3072, depth=60, num_heads=24,
-    mlp_ratio=4.0, qk_norm=True, vocab_size=64, text_len=256, text_width=0, text_layers=2,
-    text_heads=2, text_embed_dim=3584, conv_stem=0, conv_head=False, dtype="bfloat16",
-    param_dtype="bfloat16", remat=True, scan_blocks=True)
-
-
-def default_cost_config() -> ml_collections.ConfigDict:
-    """The ``config.cost`` section: cost model, deployment profile and prices, with sources."""
-    c = ml_collections.ConfigDict()
-    c.model = "profile"            # profile | measured (COST_MODELS)
-    # --- accelerator and achieved efficiency -------------------------------------------------
-    c.device = "h100_sxm"          # key of cost.DEVICES (peak numbers + datasheet sources);
-    #                                the paper reports 4 reserved + 8 spot H100 (REFERENCE.md)
-    c.mfu = 0.4                    # ASSUMPTION: achieved/peak bf16 FLOP/s of a large DiT step;
-    #                                typical of well-tuned large-transformer training (PaLM
-    #                                reports 46%, MegaScale 55%); not measured for this model
-    c.mbu = 0.7                    # ASSUMPTION: achieved/peak HBM bandwidth when streaming
-    #                                the weights (floor of a small-batch step)
-    c.nvlink_one_way = 0.5         # NVLink datasheet figures count both directions; one
-    #                                direction gets half (NVIDIA NVLink 4: 450 GB/s each way)
-    c.collective_latency_s = 20e-6  # ASSUMPTION: fixed cost per intra-node collective (order
-    #                                 of NCCL small-message latency on NVLink)
-    # --- paper workload -------------------------------------------------------------------
-    c.image_pixels = 512           # paper: Qwen-Image at 512^2 (and 1280^2), REFERENCE.md
-    c.vae_factor = 8               # Qwen-Image/SD3-style VAE downsamples by 8
-    #                                (configs/qwen_image_like.py: 1280 px -> 160 latent cells)
-    c.cfg_passes = 2               # forwards per denoising step: Flow-GRPO's presets use CFG
-    #                                4.5 in rollouts and training (REFERENCE.md) = cond+uncond;
-    #                                0 = follow the run's sampler.guidance
-    c.lora_rank = 32               # configs/qwen_image_like.py (Flow-GRPO: LoRA r=32);
-    #                                -1 = follow the run's rl.lora_rank
-    c.backward_factor_full = 2.0   # backward = 2x forward FLOPs with weight gradients
-    #                                (the 6N-per-token rule, Kaplan et al. 2020)
-    c.backward_factor_lora = 1.0   # frozen base weights: only activation gradients (~1x fwd)
-    c.param_bytes = 2              # bf16 weights (configs/qwen_image_like.py param_dtype)
-    c.adapter_bytes = 4            # LoRA factors are float32 (spotlight_jax/rl/lora.py)
-    c.act_bytes = 2                # bf16 activations moved by SP collectives
-    c.reward_s_per_image = 0.1     # ASSUMPTION: detector/OCR reward model on a GPU, per image
-    c.network_gbit_s = 100.0       # ASSUMPTION: node-to-node bandwidth for the weight broadcast
-    #                                (a common cloud NIC tier; GPU fabrics such as EFA are faster)
-    # --- SP regroup latencies -------------------------------------------------------------
-    c.regroup_shrink_s = 7.6e-3    # MEASURED: bench.regroup, warm regroup after losing 2 of 8
-    #                                devices, 50M params (commit 32721c0 message: 7.6 ms)
-    c.regroup_grow_measured_s = 0.644  # MEASURED: bench.regroup rejoin (device-to-device copy,
-    #                                    50M params, CPU): 644 ms; profile derives it from NVLink
-    c.regroup_cold_s = 120.0       # ASSUMPTION: reload from storage + recompile takes
-    #                                "minutes" (paper abstract: minutes -> sub-second)
-    # --- prices ---------------------------------------------------------------------------
-    c.on_demand_per_hour = 3.90    # $/GPU-h, REFERENCE.md: public H100 on-demand ~$3.90/GPU-h
-    c.spot_discount = 0.73         # paper: spot 69-77% cheaper (REFERENCE.md); 0.73 ->
-    #                                $1.05/GPU-h, inside the public $0.8-2.5 spot range
-    c.profile_model = ml_collections.ConfigDict(dict(_PAPER_MODEL))  # configs/qwen_image_like.py
-    return c
-
-
 @dataclasses.dataclass(frozen=True)
 class CostConfig:
-    """Frozen form of :func:`default_cost_config`; fields are documented there."""
+    """The ``cost`` config section (``configs/base.py`` documents each field and its source).
+
+    ``profile_model`` is the paper-scale model whose FLOPs time the ``profile`` cost model; the
+    config names it by config file (``cost.profile_model = "qwen_image_like"``) and
+    ``builders.cost_config`` loads that file's model section, so its shapes live in one place.
+    """
 
     model: str = "profile"
     device: str = "h100_sxm"
@@ -182,51 +69,38 @@ class CostConfig:
     regroup_cold_s: float = 120.0
     on_demand_per_hour: float = 3.90
     spot_discount: float = 0.73
-    profile_model: MMDiTConfig = MMDiTConfig(**_PAPER_MODEL)
+    profile_model: MMDiTConfig | None = None
 
     def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
         if self.model not in COST_MODELS:
-            raise ValueError(f"unknown cost model {self.model!r}; choose one of {COST_MODELS}")
-        device_spec(self.device)
+            bad("model", f"choose one of {COST_MODELS}")
+        if self.device not in DEVICES:
+            bad("device", f"unknown accelerator; choose one of {sorted(DEVICES)}")
         for name in ("mfu", "mbu", "nvlink_one_way"):
-            v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise ValueError(f"cost.{name} must be in (0, 1], got {v!r}")
+            if not 0 < getattr(self, name) <= 1:
+                bad(name, "must be in (0, 1] (a fraction of the datasheet peak)")
         if not 0 <= self.spot_discount < 1:
-            raise ValueError(f"cost.spot_discount must be in [0, 1), got {self.spot_discount!r}")
+            bad("spot_discount", "must be in [0, 1) (e.g. spot_discount=0.73)")
         if self.cfg_passes not in (0, 1, 2):
-            raise ValueError(f"cost.cfg_passes must be 0 (follow the run), 1 or 2, "
-                             f"got {self.cfg_passes!r}")
+            bad("cfg_passes", "must be 0 (follow the run's sampler.guidance), 1 or 2")
+        if self.lora_rank < -1:
+            bad("lora_rank", "must be >= 0, or -1 to follow the run's rl.lora_rank")
         for name in ("collective_latency_s", "reward_s_per_image", "regroup_shrink_s",
                      "regroup_grow_measured_s", "regroup_cold_s", "on_demand_per_hour",
                      "backward_factor_full", "backward_factor_lora"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"cost.{name} must be a finite number >= 0, got {v!r}")
+                bad(name, "must be a finite number >= 0")
         for name in ("image_pixels", "vae_factor", "param_bytes", "adapter_bytes", "act_bytes"):
             if getattr(self, name) < 1:
-                raise ValueError(f"cost.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.network_gbit_s <= 0:
-            raise ValueError(f"cost.network_gbit_s must be > 0, got {self.network_gbit_s!r}")
-
-    @classmethod
-    def from_config(cls, section) -> CostConfig:
-        """Builds the dataclass from a ``config.cost`` section (a ConfigDict or dict)."""
-        values = dict(section)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ValueError(f"unknown cost config fields {unknown}; valid fields are "
-                             f"{sorted(names)}")
-        if "profile_model" in values:
-            pm = dict(values["profile_model"])
-            mnames = {f.name for f in dataclasses.fields(MMDiTConfig)}
-            bad = sorted(set(pm) - mnames)
-            if bad:
-                raise ValueError(f"unknown cost.profile_model fields {bad}; valid fields are "
-                                 f"{sorted(mnames)}")
-            values["profile_model"] = MMDiTConfig(**pm).validate()
-        return cls(**values)
+                bad(name, "must be >= 1")
+        if self.image_pixels % self.vae_factor:
+            bad("image_pixels", f"must be a multiple of vae_factor={self.vae_factor}")
+        if not (math.isfinite(self.network_gbit_s) and self.network_gbit_s > 0):
+            bad("network_gbit_s", "must be > 0 (e.g. network_gbit_s=100.0)")
 
     @property
     def prices(self) -> Prices:
@@ -254,7 +128,8 @@ class Prices:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one run does per rollout and per trained trajectory (from the run's config).
+    """What one run does per rollout and per trained trajectory (``builders.workload`` makes it
+    from the run's sampler and rl sections).
 
     ``train_steps``: trained timesteps per trajectory (already resolved: 0 in the rl config means
     every stochastic step). ``cfg_passes``: forwards per step of the run (2 with CFG).
@@ -269,22 +144,6 @@ class Workload:
     lora_rank: int = 0
 
 
-def workload_from_config(config) -> Workload:
-    """The :class:`Workload` of a run config (reads ``config.sampler`` and ``config.rl``)."""
-    s, r = config.sampler, config.rl
-    from spotlight_jax.diffusion.rollout import resolve_window  # noqa: PLC0415 - light module
-    start, end = resolve_window(s.get("sde_window"), int(s.num_steps))
-    stochastic = end - start
-    ts = int(r.train_steps)
-    return Workload(num_steps=int(s.num_steps),
-                    train_steps=ts if 0 < ts < stochastic else int(stochastic),
-                    inner_epochs=int(r.inner_epochs),
-                    kl=float(r.beta) > 0 or bool(r.get("detail_beta")),
-                    rescore=bool(r.get("rescore", False)),
-                    cfg_passes=1 if float(s.guidance) == 1.0 else 2,
-                    lora_rank=int(r.get("lora_rank", 0)))
-
-
 @dataclasses.dataclass(frozen=True)
 class Assumption:
     """One row of the report's assumptions table."""
@@ -295,74 +154,9 @@ class Assumption:
     source: str
 
 
-# ------------------------------------------------------------------------------ FLOP count
-
-def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[str, int]:
-    """Matmul FLOPs of one forward of one sample, by part (formula in the module docstring)."""
-    d, p, c = cfg.width, cfg.patch_size, cfg.channels
-    h = int(cfg.width * cfg.mlp_ratio)
-    n = cfg.num_patches
-    lt = cfg.text_len if text_tokens is None else text_tokens
-    s = lt + n
-    tdim = cfg.text_width or cfg.text_embed_dim
-    pixels = cfg.image_size * cfg.image_size
-    out = {
-        "block_linear": cfg.depth * 2 * s * d * (4 * d + 2 * h),
-        "block_attention": cfg.depth * 4 * s * s * d,
-        "block_adaln": cfg.depth * 2 * 2 * d * 6 * d,
-        "embed": (2 * n * p * p * (cfg.conv_stem or c) * d + 2 * lt * tdim * d + 2 * tdim * d
-                  + 2 * (256 * d + d * d)),
-        "final": 2 * d * 2 * d + 2 * n * d * p * p * c,
-        "conv": (2 * pixels * 9 * c * cfg.conv_stem if cfg.conv_stem else 0)
-                + (2 * pixels * 9 * c * c if cfg.conv_head else 0),
-        "prompt_encoder": 0,
-    }
-    if cfg.text_width:
-        tw = cfg.text_width
-        out["prompt_encoder"] = cfg.text_layers * (2 * lt * tw * 12 * tw + 4 * lt * lt * tw)
-    return out
-
-
-def forward_flops(cfg: MMDiTConfig, batch: int = 1, text_tokens: int | None = None) -> int:
-    """Matmul FLOPs of one MMDiT forward over ``batch`` samples (see the module docstring)."""
-    return batch * sum(flops_breakdown(cfg, text_tokens).values())
-
-
-def param_count(cfg: MMDiTConfig) -> int:
-    """Exact parameter count of ``MMDiT(cfg)`` (weights, biases, QK-norm scales)."""
-    d, p, c = cfg.width, cfg.patch_size, cfg.channels
-    h = int(cfg.width * cfg.mlp_ratio)
-    tdim = cfg.text_width or cfg.text_embed_dim
-
-    def dense(i, o):
-        return i * o + o
-
-    stream = (dense(d, 6 * d) + dense(d, 3 * d) + dense(d, d) + dense(d, h) + dense(h, d)
-              + (2 * cfg.head_dim if cfg.qk_norm else 0))
-    total = cfg.depth * 2 * stream
-    total += dense(p * p * (cfg.conv_stem or c), d) + dense(tdim, d) + dense(256, d)
-    total += dense(d, d) + dense(tdim, d) + dense(d, 2 * d) + dense(d, p * p * c)
-    if cfg.conv_stem:
-        total += 9 * c * cfg.conv_stem + cfg.conv_stem
-    if cfg.conv_head:
-        total += 9 * c * c + c
-    if cfg.text_width:
-        tw = cfg.text_width
-        total += cfg.vocab_size * tw + cfg.text_layers * (dense(tw, 3 * tw) + dense(tw, tw)
-                                                          + dense(tw, 4 * tw) + dense(4 * tw, tw))
-    return total
-
-
-def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
-    """LoRA factors on the qkv and out kernels of both streams of every block (rl/lora.py)."""
-    d = cfg.width
-    per_stream = rank * (d + 3 * d) + rank * (d + d)
-    return cfg.depth * 2 * per_stream
-
-
 # ----------------------------------------------------------------------------- cost models
 
-def _check_count(value, what: str) -> int:
+def check_count(value, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return value
@@ -396,7 +190,7 @@ class CostModel:
         raise NotImplementedError
 
     def train(self, num_samples: int, num_devices: int = 1) -> float:
-        _check_count(num_samples, "num_samples")
+        check_count(num_samples, "num_samples")
         return num_samples * self.train_sample(num_devices)
 
     def reward(self, num_images: int) -> float:
@@ -487,8 +281,8 @@ class ProfileCost(CostModel):
 
     def sp_comm(self, batch: int, sp: int) -> float:
         """Seconds of SP communication of one step (all blocks, all CFG passes)."""
-        _check_count(batch, "batch")
-        _check_count(sp, "sp")
+        check_count(batch, "batch")
+        check_count(sp, "sp")
         if sp == 1:
             return 0.0
         m, c = self.model, self.cost
@@ -502,8 +296,8 @@ class ProfileCost(CostModel):
         return m.depth * (nbytes / bw + ncoll * c.collective_latency_s)
 
     def rollout_step(self, batch: int, sp: int = 1) -> float:
-        _check_count(batch, "batch")
-        _check_count(sp, "sp")
+        check_count(batch, "batch")
+        check_count(sp, "sp")
         compute = self.cfg_passes * batch * self.flops / (sp * self.achieved)
         weights = self.weight_bytes / (self.device.hbm_gb_s * 1e9 * self.cost.mbu)
         return max(compute, weights) + self.sp_comm(batch, sp)
@@ -516,7 +310,7 @@ class ProfileCost(CostModel):
                                   + float(self.workload.kl) + float(self.workload.rescore))
 
     def train_sample(self, num_devices: int = 1) -> float:
-        _check_count(num_devices, "num_devices")
+        check_count(num_devices, "num_devices")
         w = self.workload
         pairs = w.train_steps * w.inner_epochs
         return pairs * self.train_passes() * self.flops / (num_devices * self.achieved)
@@ -562,14 +356,14 @@ class ProfileCost(CostModel):
             Assumption("collective_latency", c.collective_latency_s, "s",
                        "assumption: NCCL small-message latency order"),
             Assumption("model", f"MMDiT d={m.width} depth={m.depth} heads={m.num_heads}",
-                       "", "configs/qwen_image_like.py (Qwen-Image-like)"),
-            Assumption("params", self.params, "parameters", "derived: cost.param_count"),
+                       "", "config cost.profile_model (configs/qwen_image_like.py)"),
+            Assumption("params", self.params, "parameters", "derived: emulation.flops.param_count"),
             Assumption("image", f"{c.image_pixels}px -> {m.image_size}^2 latent, "
                        f"patch {m.patch_size}", "",
                        f"paper: 512^2 and 1280^2; VAE /{c.vae_factor}"),
             Assumption("tokens", f"{n} image + {lt} text", "tokens", "derived"),
             Assumption("forward_flops", self.flops, "FLOP/sample",
-                       "derived: cost.forward_flops (matmuls, 2 per MAC)"),
+                       "derived: emulation.flops.forward_flops (matmuls, 2 per MAC)"),
             Assumption("cfg_passes", self.cfg_passes, "forwards/step",
                        "Flow-GRPO presets: CFG 4.5 in rollouts and training"),
             Assumption("lora_rank", self.lora_rank, "",
@@ -622,7 +416,7 @@ def profile_for(model_cfg: MMDiTConfig, image_pixels: int | None = 512,
 # ------------------------------------------------------------------------------ measured
 
 class MeasuredCost(CostModel):
-    """Durations calibrated on this machine (see :func:`calibrate`).
+    """Durations calibrated on this machine (see ``calibration.calibrate``).
 
     Rollout step: ``fixed + per_sample x batch / sp``. The SP split of the batch-proportional
     term is an *assumption* (ideal scaling): emulated CPU devices share the host's cores, so an
@@ -659,12 +453,12 @@ class MeasuredCost(CostModel):
                 **{f"regroup_{k}_s": v for k, v in self.regroup_s.items()}}
 
     def rollout_step(self, batch: int, sp: int = 1) -> float:
-        _check_count(batch, "batch")
-        _check_count(sp, "sp")
+        check_count(batch, "batch")
+        check_count(sp, "sp")
         return self.rollout_fixed_s + self.rollout_per_sample_s * batch / sp
 
     def train_sample(self, num_devices: int = 1) -> float:
-        _check_count(num_devices, "num_devices")
+        check_count(num_devices, "num_devices")
         return self.train_per_sample_s / num_devices
 
     def reward(self, num_images: int) -> float:
@@ -719,99 +513,26 @@ class MeasuredCost(CostModel):
                    workload=Workload(**state["workload"]), timings=state["timings"])
 
 
-def median_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs.
-
-    ``fn`` must block until its work is done (``jax.block_until_ready``), or the time is
-    only JAX's dispatch time.
-    """
-    _check_count(repeats, "repeats")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares ``y = a + b x`` with a, b >= 0 (timing noise can push either below 0)."""
-    if len(set(xs)) < 2:
-        x = xs[0]
-        return 0.0, statistics.mean(ys) / x
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    b = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-         / sum((x - mx) ** 2 for x in xs))
-    a = my - b * mx
-    if b < 0:
-        return my, 0.0
-    if a < 0:
-        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-    return a, b
-
-
-def calibrate(fn_rollout_step: Callable[[int], Any], fn_train_step: Callable[[], Any], *,
-              rollout_batches: Sequence[int] = (1, 2), train_batch: int = 1,
-              fn_reward: Callable[[], Any] | None = None, reward_batch: int = 1,
-              fn_broadcast: Callable[[], Any] | None = None, repeats: int = 3,
-              warmup: int = 1, cost: CostConfig | None = None,
-              workload: Workload = Workload()) -> MeasuredCost:
-    """Times the real operations of this machine and returns a :class:`MeasuredCost`.
-
-    Args:
-      fn_rollout_step: ``fn(batch)`` runs one denoising step for ``batch`` trajectories
-        (blocking); timed at each of ``rollout_batches`` to fit ``fixed + per_sample x batch``.
-      fn_train_step: ``fn()`` runs one GRPO update on ``train_batch`` trajectories (blocking).
-      fn_reward: optional ``fn()`` scoring ``reward_batch`` images; else
-        ``cost.reward_s_per_image``.
-      fn_broadcast: optional ``fn()`` moving the policy weights to another device set; else 0.
-      repeats, warmup: median of ``repeats`` runs after ``warmup`` untimed ones (compilation).
-      cost: supplies prices and the regroup constants (measured by ``bench.regroup``).
-    """
-    cost = cost or CostConfig(model="measured")
-    batches = [_check_count(b, "rollout batch") for b in rollout_batches]
-    if not batches:
-        raise ValueError("rollout_batches is empty; give at least one batch size")
-    _check_count(train_batch, "train_batch")
-    _check_count(reward_batch, "reward_batch")
-    roll = [median_time(lambda b=b: fn_rollout_step(b), repeats, warmup) for b in batches]
-    fixed, per_sample = _fit_line(batches, roll)
-    train = median_time(fn_train_step, repeats, warmup)
-    timings: dict[str, Any] = {"rollout_step": {str(b): t for b, t in zip(batches, roll)},
-                               "train_step": {"batch": train_batch, "s": train}}
-    reward = cost.reward_s_per_image
-    if fn_reward is not None:
-        t = median_time(fn_reward, repeats, warmup)
-        timings["reward"] = {"batch": reward_batch, "s": t}
-        reward = t / reward_batch
-    bcast = 0.0
-    if fn_broadcast is not None:
-        bcast = median_time(fn_broadcast, repeats, warmup)
-        timings["broadcast"] = bcast
-    return MeasuredCost(rollout_fixed_s=fixed, rollout_per_sample_s=per_sample,
-                        train_per_sample_s=train / train_batch, reward_per_image_s=reward,
-                        broadcast_s=bcast, prices=cost.prices, workload=workload,
-                        regroup_shrink_s=cost.regroup_shrink_s,
-                        regroup_grow_s=cost.regroup_grow_measured_s,
-                        regroup_cold_s=cost.regroup_cold_s, timings=timings)
-
-
 def make_cost_model(cost: CostConfig, workload: Workload = Workload(), *,
                     model_cfg: MMDiTConfig | None = None,
                     measured: MeasuredCost | None = None) -> CostModel:
     """The cost model named by ``cost.model``.
 
-    ``profile``: ``model_cfg`` (default ``cost.profile_model``, the Qwen-Image-like 20B) at
-    ``cost.image_pixels``. ``measured``: the calibration ``measured`` from :func:`calibrate`
-    (or restored with :meth:`MeasuredCost.from_state_dict`).
+    ``profile``: ``model_cfg`` (default ``cost.profile_model``, the paper-scale model) at
+    ``cost.image_pixels``. ``measured``: the calibration ``measured`` from
+    ``calibration.calibrate`` (or restored with :meth:`MeasuredCost.from_state_dict`).
     """
     if cost.model == "profile":
-        return profile_for(model_cfg or cost.profile_model, cost.image_pixels, cost, workload)
+        model_cfg = model_cfg or cost.profile_model
+        if model_cfg is None:
+            raise ValueError("profile_model=None: the profile cost model needs the paper-scale "
+                             "model's config (builders.cost_config loads the config that "
+                             "cost.profile_model names)")
+        return profile_for(model_cfg, cost.image_pixels, cost, workload)
     if cost.model == "measured":
         if measured is None:
-            raise ValueError("cost.model='measured' needs a calibration: pass "
-                             "measured=cost.calibrate(...) (or MeasuredCost.from_state_dict)")
+            raise ValueError("model='measured' needs a calibration: pass "
+                             "measured=calibration.calibrate(...) (or "
+                             "MeasuredCost.from_state_dict)")
         return measured
     raise ValueError(f"unknown cost model {cost.model!r}; choose one of {COST_MODELS}")

@@ -1,0 +1,62 @@
+"""One update of the objective's trainer by a multi-process ``jax.distributed`` job, on a saved
+batch: the check that a job of several processes updates exactly as one process does.
+
+    python -m spotlight_jax.bench.distributed_update --coordinator=127.0.0.1:12355 \\
+        --num_processes=2 --process_id=0 --cpu_devices=2 --config=configs/tiny.py \\
+        --base=BASE_DIR --batch=batch.npz --out=params.npz
+
+Every process runs the same command with its own ``--process_id``. Process 0 reads the batch and
+broadcasts it; it writes the updated trainable parameters to ``--out`` and every process prints
+one JSON line ``{"process": i, ...metrics}``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
+_CONFIG = None
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
+    global _CONFIG
+    fv = dict(flag_values=flag_values)
+    _CONFIG = config_flags.DEFINE_config_file("config", _setup.TINY_CONFIG,
+                                              "Config file (configs/*.py); --config.x=y overrides.",
+                                              lock_config=True, **fv)
+    flags.DEFINE_string("coordinator", None, "host:port of process 0 (default: auto-detect).",
+                        **fv)
+    flags.DEFINE_integer("num_processes", None, "Processes in the job.", **fv)
+    flags.DEFINE_integer("process_id", None, "This process's index.", **fv)
+    flags.DEFINE_integer("cpu_devices", 0, "Emulated CPU devices per process (0 = as is).", **fv)
+    flags.DEFINE_string("base", None, "Base checkpoint directory.", required=True, **fv)
+    flags.DEFINE_string("batch", None, ".npz rollout batch (read by process 0).", required=True,
+                        **fv)
+    flags.DEFINE_string("out", None, ".npz of the updated trainable parameters.", **fv)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax  # noqa: PLC0415 - the job is joined before any backend use
+
+    from spotlight_jax.cluster.distributed import initialize  # noqa: PLC0415
+    from spotlight_jax.cluster.job import update_from_files  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.INFO)
+    initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
+               cpu_devices=FLAGS.cpu_devices)
+    metrics = update_from_files(_CONFIG.value, FLAGS.base, FLAGS.batch, FLAGS.out)
+    print(json.dumps({"process": jax.process_index(), **metrics}), flush=True)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,93 @@
+"""FLOP and parameter counts of the MMDiT, from its config alone (no model is built).
+
+The profile cost model (``cost_models.ProfileCost``) turns these counts into seconds on a named
+accelerator, so a run on a tiny CPU model is timed as the paper-scale model would be.
+
+FLOP count of one MMDiT forward (per sample; matmuls only, 2 FLOPs per multiply-add -- the
+MFU convention, elementwise ops are not counted). With D = width, H = int(D * mlp_ratio),
+L = text_len, N = (image_size / patch)^2 image tokens, S = L + N, p = patch, C = channels,
+T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt encoder):
+
+    per block     = 2 S D (4D + 2H)        qkv (3D^2) + out (D^2) + fc1/fc2 (2DH), per token of
+                                           its stream (text and image streams have own weights)
+                  + 4 S^2 D                joint attention: Q K^T and A V
+                  + 2 * 2 D (6D)           adaLN-Zero modulation of both streams (per sample)
+    outside       = 2 N (p^2 C_in) D       patch embedding (C_in = conv_stem or C)
+                  + 2 L T D + 2 T D        text projection, pooled-text projection
+                  + 2 (256 D + D^2)        timestep MLP
+                  + 2 D (2D) + 2 N D p^2 C final adaLN and projection
+                  + 2 (h w) 9 C c_stem     optional 3x3 conv stem / head on the h x w image
+                  + 2 (h w) 9 C C
+    prompt enc.   = per layer 2 L Tw (12 Tw) + 4 L^2 Tw   (only with a synthetic prompt encoder)
+    forward       = depth * per block + outside + prompt encoder
+
+It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
+
+It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
+"""
+from __future__ import annotations
+
+from spotlight_jax.models.mmdit import MMDiTConfig
+
+
+def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[str, int]:
+    """Matmul FLOPs of one forward of one sample, by part (formula in the module docstring)."""
+    d, p, c = cfg.width, cfg.patch_size, cfg.channels
+    h = int(cfg.width * cfg.mlp_ratio)
+    n = cfg.num_patches
+    lt = cfg.text_len if text_tokens is None else text_tokens
+    s = lt + n
+    tdim = cfg.text_width or cfg.text_embed_dim
+    pixels = cfg.image_size * cfg.image_size
+    out = {
+        "block_linear": cfg.depth * 2 * s * d * (4 * d + 2 * h),
+        "block_attention": cfg.depth * 4 * s * s * d,
+        "block_adaln": cfg.depth * 2 * 2 * d * 6 * d,
+        "embed": (2 * n * p * p * (cfg.conv_stem or c) * d + 2 * lt * tdim * d + 2 * tdim * d
+                  + 2 * (256 * d + d * d)),
+        "final": 2 * d * 2 * d + 2 * n * d * p * p * c,
+        "conv": (2 * pixels * 9 * c * cfg.conv_stem if cfg.conv_stem else 0)
+                + (2 * pixels * 9 * c * c if cfg.conv_head else 0),
+        "prompt_encoder": 0,
+    }
+    if cfg.text_width:
+        tw = cfg.text_width
+        out["prompt_encoder"] = cfg.text_layers * (2 * lt * tw * 12 * tw + 4 * lt * lt * tw)
+    return out
+
+
+def forward_flops(cfg: MMDiTConfig, batch: int = 1, text_tokens: int | None = None) -> int:
+    """Matmul FLOPs of one MMDiT forward over ``batch`` samples (see the module docstring)."""
+    return batch * sum(flops_breakdown(cfg, text_tokens).values())
+
+
+def param_count(cfg: MMDiTConfig) -> int:
+    """Exact parameter count of ``MMDiT(cfg)`` (weights, biases, QK-norm scales)."""
+    d, p, c = cfg.width, cfg.patch_size, cfg.channels
+    h = int(cfg.width * cfg.mlp_ratio)
+    tdim = cfg.text_width or cfg.text_embed_dim
+
+    def dense(i, o):
+        return i * o + o
+
+    stream = (dense(d, 6 * d) + dense(d, 3 * d) + dense(d, d) + dense(d, h) + dense(h, d)
+              + (2 * cfg.head_dim if cfg.qk_norm else 0))
+    total = cfg.depth * 2 * stream
+    total += dense(p * p * (cfg.conv_stem or c), d) + dense(tdim, d) + dense(256, d)
+    total += dense(d, d) + dense(tdim, d) + dense(d, 2 * d) + dense(d, p * p * c)
+    if cfg.conv_stem:
+        total += 9 * c * cfg.conv_stem + cfg.conv_stem
+    if cfg.conv_head:
+        total += 9 * c * c + c
+    if cfg.text_width:
+        tw = cfg.text_width
+        total += cfg.vocab_size * tw + cfg.text_layers * (dense(tw, 3 * tw) + dense(tw, tw)
+                                                          + dense(tw, 4 * tw) + dense(4 * tw, tw))
+    return total
+
+
+def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
+    """LoRA factors on the qkv and out kernels of both streams of every block (rl/lora.py)."""
+    d = cfg.width
+    per_stream = rank * (d + 3 * d) + rank * (d + d)
+    return cfg.depth * 2 * per_stream

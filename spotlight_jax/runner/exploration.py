@@ -1,0 +1,139 @@
+"""Seed exploration for the runner: plan candidates, score them, keep each prompt's
+max-variance G-subset, and (``spotlight`` mode) do it with stale weights on spot devices
+concurrently with the update.
+
+:func:`explore` is one exploration round with the planner. :class:`SpotExploration` owns where
+``spotlight`` explores while the trainer updates: a :class:`~spotlight_jax.runner.fleet.
+FleetExplorer` of emulated spot nodes that the trace regroups (emulated transport), else a
+data-parallel mesh of devices the trainer does not use, else the trainer's own devices; and the
+worker thread that scores there while the main thread dispatches the update (JAX releases the
+GIL while programs run). Both computations are pure functions of their inputs, so the results do
+not depend on the interleaving.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spotlight_jax.builders import explore_mesh, fleet_devices
+from spotlight_jax.diffusion import Sampler
+from spotlight_jax.explore import max_variance_subset
+from spotlight_jax.explore.explorer import Explorer, RolloutEngine, candidate_seeds
+from spotlight_jax.runner.fleet import FleetExplorer
+
+
+def extras_budget_s(window_s: float, devices: int, base_candidates: int,
+                    per_candidate_s: float) -> float:
+    """Device-seconds the planner may spend on extra candidates so that the whole exploration
+    (the ``base_candidates`` = prompts x G it always scores, plus the extras) fits in
+    ``window_s`` seconds on ``devices`` devices: the window's device-seconds minus the base
+    candidates' (0 when they alone fill it)."""
+    return max(window_s * devices - base_candidates * per_candidate_s, 0.0)
+
+
+def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float, *,
+            explorer, params, keep: bool = False):
+    """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
+    ``params`` on ``explorer``'s devices, selects each prompt's max-variance G-subset, and
+    updates the planner. Returns ``(candidates, chosen indices, batch or None, info)``."""
+    G = state.settings.group_size
+    plan = state.planner.plan(prompts, budget_s, per_candidate_s)
+    cands = [candidate_seeds(state.settings.seed, k_next, i, plan[p],
+                             state.train_sampler_cfg.shared_init_bits)
+             for i, p in enumerate(prompts)]
+    out = explorer.score(params, prompts, cands, keep_trajectories=keep)
+    rewards, batch = out if keep else (out, None)
+    chosen, gains = [], []
+    for p, r in zip(prompts, rewards):
+        state.planner.update(p, r)
+        idx = max_variance_subset(r, G)
+        chosen.append(idx)
+        gains.append(float(np.var(r[idx]) - np.var(r[:G])))
+    n = int(sum(len(c) for c in cands))
+    info = {"explore_candidates": n, "explore_extra": n - G * len(prompts),
+            "explore_var_gain": float(np.mean(gains))}
+    return cands, chosen, batch, info
+
+
+class SpotExploration:
+    """Where and how ``spotlight`` mode explores with θ_k during the update θ_k -> θ_{k+1}."""
+
+    def __init__(self, state, base):
+        s, d = state, state.deploy
+        self.state = state
+        self.mesh = None
+        self.fleet = None
+        self.explorer = state.explorer           # the trainer's devices unless replaced below
+        layout = None
+        if s.settings.transport == "emulated" and s.settings.fleet:
+            layout = fleet_devices(s.mesh, s.devices, d.cfg.spot_nodes,
+                                   d.cfg.spot_devices_per_node)
+            if layout is None:
+                logging.warning("spotlight: %d device(s) cannot hold %d spot nodes besides the "
+                                "trainer's; exploring on one mesh without regroups",
+                                len(s.devices), d.cfg.spot_nodes)
+        if layout is not None:
+            devs, per_node = layout
+            self.fleet = FleetExplorer(
+                devs, d.cfg.spot_nodes, per_node, s.graphdef, base, s.mcfg,
+                s.train_sampler_cfg, sp_degree=d.cfg.spot_sp, reward=s.settings.reward,
+                chunk=s.engine.chunk, alive_nodes=d.alive_nodes)
+            self.explorer = self.fleet
+            logging.info("spotlight: %d spot nodes x %d devices as a SpotFleet (groups %s); "
+                         "precompiled in %.1fs", d.cfg.spot_nodes, per_node,
+                         [g.device_ids for _, _, g in self.fleet.groups], self.fleet.setup_s)
+        else:
+            self.mesh = explore_mesh(s.mesh, s.devices, batch_multiple=s.engine.chunk)
+            if self.mesh is not None:
+                sampler = Sampler(s.graphdef, s.image_shape, s.train_sampler_cfg, mesh=self.mesh)
+                self.explorer = Explorer(RolloutEngine(sampler, s.mcfg.text_len,
+                                                       s.settings.reward, chunk=s.engine.chunk))
+            else:
+                logging.warning("spotlight: the trainer uses every device; exploration shares "
+                                "its devices")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                           thread_name_prefix="explore")
+
+    def pull(self, params):
+        """θ_k onto the exploration devices (replicated): device-to-device copies, the spot
+        groups' weight pull. Returns ``(params there, seconds, bytes)``."""
+        if self.fleet is not None:
+            return params, *self.fleet.pull(params)
+        if self.mesh is None:
+            return params, 0.0, 0
+        t0 = time.perf_counter()
+        spec = NamedSharding(self.mesh, PartitionSpec())
+        placed = jax.block_until_ready(jax.tree.map(lambda x: jax.device_put(x, spec), params))
+        nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(params))
+        return placed, time.perf_counter() - t0, nbytes * self.mesh.size
+
+    def submit(self, params, k_next: int, prompts, budget_s: float, per_candidate_s: float):
+        """Explores in the worker thread; returns a future of ``(explore(...) result, (start,
+        end) wall times)``."""
+        def work():
+            t0 = time.perf_counter()
+            out = explore(self.state, k_next, prompts, budget_s, per_candidate_s,
+                          explorer=self.explorer, params=params)
+            return out, (t0, time.perf_counter())
+        return self._pool.submit(work)
+
+    def sync(self, row: dict | None = None) -> None:
+        """Applies the deployment's alive spot nodes to the fleet (real regroups) and adds what
+        they measured to ``row``."""
+        if self.fleet is None:
+            return
+        got = self.fleet.sync(self.state.deploy.alive_nodes, self.state.trainer.sampling_state)
+        if row is not None:
+            for key, v in got.items():
+                row[key] = max(row.get(key, 0), v) if key.endswith("max_s") else (
+                    row.get(key, 0) + v)
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close()
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,96 @@
+"""The run loop: resume, step the mode, evaluate and checkpoint on cadence, stop on budget.
+
+The run ends at ``rl.iterations`` or when the RL compute time (rollouts + updates +
+exploration; not evaluation or start-up) reaches ``rl.max_minutes``, whichever comes first; the
+progress bar counts toward that limit, so its ETA is the run's. A killed run resumes from its
+last checkpoint and redoes the iterations after it (their metric rows are dropped first).
+"""
+from __future__ import annotations
+
+from absl import logging
+from tqdm.auto import tqdm
+
+from spotlight_jax.runner.state import RunState
+
+
+class _Progress:
+    """A tqdm bar in RL minutes whose total is the earlier of the time budget and the time the
+    remaining iterations are projected to take (their mean so far)."""
+
+    def __init__(self, desc: str, budget_s: float, start_it: int, iterations: int,
+                 spent_s: float, enabled: bool):
+        self.budget_s, self.iterations = budget_s, iterations
+        self.start_it, self.start_spent = start_it, spent_s
+        total = budget_s or None
+        self.bar = tqdm(total=None if total is None else round(total / 60, 2),
+                        initial=round(spent_s / 60, 2), unit="RL min", desc=desc,
+                        disable=not enabled, dynamic_ncols=True,
+                        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} "
+                                   "[{elapsed}<{remaining}{postfix}]" if total else None)
+
+    def update(self, iteration: int, spent_s: float, postfix: dict) -> None:
+        done = iteration - self.start_it
+        per_it = (spent_s - self.start_spent) / max(done, 1)
+        projected = spent_s + per_it * (self.iterations - iteration)
+        end = min(projected, self.budget_s) if self.budget_s else projected
+        # set, not summed: rounded increments would overshoot the total
+        self.bar.total = round(end / 60, 2)
+        self.bar.n = round(min(spent_s, end) / 60, 2)
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress: bool = True,
+        devices=None, trainer=None):
+    """Runs the config's mode in ``workdir`` (resuming whatever is there); returns the history.
+
+    ``devices``: the trainer's devices (default: ``trainer_devices`` of this process's); the
+    mesh comes from ``config.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob``
+    (process 0).
+    """
+    r = RunState(config, workdir, graphdef, base, devices, trainer=trainer)
+    st = r.settings
+    restored = r.maybe_restore()
+    # rows written after the checkpoint (a killed run) are redone: keep each iteration once
+    dropped = r.writer.drop_after(r.iteration if restored else -1)
+    if dropped:
+        logging.info("rl.jsonl: dropped %d row(s) past iteration %d, which this run redoes",
+                     dropped, r.iteration)
+    if r.iteration == 0 and not r.history:
+        res = {f"val_{k}": v for k, v in r.evaluate(0).items()}
+        r.history.append({"iteration": 0, "vtime_s": 0.0, "dollars": 0.0, **res})
+        r.writer.write(0, **res)
+    budget_s = 60.0 * st.max_minutes
+    spent = sum(h.get("time_rollout", 0.0) + h.get("time_train", 0.0) for h in r.history)
+    bar = _Progress(f"{st.mode} ({st.objective})", budget_s, r.iteration, st.iterations,
+                    spent, progress)
+    for k in range(r.iteration, st.iterations):
+        row = r.step(k)
+        spent += row["time_rollout"] + row["time_train"]
+        row["rl_time_s"] = spent
+        out_of_time = bool(budget_s) and spent >= budget_s
+        last = out_of_time or r.iteration == st.iterations
+        if st.eval_every and (r.iteration % st.eval_every == 0 or last):
+            row.update({f"val_{kk}": v for kk, v in r.evaluate(r.iteration).items()})
+        r.history.append(row)
+        r.writer.write(r.iteration, **{k2: v for k2, v in row.items() if k2 != "iteration"})
+        post = {"it": r.iteration, "reward": f"{row['reward_mean']:.3f}"}
+        if r.mode.uses_spot:
+            post.update(spot=row["spot_alive"], preempt=row["preemptions"])
+        bar.update(r.iteration, spent, post)
+        if r.iteration % st.checkpoint_every == 0 or last:
+            r.save()
+            r.plot()
+        if out_of_time:
+            logging.info("rl.max_minutes=%s reached after %d iterations", st.max_minutes,
+                         r.iteration)
+            break
+    bar.close()
+    r.close()
+    r.ckpt.close()
+    r.writer.close()
+    r.write_phases()
+    return r.history

@@ -1,0 +1,199 @@
+"""The modes (contract, ``config.mode``): one small class each, ``step(state, k) -> row``.
+
+One iteration k of every mode is: a rollout phase (prompts P_k, G seeds each) -> rewards -> the
+objective's update, each phase charged to the deployment's emulated clock. The modes differ in
+where rollouts run and which seeds they use; the objective (``rl.objective``: flow_grpo / nft)
+is an orthogonal axis that no mode branches on (the trainer's ``sampling_state`` /
+``batch_keys`` / ``update`` hide it).
+
+* ``flow_grpo``: G random seeds per prompt (pure functions of (run seed, k)); rollouts on the
+  on-demand devices.
+* ``explore_sync``: G + extra candidate seeds per prompt are rolled out with the current policy
+  on the critical path; each prompt's max-variance G-subset is trained on directly (those
+  rollouts *are* the training rollouts, never run twice).
+* ``spot_rollout``: as ``flow_grpo``, with spot devices helping with rollouts; they idle while
+  the on-demand devices train.
+* ``spotlight``: rollouts of P_k from the seeds S_k chosen last iteration, on on-demand + spot
+  devices; then *concurrently* the update θ_k -> θ_{k+1} on the on-demand devices and
+  exploration of candidate seeds for P_{k+1} with the stale θ_k on the spot devices, as many as
+  the bandit planner fits into the training time; S_{k+1} = max-variance G-subsets. Training
+  stays on-policy: the next rollout re-runs the chosen seeds with θ_{k+1}. With no spot device
+  alive it degrades to ``flow_grpo`` and says so.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from absl import logging
+
+from spotlight_jax.rl import group_stats
+from spotlight_jax.runner.exploration import SpotExploration, explore, extras_budget_s
+from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
+from spotlight_jax.runner.rollouts import group_seeds
+
+
+class Mode:
+    """One iteration: rollout phase, reward, settle the trace, train phase, broadcast."""
+
+    name = ""
+    uses_spot = False          # spot devices help with this mode's rollouts
+
+    def __init__(self, state, base):
+        self._degraded_logged = False
+
+    # -- the phases a mode may change -----------------------------------------------------------
+    def seeds(self, s, k: int, prompts) -> list:
+        st = s.settings
+        return group_seeds(st.seed, k, len(prompts), st.group_size,
+                           s.train_sampler_cfg.shared_init_bits)
+
+    def rollout_phase(self, s, k: int, prompts) -> tuple[dict, dict, object]:
+        """The training batch, its row entries, and the backend that settles the phase."""
+        backend = s.spot_rollouts if self.uses_spot and s.deploy.spot_devices > 0 else s.direct
+        batch, info = backend.rollout(k, prompts, self.seeds(s, k, prompts))
+        backend.charge(len(batch["rewards"]), info)
+        return batch, info, backend
+
+    def train_phase(self, s, k: int, batch, prompts, train_s: float) -> tuple[dict, dict]:
+        """The update (and whatever runs concurrently with it); returns (metrics, row info)."""
+        with s.deploy.clock.concurrent() as phase:
+            phase.run("train", s.deploy.od, train_s)
+            return s.train_on(batch, k, prompts), {}
+
+    def new_row(self, s, k: int) -> dict:
+        return {"iteration": k + 1}
+
+    def sync(self, s, row: dict | None = None) -> None:
+        """Brings mode-owned device state in line with the deployment (after events)."""
+
+    def close(self) -> None:
+        pass
+
+    # -- the iteration --------------------------------------------------------------------------
+    def step(self, s, k: int) -> dict:
+        d, clock = s.deploy, s.deploy.clock
+        prompts = s.prompts(k)
+        n = s.settings.prompts_per_iter * s.settings.group_size
+        self._log_degraded(d.spot_devices > 0)
+        row = self.new_row(s, k)
+        t0 = time.time()
+        batch, info, backend = self.rollout_phase(s, k, prompts)
+        row.update(info)
+        clock.run("reward", d.od, d.reward_s(n))
+        t1 = time.time()
+        backend.settle(n, row, self.uses_spot)
+        self.sync(s, row)
+        m, train_info = self.train_phase(s, k, batch, prompts, d.train_s(n))
+        t2 = time.time()
+        if self.uses_spot and d.spot_devices > 0:
+            clock.run("broadcast", d.spot_group(), d.cost.broadcast())
+        d.advance()
+        self.sync(s, row)
+        row.update(reward_mean=float(batch["rewards"].mean()),
+                   reward_std=float(batch["rewards"].std()),
+                   **group_stats(batch["rewards"], batch["prompt_ids"]), **m, **train_info,
+                   time_rollout=t1 - t0, time_train=t2 - t1,
+                   vtime_s=clock.now(), dollars=d.dollars(), spot_alive=d.spot_devices,
+                   spot_util=clock.utilisation("spot"), **dict(d.stats))
+        s.iteration = k + 1
+        return row
+
+    def _log_degraded(self, spot_ok: bool) -> None:
+        if self.uses_spot and not spot_ok and not self._degraded_logged:
+            logging.warning("no spot device is alive: running as flow_grpo until one joins")
+            self._degraded_logged = True
+        if spot_ok:
+            self._degraded_logged = False
+
+
+class FlowGRPOMode(Mode):
+    name = "flow_grpo"
+
+
+class SpotRolloutMode(Mode):
+    name = "spot_rollout"
+    uses_spot = True
+
+
+class ExploreSyncMode(Mode):
+    name = "explore_sync"
+
+    def rollout_phase(self, s, k, prompts):
+        d, st = s.deploy, s.settings
+        G, P = st.group_size, len(prompts)
+        per = d.od_seconds_per_candidate()
+        budget = st.explore.sync_extra_per_prompt * P * per
+        cands, chosen, ebatch, info = explore(s, k, prompts, budget, per, explorer=s.explorer,
+                                              params=s.trainer.sampling_state(), keep=True)
+        offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
+        sel = np.concatenate([o + i for o, i in zip(offsets, chosen)])
+        batch = {kk: v[sel] for kk, v in ebatch.items()}
+        batch["prompt_ids"] = np.repeat(np.arange(P), G)
+        d.clock.run("explore_sync", d.od, d.rollout_s(info["explore_candidates"], use_spot=False))
+        return batch, info, s.direct
+
+
+class SpotlightMode(Mode):
+    name = "spotlight"
+    uses_spot = True
+
+    def __init__(self, state, base):
+        super().__init__(state, base)
+        self.spot = SpotExploration(state, base)
+
+    @property
+    def fleet(self):
+        return self.spot.fleet
+
+    def seeds(self, s, k, prompts):
+        if s.next_seeds is not None:
+            return [np.asarray(ss, np.uint32) for ss in s.next_seeds]
+        return super().seeds(s, k, prompts)
+
+    def train_phase(self, s, k, batch, prompts, train_s):
+        d, st = s.deploy, s.settings
+        stale = s.trainer.sampling_state()                # θ_k, before the update
+        with d.clock.concurrent() as phase:
+            phase.run("train", d.od, train_s)
+            if d.spot_devices == 0:
+                s.next_seeds = None
+                return s.train_on(batch, k, prompts), {}
+            per = d.spot_seconds_per_candidate()
+            budget = extras_budget_s(st.explore.budget_frac * train_s, d.spot_devices,
+                                     st.prompts_per_iter * st.group_size, per)
+            pulled, pull_s, pull_bytes = self.spot.pull(stale)
+            future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), budget, per)
+            t_train = time.perf_counter()
+            m = s.train_on(batch, k, prompts)
+            t_train = (t_train, time.perf_counter())
+            (cands, chosen, _, info), t_explore = future.result()
+            phase.run("explore", d.spot_group(),
+                      info["explore_candidates"] * per / max(d.spot_devices, 1))
+        s.next_seeds = [[int(x) for x in cc[i]] for cc, i in zip(cands, chosen)]
+        overlap = min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0])
+        info.update(explore_wall_s=t_explore[1] - t_explore[0],
+                    train_wall_s=t_train[1] - t_train[0], overlap_wall_s=max(overlap, 0.0),
+                    pull_s=pull_s, pull_bytes=pull_bytes)
+        return m, info
+
+    def new_row(self, s, k):
+        row = super().new_row(s, k)
+        if self.spot.fleet is not None:       # every fleet counter present, zeros included
+            row.update(dict.fromkeys(FLEET_KEYS, 0))
+        return row
+
+    def sync(self, s, row=None):
+        self.spot.sync(row)
+
+    def close(self):
+        self.spot.close()
+
+
+MODES = {m.name: m for m in (FlowGRPOMode, ExploreSyncMode, SpotRolloutMode, SpotlightMode)}
+
+
+def make_mode(name: str, state, base) -> Mode:
+    if name not in MODES:
+        raise ValueError(f"unknown mode {name!r}; choose one of {tuple(MODES)} (or 'compare')")
+    return MODES[name](state, base)

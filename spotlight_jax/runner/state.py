@@ -1,0 +1,253 @@
+"""The state of one post-training run: what every mode steps on.
+
+A :class:`RunState` holds the trainer's mesh, the samplers, the objective's trainer, the rollout
+engine and explorer, the emulated deployment, the planner, the checkpointer and metric writer,
+and the mode object (``spotlight_jax.runner.modes``) that defines an iteration. Everything random
+is a function of (seed, iteration), and the full state (policy, optimizer, EMA, planner, next
+seeds, clock, trace cursor, history) is checkpointed, so a resumed run repeats the same numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+from absl import logging
+
+from spotlight_jax import rewards, world
+from spotlight_jax.builders import (
+    build_mesh,
+    host_config,
+    make_deployment,
+    make_trainer,
+    model_config,
+    rl_config,
+    run_settings,
+    sampler_config,
+)
+from spotlight_jax.checkpoint import RunCheckpointer
+from spotlight_jax.diffusion import Sampler
+from spotlight_jax.evaluate import evaluate
+from spotlight_jax.explore.explorer import Explorer, RolloutEngine
+from spotlight_jax.explore.planner import Planner, PlannerConfig
+from spotlight_jax.metrics import MetricWriter
+from spotlight_jax.parallel.sharding import shard_state
+from spotlight_jax.plots import plot_curves, save_grid
+from spotlight_jax.rewards import get_components
+from spotlight_jax.rl import advantages, decoupled_advantages
+from spotlight_jax.runner.rollouts import (
+    DirectRollouts,
+    RayRollouts,
+    ScheduledRollouts,
+    rollout_on_groups,
+)
+
+
+def iteration_prompts(prompts, k: int, n: int, seed: int):
+    """The ``n`` training prompts of iteration ``k`` (a pure function of (seed, k))."""
+    rng = np.random.default_rng([seed, k, 17])
+    return [prompts[i] for i in rng.choice(len(prompts), n, replace=False)]
+
+
+def eval_prompts(image_size: int, n: int) -> list[str]:
+    """The held-out prompts: the same ``n`` validation prompts for every run and evaluation."""
+    val = world.val_prompts(world.WorldConfig(image_size=image_size))
+    rng = np.random.default_rng(1234)
+    return [val[i] for i in sorted(rng.choice(len(val), min(n, len(val)), replace=False))]
+
+
+class RunState:
+    """State and helpers of one post-training run in ``workdir``.
+
+    ``devices``: the trainer's devices (default: ``trainer_devices`` of this process's, 0 =
+    all). ``trainer``: a multi-process trainer job's ``TrainerJob``, whose update runs on its own
+    mesh while this one holds the sampling weights.
+    """
+
+    def __init__(self, config, workdir, graphdef, base, devices=None, trainer=None):
+        from spotlight_jax.runner.modes import make_mode  # noqa: PLC0415 - modes step on this
+
+        self.settings = st = run_settings(config)
+        self.workdir = workdir
+        # This process's devices: the runner never places work on another process's devices
+        # (in a multi-process trainer job only the trainer's collectives span them).
+        self.devices = list(jax.local_devices())
+        if devices is None and st.trainer_devices:
+            devices = self.devices[:st.trainer_devices]
+        self.mesh = build_mesh(config, devices if devices is not None else self.devices)
+        base = shard_state(base, self.mesh)
+        self.mcfg = model_config(config)
+        self.rl = rl_config(config)
+        self.reward_parts = self._reward_parts()
+        self.train_sampler_cfg = sampler_config(config)
+        self.image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
+        self.graphdef = graphdef
+        self.trainer = (trainer if trainer is not None
+                        else make_trainer(config, graphdef, base, mesh=self.mesh))
+        self.sampler = Sampler(graphdef, self.image_shape, self.train_sampler_cfg, mesh=self.mesh)
+        self.eval_sampler = Sampler(graphdef, self.image_shape,
+                                    sampler_config(config, evaluation=True), mesh=self.mesh)
+        self.train_prompts = world.train_prompts(world.WorldConfig(image_size=self.mcfg.image_size))
+        self.val_prompts = eval_prompts(self.mcfg.image_size, st.eval_prompts)
+        self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, st.reward,
+                                    chunk=max(st.group_size, 32))
+        rewards.get(st.eval_reward)             # an unknown name fails here, not at eval 0
+        self.explorer = Explorer(self.engine)
+        self.deploy = make_deployment(config)
+        self.host_config = host_config(config) if st.transport == "ray" else None
+        self.planner = Planner(PlannerConfig(group_size=st.group_size,
+                                             algorithm=st.explore.algorithm,
+                                             max_extra_per_prompt=st.explore.max_extra_per_prompt,
+                                             seed=st.seed),
+                               key_fn=world.grammar.kind_of if st.explore.cluster_by_kind
+                               else None)
+        self.direct = DirectRollouts(self)
+        self.spot_rollouts = self._spot_rollouts()
+        self.writer = MetricWriter(workdir, "rl")
+        self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"), st.max_to_keep,
+                                    this_process_only=jax.process_count() > 1)
+        self.key = jax.random.key(st.seed)
+        self.iteration = 0
+        self.history: list[dict] = []
+        self.next_seeds: list[list[int]] | None = None   # spotlight: S_{k+1}
+        self.mode = make_mode(st.mode, self, base)
+
+    def _reward_parts(self):
+        if self.rl.advantage == "decoupled":
+            if self.rl.global_std:
+                raise ValueError("rl.advantage='decoupled' normalises within each group; it "
+                                 "cannot be combined with rl.global_std=True")
+            return get_components(self.settings.reward)
+        if self.rl.advantage != "reward":
+            raise ValueError(f"rl.advantage={self.rl.advantage!r}: use 'reward' or 'decoupled'")
+        return None
+
+    def _spot_rollouts(self):
+        """The rollout backend with spot devices: Ray spot hosts (``transport='ray'``), the pull
+        scheduler's emulated pool when the devices hold it (one per spot node plus one
+        on-demand; the emulated devices carry group identities), else direct rollouts with the
+        same time accounting."""
+        st = self.settings
+        if st.transport not in ("emulated", "ray"):
+            raise ValueError(f"deployment.transport={st.transport!r}: choose 'emulated' or "
+                             "'ray'")
+        if st.transport == "ray":
+            return RayRollouts(self)
+        need = 1 + self.deploy.cfg.spot_nodes
+        self.scheduler_on = st.scheduler and len(self.devices) >= need
+        if self.scheduler_on:
+            return ScheduledRollouts(self, rollout_on_groups(st.rollout_on_groups))
+        if st.scheduler and st.mode in ("spot_rollout", "spotlight"):
+            logging.warning("deployment.scheduler: %d device(s) cannot hold the scheduler's pool "
+                            "(%d needed: one on-demand and one per spot node); rollouts run "
+                            "directly with the same emulated-time accounting",
+                            len(self.devices), need)
+        return DirectRollouts(self, use_spot=True)
+
+    scheduler_on = False
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def _tree(self):
+        parts = {p: getattr(self.trainer, p) for p in self.trainer.state_parts}
+        return {p: {} if v is None else v for p, v in parts.items()}
+
+    def save(self):
+        self.ckpt.save(self.iteration, self._tree(), {
+            "iteration": self.iteration, "history": self.history, "mode": self.settings.mode,
+            "objective": self.settings.objective,
+            "next_seeds": self.next_seeds, "planner": self.planner.state_dict(),
+            "deployment": self.deploy.state_dict()})
+
+    def maybe_restore(self) -> bool:
+        meta = self.ckpt.latest_meta()
+        if meta is not None:
+            # checkpoints from before rl.objective existed are Flow-GRPO runs
+            saved, want = meta.get("objective", "flow_grpo"), self.settings.objective
+            if saved != want:
+                raise ValueError(
+                    f"{self.ckpt.directory} holds a rl.objective={saved!r} run, this config "
+                    f"trains rl.objective={want!r}; use another --workdir or "
+                    f"--config.rl.objective={saved}")
+        got = self.ckpt.restore(self._tree())
+        if got is None:
+            return False
+        step, tree, meta = got
+        for part in self.trainer.state_parts:
+            if getattr(self.trainer, part) is not None:
+                setattr(self.trainer, part, tree[part])
+        self.iteration, self.history = int(meta["iteration"]), list(meta["history"])
+        self.next_seeds = meta.get("next_seeds")
+        if "planner" in meta:
+            self.planner.load_state_dict(meta["planner"])
+        if "deployment" in meta:
+            self.deploy.load_state_dict(meta["deployment"])
+            self.mode.sync(self)
+        logging.info("resumed from iteration %d in %s", step, self.ckpt.directory)
+        return True
+
+    # -- what every mode uses ------------------------------------------------------------------
+    def step(self, k: int) -> dict:
+        """Iteration ``k`` of the run's mode; returns its metrics row."""
+        return self.mode.step(self, k)
+
+    def prompts(self, k: int) -> list[str]:
+        st = self.settings
+        return iteration_prompts(self.train_prompts, k, st.prompts_per_iter, st.seed)
+
+    def rollout(self, prompts, seeds_per_prompt) -> dict:
+        """The batch of ``prompts`` x seeds on the trainer's devices (no time charged)."""
+        return self.direct.rollout(self.iteration, prompts, seeds_per_prompt)[0]
+
+    def train_on(self, batch, k: int, prompts) -> dict:
+        """The objective's update on ``batch`` (advantages computed here)."""
+        if self.reward_parts is not None:
+            flat = [prompts[i] for i in batch["prompt_ids"]]
+            adv = decoupled_advantages(self.reward_parts(batch["images"], flat),
+                                       batch["prompt_ids"], clip=self.rl.adv_clip)
+        else:
+            adv = advantages(batch["rewards"], batch["prompt_ids"],
+                             global_std=self.rl.global_std, clip=self.rl.adv_clip)
+        train = {key: batch[key] for key in self.trainer.batch_keys}
+        train["advantages"] = adv
+        return self.trainer.update(train, self.key, k)
+
+    def evaluate(self, k: int) -> dict:
+        """Held-out reward with the evaluation state (ODE sampler, fixed prompts and seeds);
+        saves the captioned sample grid ``samples/val_<k>.png``."""
+        st = self.settings
+        res, images, _ = evaluate(self.eval_sampler, self.trainer.eval_state(), self.val_prompts,
+                                  num_seeds=st.eval_seeds, text_len=self.mcfg.text_len,
+                                  reward=st.eval_reward)
+        os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
+        # one image per validation prompt (first seed), same prompts every time
+        save_grid(os.path.join(self.workdir, "samples", f"val_{k:05d}.png"),
+                  images[::st.eval_seeds][:32], cols=8, captions=self.val_prompts[:32])
+        return res
+
+    def close(self):
+        self.mode.close()
+        self.spot_rollouts.close()
+
+    def write_phases(self):
+        """``phases.json``: the emulated clock's per-phase breakdown and the cost model's
+        assumptions (read by the comparison report)."""
+        info = {"phases": self.deploy.clock.breakdown(),
+                "assumptions": [dataclasses.asdict(a) for a in self.deploy.assumptions()]}
+        with open(os.path.join(self.workdir, "phases.json"), "w") as f:
+            json.dump(info, f, indent=1, default=str)
+
+    def plot(self):
+        evals = [h for h in self.history if "val_reward" in h]
+        if not evals:
+            return
+        x = [h["iteration"] for h in evals]
+        series = {"held-out (ODE)": (x, [h["val_reward"] for h in evals])}
+        trains = [h for h in self.history if "reward_mean" in h]
+        if trains:
+            label = f"train rollouts ({self.train_sampler_cfg.sde_type.upper()})"
+            series[label] = ([h["iteration"] for h in trains], [h["reward_mean"] for h in trains])
+        st = self.settings
+        plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
+                    title=f"{st.mode}: {st.reward} (held-out: {st.eval_reward})")
