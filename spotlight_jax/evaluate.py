@@ -5,6 +5,8 @@ import numpy as np
 
 from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler
+from spotlight_jax.rewards import constraint_breakdown, missing_credit
+from spotlight_jax.rewards.geneval import exact_scores
 
 
 def eval_grid(prompts, num_seeds: int, seed_offset: int = 1_000_000):
@@ -41,8 +43,6 @@ def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
     result = {"reward": float(scores.mean()),
               "reward_ci95": float(1.96 * scores.std(ddof=1) / np.sqrt(len(scores)))}
     if reward == "geneval_lite":
-        from spotlight_jax.rewards import constraint_breakdown, missing_credit
-        from spotlight_jax.rewards.geneval import exact_scores
         graded = constraint_breakdown(images, ps)            # one detection for both views
         for k, v in exact_scores(graded).items():
             v = np.asarray(v, np.float64)

@@ -5,8 +5,12 @@ flags; see ``main``).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from absl import app, flags
+
+from spotlight_jax.metrics import read_jsonl
 
 
 def image_grid(images, cols: int = 8, pad: int = 1) -> np.ndarray:
@@ -87,10 +91,6 @@ def seed_curves(workdirs, key: str = "val_reward") -> dict:
     ``val/reward`` are matched too). Returns ``{"x", "mean", "lo", "hi", "runs"}``, ``runs``
     being the per-run ``(x, y)`` series.
     """
-    import os  # noqa: PLC0415
-
-    from spotlight_jax.metrics import read_jsonl  # noqa: PLC0415
-
     alt = key.replace("_", "/", 1)
     runs = []
     for w in workdirs:

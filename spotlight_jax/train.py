@@ -140,6 +140,16 @@ def train_and_evaluate(config, workdir: str):
     return history
 
 
+def gain_line(first: dict, last: dict) -> str:
+    """One line: the held-out gain and whether it is beyond the evaluations' 95% interval (the
+    two evaluations' half-widths combined as independent: a conservative bound, as both use the
+    same prompts and seeds)."""
+    gain = last["val_reward"] - first["val_reward"]
+    half = (first.get("val_reward_ci95", 0.0) ** 2 + last.get("val_reward_ci95", 0.0) ** 2) ** 0.5
+    verdict = "beyond" if abs(gain) > half else "inside"
+    return f"gain {gain:+.3f}: {verdict} the 95% interval of the difference (±{half:.3f})"
+
+
 def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
     """The end-of-run table: held-out reward before/after, time and cost axes, where things are."""
     evals = [h for h in history if "val_reward" in h]
@@ -149,6 +159,7 @@ def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
         a, b = evals[0], evals[-1]
         lines.append(f"held-out {eval_reward(config)}: {a['val_reward']:.3f} -> "
                      f"{b['val_reward']:.3f} (±{b.get('val_reward_ci95', 0):.3f} 95%)")
+        lines.append(gain_line(a, b))
         if any(k.startswith("val_acc_") for k in b):
             lines.append("  constraint  exact accuracy   its share of the missing reward")
         for k in sorted(k for k in b if k.startswith("val_acc_")):

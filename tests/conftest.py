@@ -15,5 +15,17 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def base():
+    """``(graphdef, state)`` of the micro model of the micro run config (tests/helpers.py)."""
+    from helpers import micro_config  # noqa: PLC0415 - after the device count is set
+
+    from spotlight_jax.builders import create_model, model_config  # noqa: PLC0415
+    return create_model(model_config(micro_config(1)))
+
+
 def pytest_configure(config):
     assert len(jax.devices()) == 8, f"expected 8 emulated CPU devices, got {jax.devices()}"

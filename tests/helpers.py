@@ -72,3 +72,34 @@ def child_env() -> dict:
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "force_host_platform_device_count" not in f)
     return env
+
+
+def mode_config(mode, iterations=2, objective="flow_grpo"):
+    """The micro run in ``mode`` with small exploration pools."""
+    c = micro_config(iterations, **{"rl.objective": objective})
+    c.mode = mode
+    c.explore.max_extra_per_prompt = 4
+    c.explore.sync_extra_per_prompt = 2
+    c.checkpoint.every = 10
+    # one segment program for the scheduled rollouts (the per-group programs are compiled and
+    # checked by test_scheduled_rollout_computes_on_the_groups_own_devices)
+    c.deployment.rollout_on_groups = "false"
+    return c
+
+
+KILL_ITERATIONS = 3
+
+
+def spotlight_config(objective="flow_grpo"):
+    """A spotlight micro run on a busy trace (the kill-and-resume tests)."""
+    c = micro_config(KILL_ITERATIONS, **{"rl.objective": objective, "rl.nft.times": 2,
+                                         "rl.nft.eta_rate": 0.25})
+    c.mode = "spotlight"
+    c.explore.max_extra_per_prompt = 4
+    # a slow emulated reward stretches a micro iteration to ~80 emulated seconds (the trace
+    # moves in 30 s steps), and a busy trace preempts and rejoins nodes within the run
+    c.cost.reward_s_per_image = 10.0
+    c.trace.rate_per_node_hour = 60.0
+    c.trace.mean_outage_s = 60.0
+    c.trace.abrupt_fraction = 0.5
+    return c

@@ -90,7 +90,7 @@ def test_shipped_base_puts_related_objects_on_the_asked_sides(tmp_path):
     most of the time: the base knows relations, so RL has something to sharpen. A base whose
     encoder cannot tell "left" from "right" scores ~0.5 here (the stage-3 base, trained on the
     four-way phrasing: 0.53 of the prompts, median offset 0.2 px; the shipped one: 1.00, 8 px).
-    Its ODE samples still miss about half of the relations (README, "The synthetic world")."""
+    Its ODE samples still miss about half of the relations (docs/world.md, Relations)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx

@@ -3,8 +3,7 @@ import json
 import os
 
 import pytest
-from test_modes import mode_config
-from test_resume import base  # noqa: F401 - module fixture
+from helpers import mode_config
 
 from spotlight_jax.runner import compare
 

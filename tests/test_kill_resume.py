@@ -11,13 +11,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_resume import micro_config
+from helpers import KILL_ITERATIONS as ITERATIONS
+from helpers import spotlight_config
 
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
 from spotlight_jax.metrics import read_jsonl
 
-ITERATIONS = 3
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
                    "overlap_wall_s", "pull_s", "fleet_regroup_s",
                    "fleet_regroup_max_s", "time"}   # real seconds, not state
@@ -29,7 +29,7 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 from spotlight_jax.elastic.exec_cache import enable_persistent_cache
 enable_persistent_cache({cache!r})   # the resumed process loads the killed one's programs
-from test_kill_resume import spotlight_config
+from helpers import spotlight_config
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
 c = spotlight_config({objective!r})
@@ -38,18 +38,6 @@ runner.run(c, {workdir!r}, graphdef, state, progress=False)
 """
 
 
-def spotlight_config(objective="flow_grpo"):
-    c = micro_config(ITERATIONS, **{"rl.objective": objective, "rl.nft.times": 2,
-                                    "rl.nft.eta_rate": 0.25})
-    c.mode = "spotlight"
-    c.explore.max_extra_per_prompt = 4
-    # a slow emulated reward stretches a micro iteration to ~80 emulated seconds (the trace
-    # moves in 30 s steps), and a busy trace preempts and rejoins nodes within the run
-    c.cost.reward_s_per_image = 10.0
-    c.trace.rate_per_node_hour = 60.0
-    c.trace.mean_outage_s = 60.0
-    c.trace.abrupt_fraction = 0.5
-    return c
 
 
 def _state(workdir, objective="flow_grpo"):

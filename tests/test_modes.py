@@ -3,31 +3,13 @@ weights off the critical path and trains on the chosen seeds; the emulated clock
 import jax
 import numpy as np
 import pytest
-from test_resume import micro_config
+from helpers import mode_config
 
 from spotlight_jax import runner, world
-from spotlight_jax.builders import create_model, model_config
 from spotlight_jax.explore import max_variance_subset
 from spotlight_jax.explore.explorer import candidate_seeds
 from spotlight_jax.runner.exploration import extras_budget_s
 from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
-
-
-@pytest.fixture(scope="module")
-def base():
-    return create_model(model_config(micro_config(1)))
-
-
-def mode_config(mode, iterations=2, objective="flow_grpo"):
-    c = micro_config(iterations, **{"rl.objective": objective})
-    c.mode = mode
-    c.explore.max_extra_per_prompt = 4
-    c.explore.sync_extra_per_prompt = 2
-    c.checkpoint.every = 10
-    # one segment program for the scheduled rollouts (the per-group programs are compiled and
-    # checked by test_scheduled_rollout_computes_on_the_groups_own_devices)
-    c.deployment.rollout_on_groups = "false"
-    return c
 
 
 @pytest.mark.parametrize("mode,objective", [(m, "flow_grpo") for m in runner.MODES]

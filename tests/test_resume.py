@@ -6,7 +6,7 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-from helpers import MICRO, micro_config  # noqa: F401 (re-exported for other tests)
+from helpers import MICRO, micro_config  # noqa: F401
 
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
@@ -19,11 +19,6 @@ def params_of(workdir, c, devices=None):
     r = runner.RunState(c, str(workdir), graphdef, base, devices)
     assert r.maybe_restore()
     return r
-
-
-@pytest.fixture(scope="module")
-def base():
-    return create_model(model_config(micro_config(1)))
 
 
 @pytest.mark.parametrize("objective", ["flow_grpo", "nft"])

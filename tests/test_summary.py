@@ -18,3 +18,12 @@ def test_summary_reports_reward_change_and_paths(tmp_path):
     assert "0.500 -> 0.600" in text and "count" in text and "0.70 -> 0.80" in text
     assert "0.250 -> 0.125" in text            # the constraint's share of the missing reward
     assert "2.00 h" in text and "$31.50" in text and str(tmp_path / "rl.jsonl") in text
+
+
+def test_gain_line_says_whether_the_gain_is_beyond_the_interval():
+    from spotlight_jax.train import gain_line
+    a = {"val_reward": 0.60, "val_reward_ci95": 0.03}
+    assert gain_line(a, {"val_reward": 0.70, "val_reward_ci95": 0.04}) == (
+        "gain +0.100: beyond the 95% interval of the difference (±0.050)")
+    assert gain_line(a, {"val_reward": 0.63, "val_reward_ci95": 0.04}).startswith(
+        "gain +0.030: inside")

@@ -1,6 +1,6 @@
 """Reward registry: `get(name)` returns a reward function, `register(name, fn)` adds one.
 
-Contract (DESIGN.md section 4): a reward is a callable
+Contract (docs/design.md, Rewards): a reward is a callable
 `(images: float32 [B, H, W, 3] in [0, 1] (numpy or jax), prompts: list[str]) -> np.float32 [B]`.
 Rewards are host-side numpy so they can run while the accelerator samples the next batch.
 `get` wraps every function so that its output is checked (shape [B], finite) and converted to

@@ -18,9 +18,14 @@ import os
 
 from absl import logging
 
-from spotlight_jax.builders import make_deployment, run_settings
+from spotlight_jax.builders import (
+    deployment_config,
+    make_deployment,
+    run_settings,
+    trace_config,
+)
 from spotlight_jax.emulation.cost_models import Assumption
-from spotlight_jax.plots import spot_timeline
+from spotlight_jax.plots import plot_curves, spot_timeline
 from spotlight_jax.runner.loop import run
 from spotlight_jax.runner.modes import MODES
 
@@ -95,7 +100,6 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
                  header: str = "", timeline: str = "") -> str:
     """Writes ``report.md`` and the two plots into ``workdir``; returns the report's path.
     ``timeline``: a spot-timeline image in ``workdir`` to show under the plots."""
-    from spotlight_jax.plots import plot_curves  # noqa: PLC0415
 
     target = target_reward(histories, target_frac)
     rows = {m: mode_summary(h, target) for m, h in histories.items()}
@@ -184,15 +188,16 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
         with open(os.path.join(mode_dir, "phases.json")) as f:
             info = json.load(f)
         phases[mode], assumptions = info["phases"], info["assumptions"]
-    trace = config.trace.path or "synthetic"
-    if config.trace.path and config.trace.get("start_s", 0.0):
-        trace += f" from {config.trace.start_s:g} s on"
+    tc, dc = trace_config(config), deployment_config(config)
+    trace = tc.path or "synthetic"
+    if tc.path and tc.start_s:
+        trace += f" from {tc.start_s:g} s on"
     header = (f"Config seed {config.seed}; trace: {trace}; base: {base_source}. Learning is real "
               "(tiny model); time and cost are emulated from the cost model below.")
     timeline = "spot_timeline.png"
     spot_timeline(os.path.join(workdir, timeline), make_deployment(config).replay,
-                  config.deployment.spot_devices_per_node, histories["spotlight"],
-                  title=f"spotlight on the {'SkyPilot' if config.trace.path else 'synthetic'} "
+                  dc.spot_devices_per_node, histories["spotlight"],
+                  title=f"spotlight on the {'SkyPilot' if tc.path else 'synthetic'} "
                         "trace")
     return write_report(workdir, histories, target_frac=run_settings(config).target_frac,
                         phases=phases, assumptions=[Assumption(**a) for a in assumptions],

@@ -37,6 +37,7 @@ from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
 from spotlight_jax.rl import advantages, decoupled_advantages
+from spotlight_jax.runner.modes import make_mode
 from spotlight_jax.runner.rollouts import (
     DirectRollouts,
     RayRollouts,
@@ -67,8 +68,6 @@ class RunState:
     """
 
     def __init__(self, config, workdir, graphdef, base, devices=None, trainer=None):
-        from spotlight_jax.runner.modes import make_mode  # noqa: PLC0415 - modes step on this
-
         self.settings = st = run_settings(config)
         self.workdir = workdir
         # This process's devices: the runner never places work on another process's devices
@@ -220,11 +219,31 @@ class RunState:
         res, images, _ = evaluate(self.eval_sampler, self.trainer.eval_state(), self.val_prompts,
                                   num_seeds=st.eval_seeds, text_len=self.mcfg.text_len,
                                   reward=st.eval_reward)
-        os.makedirs(os.path.join(self.workdir, "samples"), exist_ok=True)
-        # one image per validation prompt (first seed), same prompts every time
-        save_grid(os.path.join(self.workdir, "samples", f"val_{k:05d}.png"),
-                  images[::st.eval_seeds][:32], cols=8, captions=self.val_prompts[:32])
+        self.save_samples(k, images[::st.eval_seeds][:32], self.val_prompts[:32])
         return res
+
+    def save_samples(self, k: int, images, prompts) -> None:
+        """``samples/val_<k>.png``: one image per validation prompt (its first seed, the same
+        prompts and seeds every time) captioned with its prompt and reward; from the second
+        evaluation on also ``samples/before_after_<k>.png``: the first evaluation's image (the
+        base) next to this one for each prompt."""
+        folder = os.path.join(self.workdir, "samples")
+        os.makedirs(folder, exist_ok=True)
+        scores = np.asarray(rewards.get(self.settings.eval_reward)(images, prompts), np.float64)
+        save_grid(os.path.join(folder, f"val_{k:05d}.png"), images, cols=8,
+                  captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
+        first = os.path.join(folder, "val_first.npz")
+        if not os.path.exists(first):
+            np.savez(first, images=images, scores=scores, iteration=k)
+            return
+        with np.load(first) as f:
+            before, was, k0 = f["images"], f["scores"], int(f["iteration"])
+        n = min(16, len(before), len(images))
+        pairs = np.stack([before[:n], images[:n]], 1).reshape(2 * n, *images.shape[1:])
+        captions = [c for p, r0, r1 in zip(prompts[:n], was, scores)
+                    for c in (f"{p} | it {k0}: {r0:.2f}", f"it {k}: {r1:.2f}")]
+        save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), pairs, cols=8,
+                  captions=captions)
 
     def close(self):
         self.mode.close()

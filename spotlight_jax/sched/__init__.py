@@ -1,4 +1,4 @@
-"""Preemption-aware, pull-based request scheduler (DESIGN section 4, Scheduler).
+"""Preemption-aware, pull-based request scheduler (docs/design.md, Contracts).
 
 ``requests``: a request (rollout or exploration job) and its committed state, plain arrays + JSON
 for checkpoints, validated on commit. ``queue``: the pull-based queue with leases, capacity-sized

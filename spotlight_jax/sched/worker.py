@@ -50,11 +50,15 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
+from spotlight_jax.diffusion import Sampler, initial_noise
+from spotlight_jax.models import AttentionSpec
 from spotlight_jax.sched.queue import Lease, RequestQueue
 from spotlight_jax.sched.requests import Commit, CommitRejected, Request
 from spotlight_jax.sched.step_cost import StepCost, capacity_of
+from spotlight_jax.world import tokenize
 
 ACK_STATUSES = ("accepted", "completed", "duplicate", "stale", "rejected")
 
@@ -182,18 +186,13 @@ class SamplerStepper(Stepper):
         self.params = self._put(params)
 
     def initial(self, seed: int):
-        import jax.numpy as jnp  # noqa: PLC0415
-
-        from spotlight_jax.diffusion import initial_noise  # noqa: PLC0415
         return self._put(initial_noise(jnp.asarray([seed], jnp.uint32), self.latent_shape,
                                        self.sampler.cfg.shared_init_bits)[0])
 
     def stack(self, rows):
-        import jax.numpy as jnp  # noqa: PLC0415
         return self._put(jnp.stack([self._put(r) for r in rows]))
 
     def segment(self, x, start, seeds, prompts, num):
-        from spotlight_jax.world import tokenize  # noqa: PLC0415
         if self.params is None:
             raise RuntimeError("SamplerStepper has no parameters: call set_params first")
         tokens, mask = tokenize(list(prompts), self.text_len)
@@ -219,8 +218,6 @@ class SamplerCache:
         self._samplers: dict[tuple, Any] = {}
 
     def get(self, group):
-        from spotlight_jax.diffusion import Sampler  # noqa: PLC0415
-        from spotlight_jax.models import AttentionSpec  # noqa: PLC0415
         key = (group.key, group.strategy)
         if key not in self._samplers:
             self._samplers[key] = Sampler(self.graphdef, self.image_shape, self.cfg,

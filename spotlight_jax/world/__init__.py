@@ -1,7 +1,7 @@
 """The synthetic world: prompts, tokenizer, renderer and detector for CPU-scale Flow-GRPO.
 
 Real text-to-image rewards (GenEval's detector, an OCR model) need downloaded weights; this world
-needs none and keeps the same structure (DESIGN.md section 5). A finite prompt grammar
+needs none and keeps the same structure (docs/world.md). A finite prompt grammar
 (`grammar`), a word tokenizer (`tokenizer`), a renderer that draws matching images for pretraining
 the base model (`render`, with the digit font in `font`), and a deterministic detector that reads
 the same palette, shapes and font back (`detect`), which the rewards in `spotlight_jax.rewards`

@@ -12,7 +12,7 @@ left of A" and "A below B" as "B above A" (`canonical_words`). Both say the same
 from-scratch prompt encoder cannot learn the four-way phrasing on this budget: which object goes
 left is the product of the relation word and the word order (a parity, with no first-order
 signal), so the shipped models' encoders put "left" and "right" at nearly the same point and the
-base model drew relations at chance (README, "The synthetic world"). In the canonical order the
+base model drew relations at chance (docs/world.md, Relations). In the canonical order the
 first-named object is always the left (or upper) one, a first-order fact a small encoder learns
 in a few hundred steps, as a pretrained text encoder would already know it.
 """
