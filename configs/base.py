@@ -14,8 +14,8 @@ def get_config():
     # explore_sync use one, builders.cpu_device_count): the deployment below (4 on-demand
     # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
     c.num_cpu_devices = 12
-    # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores, and
-    # a data-parallel GRPO update over 8 of them measured 7x slower than on one (26 s vs 3.5 s).
+    # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores, so
+    # a data-parallel update over several of them is slower than on one (docs/performance.md).
     c.trainer_devices = 1
     # JAX persistent compilation cache: restarted processes and rejoining nodes load compiled
     # programs instead of compiling them ("" = off).
@@ -83,17 +83,16 @@ def get_config():
     # SDE (and trained) steps [start, end), slice-style: (0, -2) = all but the last two, which
     # are ODE steps. Their tiny std makes their log-prob gradients (eps / std) hold most of the
     # update's gradient energy while their noise only moves fine detail
-    # (python -m spotlight_jax.bench.grpo_gradient; README "Flow-GRPO"). None = every step.
+    # (python -m spotlight_jax.bench.grpo_gradient; docs/flow_grpo.md). None = every step.
     s.sde_window = ml_collections.config_dict.placeholder(tuple)
     s.sde_window = (0, -2)
     # True: a prompt's rollouts (and exploration candidates) share their initial noise x_T and
     # differ only in SDE noise (DanceGRPO's switch; here x_T explains little of a group's reward
-    # spread at noise level 0.7, README "Flow-GRPO")
+    # spread at noise level 0.7, docs/flow_grpo.md)
     s.shared_initial_noise = False
     # > 1: block noise — SDE steps diffuse only the images constant on p x p pixel blocks
     # (marginals kept; a policy over HWC/p^2 dimensions; spotlight_jax.diffusion.sde_step).
-    # 2: held-out 0.590 -> 0.660 / 0.640 / 0.601 in 15 RL minutes (seeds 0-2); 4 (one model
-    # patch): 0.638 / 0.627 / 0.586; per-pixel noise: 0.577 / 0.597 (README "Flow-GRPO").
+    # 2 measured best of 1, 2 and 4 (one model patch) under Flow-GRPO (docs/flow_grpo.md).
     # 1 = per-pixel noise (Flow-GRPO's SDE).
     s.noise_patch = 2
     # Per-step block sizes, one per step (overrides noise_patch; None = noise_patch everywhere),
@@ -115,8 +114,8 @@ def get_config():
     r.group_size = 8
     r.reward = "geneval_lite"       # training reward (geneval_lite_shaped: graded text credit)
     r.eval_reward = "geneval_lite"  # held-out measurement ('' = rl.reward)
-    # LoRA lr; None = the objective's default: flow_grpo 5e-4 (best of three measured settings,
-    # README), nft 1e-3 (+0.110 vs +0.102 for 5e-4 in 15 RL minutes, docs/objectives.md)
+    # LoRA lr; None = the objective's default: flow_grpo 5e-4, nft 1e-3 (each the best of the
+    # measured settings: docs/flow_grpo.md, docs/objectives.md)
     r.lr = ml_collections.config_dict.placeholder(float)
     r.beta = 0.01
     # KL weight of the within-block detail, which block noise leaves without a policy gradient
@@ -133,7 +132,7 @@ def get_config():
     r.train_steps = 0               # timesteps trained per trajectory (0 = all SDE steps)
     # 'uniform' (Flow-GRPO) | 'score': each trained step's policy term scaled by 1 / its score
     # factor, so the early (layout) steps push as hard as the late small-std ones
-    # (rl.grpo.step_weights; README "Flow-GRPO")
+    # (rl.grpo.step_weights; docs/flow_grpo.md)
     r.step_weight = "uniform"
     r.inner_epochs = 1
     r.minibatches = 2
@@ -165,7 +164,7 @@ def get_config():
 def add_spotlight_sections(c):
     """Exploration, deployment, trace and cost sections (used by every mode but flow_grpo)."""
     e = c.explore = ml_collections.ConfigDict()
-    e.algorithm = "ucb"             # planner: ucb | thompson | uniform (bench: explore.planner)
+    e.algorithm = "ucb"             # planner: ucb | thompson | uniform (bench: bench.planner)
     e.max_extra_per_prompt = 24     # pool is at most group_size + this
     e.sync_extra_per_prompt = 8     # explore_sync: extra candidates per prompt (critical path)
     e.cluster_by_kind = True        # bandit arms = task kinds (prompts recur rarely)
@@ -188,7 +187,7 @@ def add_spotlight_sections(c):
     # weights placed on them when it forms, one segment program per group layout); "false" = every
     # group computes on the trainer's device (one program) and differs only in identity and
     # speed; "auto" = "true" except on the CPU backend, whose emulated devices share the cores
-    # (there: 1.45x slower rollout phases, README "Spotlight mode")
+    # (slower there: docs/performance.md)
     d.rollout_on_groups = "auto"
     # 'emulated': spot groups are emulated devices in this process; 'ray': spot_rollout /
     # spotlight rollouts run on Ray spot host actors (real processes; needs the cluster extra

@@ -174,8 +174,8 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
     return _sde_sampler_config(config)
 
 
-# The objectives' default learning rates (LoRA r16/a32 on the tiny config; measured, README
-# "Flow-GRPO" and docs/objectives.md).
+# The objectives' default learning rates (LoRA r16/a32 on the tiny config; measured:
+# docs/flow_grpo.md, docs/objectives.md).
 GRPO_LR, NFT_LR = 5e-4, 1e-3
 
 

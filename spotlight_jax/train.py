@@ -23,23 +23,19 @@ from spotlight_jax.builders import (
     create_model,
     eval_reward,
     model_config,
-    pick_fields,
+    pretrain_config,
     rl_config,
     sampler_config,
 )
 from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow
 from spotlight_jax.dry_run import dry_run
 from spotlight_jax.models import MMDiTConfig
-from spotlight_jax.pretrain import PretrainConfig, pretrain
+from spotlight_jax.pretrain import pretrain
 from spotlight_jax.runner import MODES, run, run_compare
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain_base",
            "shipped_base_dir"]
-
-
-def pretrain_config(config) -> PretrainConfig:
-    return pick_fields(PretrainConfig, config.pretrain)
 
 
 def _model_fingerprint(config) -> dict:

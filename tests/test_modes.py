@@ -301,3 +301,12 @@ def test_exploration_budget_fits_base_and_extra_candidates_in_the_update_window(
         assert used <= window + 1e-9, (devices, used)
         if devices <= 6:        # the window binds: fewer candidates than the 8 x 32 cap
             assert sum(plan.values()) < P * (G + 24)
+
+
+def test_the_validated_mode_names_are_the_runners_modes():
+    """builders validates config.mode against its own list (it may not import the runner): the
+    two must be the same modes."""
+    from spotlight_jax.builders import RUN_MODES
+    assert set(RUN_MODES) == {*runner.MODES, "compare"}
+    for name, cls in runner.MODES.items():
+        assert cls.name == name

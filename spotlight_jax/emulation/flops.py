@@ -22,8 +22,6 @@ T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt 
     forward       = depth * per block + outside + prompt encoder
 
 It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
-
-It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def check_policy_fields(cfg) -> None:
     if not cfg.adv_clip > 0:
         bad("adv_clip", "must be > 0 (e.g. adv_clip=5.0)")
     if cfg.advantage not in ADVANTAGES:
-        bad("advantage", f"choose one of {ADVANTAGES}")
+        bad("advantage", f"use {' or '.join(map(repr, ADVANTAGES))}")
     if cfg.minibatches < 1:
         bad("minibatches", "must be >= 1")
 

@@ -114,14 +114,8 @@ class RunState:
         self.mode = make_mode(st.mode, self, base)
 
     def _reward_parts(self):
-        if self.rl.advantage == "decoupled":
-            if self.rl.global_std:
-                raise ValueError("rl.advantage='decoupled' normalises within each group; it "
-                                 "cannot be combined with rl.global_std=True")
-            return get_components(self.settings.reward)
-        if self.rl.advantage != "reward":
-            raise ValueError(f"rl.advantage={self.rl.advantage!r}: use 'reward' or 'decoupled'")
-        return None
+        """The reward's components for decoupled advantages (builders validated the choice)."""
+        return get_components(self.settings.reward) if self.rl.advantage == "decoupled" else None
 
     def _spot_rollouts(self):
         """The rollout backend with spot devices: Ray spot hosts (``transport='ray'``), the pull

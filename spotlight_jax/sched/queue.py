@@ -5,7 +5,7 @@ good commit), **leased** (held by one group under one lease) or **completed** (i
 once). :meth:`RequestQueue.check_invariants` asserts this; nothing else removes a request.
 
 * **Pull.** An idle group calls :meth:`~RequestQueue.pull` with its capacity (throughput relative
-  to one device, see ``cost.py``) and the policy version it holds, and gets a :class:`Lease` on a
+  to one device, see ``step_cost``) and the policy version it holds, and gets a :class:`Lease` on a
   batch sized to its throughput: ``batch_per_capacity * capacity`` requests (weighted by the share
   of their steps still to run), so a group of 4 devices gets about twice the work of a group of 2
   and both take about as long. With ``guided`` sizing (default), a pull never takes more than the
