@@ -4,7 +4,10 @@ Multi-device tests must run (never silently skip) on CPU CI, so the device count
 at the very top, before anything imports jax.
 """
 import os
+import sys
 
+# Test modules live in folders mirroring the package; they share tests/helpers.py.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:

@@ -21,7 +21,8 @@ T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt 
     prompt enc.   = per layer 2 L Tw (12 Tw) + 4 L^2 Tw   (only with a synthetic prompt encoder)
     forward       = depth * per block + outside + prompt encoder
 
-It is tested against the dot_general FLOPs of the real model's jaxpr (tests/test_clock_cost.py).
+It is tested against the dot_general FLOPs of the real model's jaxpr
+(tests/emulation/test_clock_cost.py).
 """
 from __future__ import annotations
 

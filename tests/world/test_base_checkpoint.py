@@ -15,7 +15,7 @@ from spotlight_jax.evaluate import evaluate
 from spotlight_jax.metrics import read_jsonl
 from spotlight_jax.pretrain import PretrainConfig, pretrain
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_shipped_checkpoint_loads_and_scores_as_recorded(tmp_path):

@@ -55,7 +55,7 @@ def _completed_steps(ckdir: Path) -> list[int]:
 
 
 def _spawn(workdir, objective):
-    code = CHILD.format(tests=str(Path(__file__).parent), workdir=str(workdir),
+    code = CHILD.format(tests=str(Path(__file__).parents[1]), workdir=str(workdir),
                         cache=str(Path(workdir).parent / "xla_cache"), objective=objective)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)

@@ -250,7 +250,7 @@ def test_deployment_replays_the_configured_window(tmp_path):
     from pathlib import Path
 
     from spotlight_jax.builders import make_deployment
-    tiny = Path(__file__).parents[1] / "configs" / "tiny.py"
+    tiny = Path(__file__).parents[2] / "configs" / "tiny.py"
     get_config = runpy.run_path(str(tiny))["get_config"]
     p = _write(tmp_path, "t.json", json.dumps({"metadata": {"gap_seconds": 300},
                                                 "data": [4, 4, 4, 1, 4]}))
@@ -281,7 +281,7 @@ def test_comma_separated_one_node_traces_make_a_pool(tmp_path):
     assert pool.counts == (2, 1, 0, 2) and pool.gap_seconds == 30.0
     with pytest.raises(TraceError, match="no trace file"):
         load_traces(" , ")
-    c = runpy.run_path(str(Path(__file__).parents[1] / "configs" / "tiny.py"))["get_config"]()
+    c = runpy.run_path(str(Path(__file__).parents[2] / "configs" / "tiny.py"))["get_config"]()
     c.trace.path = f"{a},{b}"
     d = make_deployment(c)
     assert len(d.alive_nodes) == 2

@@ -21,7 +21,7 @@ from spotlight_jax.models import MMDiT, MMDiTConfig
 
 OD = DeviceGroup("od0", "on_demand", 4)
 SPOT = DeviceGroup("spot0", "spot", 2)
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # The cost section of configs/base.py: the paper deployment, its profile model loaded from
 # configs/qwen_image_like.py.
 PAPER = builders.cost_config(builders.load_config("base"))

@@ -14,7 +14,7 @@ from absl import flags as absl_flags
 from spotlight_jax.bench import ray_hosts_demo
 from spotlight_jax.builders import load_config
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHELL = sorted([ROOT / "launch" / "local_cluster.sh",
                 *(ROOT / "launch" / "slurm").glob("*.sbatch")])
 YAML = sorted((ROOT / "launch" / "k8s").glob("*.yaml"))

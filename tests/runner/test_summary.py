@@ -4,7 +4,7 @@ import runpy
 
 from spotlight_jax.train import summary
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_summary_reports_reward_change_and_paths(tmp_path):

@@ -11,7 +11,7 @@ from helpers import MICRO, micro_config  # noqa: F401
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def params_of(workdir, c, devices=None):
