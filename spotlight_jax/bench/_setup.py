@@ -38,3 +38,13 @@ def emulate_devices(n: int, *, cpu: bool = True) -> None:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:  # a backend is already initialised: its device count stays
         pass
+
+
+def define_config_flag(flag_values):
+    """``--config`` (a config file, the tiny one by default) with ``--config.x=y`` overrides, as
+    ``spotlight_jax.main`` has it; returns absl's holder of the loaded config."""
+    from ml_collections import config_flags  # noqa: PLC0415 - only programs that take a config
+
+    return config_flags.DEFINE_config_file(
+        "config", TINY_CONFIG, "Config file (configs/*.py); --config.x=y overrides.",
+        lock_config=True, flag_values=flag_values)

@@ -15,7 +15,6 @@ import json
 import logging
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from spotlight_jax.bench import _setup
 
@@ -27,9 +26,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
     global _CONFIG
     fv = dict(flag_values=flag_values)
-    _CONFIG = config_flags.DEFINE_config_file("config", _setup.TINY_CONFIG,
-                                              "Config file (configs/*.py); --config.x=y overrides.",
-                                              lock_config=True, **fv)
+    _CONFIG = _setup.define_config_flag(flag_values)
     flags.DEFINE_string("coordinator", None, "host:port of process 0 (default: auto-detect).",
                         **fv)
     flags.DEFINE_integer("num_processes", None, "Processes in the job.", **fv)

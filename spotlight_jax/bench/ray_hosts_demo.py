@@ -17,7 +17,6 @@ import signal
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from spotlight_jax.bench import _setup
 
@@ -29,9 +28,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
     global _CONFIG
     fv = dict(flag_values=flag_values)
-    _CONFIG = config_flags.DEFINE_config_file("config", _setup.TINY_CONFIG,
-                                              "Config file (configs/*.py); --config.x=y overrides.",
-                                              lock_config=True, **fv)
+    _CONFIG = _setup.define_config_flag(flag_values)
     flags.DEFINE_string("address", "auto", "Ray cluster address ('' = start a local one).", **fv)
     flags.DEFINE_integer("hosts", 2, "Spot host actors.", **fv)
     flags.DEFINE_integer("cpu_devices", 2, "Emulated devices per host (CPU).", **fv)

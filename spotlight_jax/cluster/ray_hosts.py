@@ -198,14 +198,6 @@ class RayWorker(Worker):
                              f"{type(e).__name__}") from e
 
     @property
-    def capacity(self) -> float:
-        return self._capacity
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
     def lease_id(self) -> str | None:
         return self._lease_id
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -311,13 +312,19 @@ class Sampler:
 # config and attention layout: a new Sampler (another run, mode or test) reuses executables.
 @functools.lru_cache(maxsize=64)
 def _rollout_program(graphdef, image_shape, cfg: SamplerConfig, attn):
+    return jax.jit(rollout_body(graphdef, image_shape, cfg, attn))
+
+
+def rollout_body(graphdef, image_shape, cfg: SamplerConfig, attn) -> Callable:
+    """The unjitted rollout ``(state, tokens, mask, seeds) -> {latents, log_probs, images}``
+    (``state``: an NNX state or its pure dict), for callers that lower it themselves."""
     def run(state, tokens, mask, seeds):
         model = nnx.merge(graphdef, state)
         x0 = initial_noise(seeds, image_shape, cfg.shared_init_bits)
         x_end, xs, logps = denoise(model, x0, 0, cfg.num_steps, seeds, tokens, mask, cfg, attn)
         latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
         return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}
-    return jax.jit(run)
+    return run
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,7 +45,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spotlight_jax.diffusion.rollout import SamplerConfig, denoise, initial_noise, to_image
+from spotlight_jax.diffusion.rollout import SamplerConfig, rollout_body
 from spotlight_jax.elastic.exec_cache import (
     CacheMiss,
     ExecutableCache,
@@ -82,17 +82,7 @@ def rollout_fn(graphdef, image_shape, cfg: SamplerConfig, attn: AttentionSpec = 
     model state as a pure dict, see ``nnx.to_pure_dict``), left unjitted so the caller can lower
     it for the abstract shardings of any group.
     """
-    image_shape = tuple(image_shape)
-    cfg = cfg.validate()
-
-    def run(params, tokens, mask, seeds):
-        model = nnx.merge(graphdef, params)
-        x0 = initial_noise(seeds, image_shape, cfg.shared_init_bits)
-        x_end, xs, logps = denoise(model, x0, 0, cfg.num_steps, seeds, tokens, mask, cfg, attn)
-        latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
-        return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}
-
-    return run
+    return rollout_body(graphdef, tuple(image_shape), cfg.validate(), attn)
 
 
 def input_specs(model_cfg: MMDiTConfig, batch_size: int):

@@ -282,20 +282,23 @@ class Worker(abc.ABC):
     """The interface every worker implements (in-process here; Ray-based later).
 
     A worker holds at most one lease at a time. ``group_id``, ``degree`` (SP degree) and
-    ``capacity`` (throughput relative to one device) identify it to the queue.
+    ``capacity`` (throughput relative to one device) identify it to the queue. Implementations
+    set ``_capacity`` and ``_version`` (the installed policy version) when they start.
     """
 
     group_id: str
     degree: int
     config: WorkerConfig
+    _capacity: float
+    _version: int
 
     @property
-    @abc.abstractmethod
-    def capacity(self) -> float: ...
+    def capacity(self) -> float:
+        return self._capacity
 
     @property
-    @abc.abstractmethod
-    def policy_version(self) -> int: ...
+    def policy_version(self) -> int:
+        return self._version
 
     @property
     @abc.abstractmethod
@@ -402,14 +405,6 @@ class InProcessWorker(Worker):
         self._flights: dict[str, _Flight] = {}
         self._order: list[str] = []
         stepper.set_params(params)
-
-    @property
-    def capacity(self) -> float:
-        return self._capacity
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
 
     @property
     def lease_id(self) -> str | None:
