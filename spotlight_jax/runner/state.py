@@ -37,7 +37,7 @@ from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
 from spotlight_jax.rl import advantages, decoupled_advantages
-from spotlight_jax.runner.modes import make_mode
+from spotlight_jax.runner.modes import MODES, make_mode
 from spotlight_jax.runner.rollouts import (
     DirectRollouts,
     RayRollouts,
@@ -132,7 +132,7 @@ class RunState:
         self.scheduler_on = st.scheduler and len(self.devices) >= need
         if self.scheduler_on:
             return ScheduledRollouts(self, rollout_on_groups(st.rollout_on_groups))
-        if st.scheduler and st.mode in ("spot_rollout", "spotlight"):
+        if st.scheduler and getattr(MODES.get(st.mode), "uses_spot", False):
             logging.warning("deployment.scheduler: %d device(s) cannot hold the scheduler's pool "
                             "(%d needed: one on-demand and one per spot node); rollouts run "
                             "directly with the same emulated-time accounting",
