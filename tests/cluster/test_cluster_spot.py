@@ -143,17 +143,17 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
     run = runner.RunState(c, str(tmp_path), graphdef, base)
     prompts = run.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
-    got, info = run.ray_rollout(0, prompts, seeds)
+    got, info = run.spot_rollouts.rollout(0, prompts, seeds)
     assert info["ray_hosts_started"] == 2 and info["ray_hosts_lost"] == 0
     assert info["ray_request_steps"] == len(got["seeds"]) * c.sampler.num_steps
     direct = run.rollout(prompts, seeds)
     for key in ("latents", "log_probs", "images"):
         np.testing.assert_allclose(got[key], direct[key], atol=1e-5)
     np.testing.assert_array_equal(got["rewards"], direct["rewards"])
-    os.kill(run.spot_hosts[0].pid, signal.SIGKILL)
+    os.kill(run.spot_rollouts.hosts[0].pid, signal.SIGKILL)
     row = run.step(1)                        # found dead when handed the new weights
     assert row["ray_hosts_lost"] == 1 and row["ray_hosts_started"] == 1
-    assert sorted(w.group_id for w in run.spot_hosts) == ["spot1", "spot2"]
+    assert sorted(w.group_id for w in run.spot_rollouts.hosts) == ["spot1", "spot2"]
     assert row["ray_request_steps"] == len(got["seeds"]) * c.sampler.num_steps
     assert np.isfinite(row["loss"])
     run.close()
