@@ -237,8 +237,9 @@ def world_config(config) -> world.WorldConfig:
                   lambda: world.WorldConfig(image_size=config.world.image_size))
 
 
-SPOT_MODES = ("spot_rollout", "spotlight", "compare")
-RUN_MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight", "compare")
+SPOT_MODES = ("spot_rollout", "spotlight", "spotlight_pipelined", "compare")
+RUN_MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight", "spotlight_pipelined",
+             "compare")
 
 
 @dataclasses.dataclass(frozen=True)

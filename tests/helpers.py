@@ -90,11 +90,11 @@ def mode_config(mode, iterations=2, objective="flow_grpo"):
 KILL_ITERATIONS = 3
 
 
-def spotlight_config(objective="flow_grpo"):
-    """A spotlight micro run on a busy trace (the kill-and-resume tests)."""
+def spotlight_config(objective="flow_grpo", mode="spotlight"):
+    """A spotlight (or spotlight_pipelined) micro run on a busy trace (kill-and-resume)."""
     c = micro_config(KILL_ITERATIONS, **{"rl.objective": objective, "rl.nft.times": 2,
                                          "rl.nft.eta_rate": 0.25})
-    c.mode = "spotlight"
+    c.mode = mode
     c.explore.max_extra_per_prompt = 4
     # a slow emulated reward stretches a micro iteration to ~80 emulated seconds (the trace
     # moves in 30 s steps), and a busy trace preempts and rejoins nodes within the run

@@ -174,7 +174,11 @@ class TrainerJob:
             self._opt_stale = False
 
     # -- the trainer interface the runner uses --------------------------------------------
-    def update(self, batch: dict, key, step: int) -> dict:
+    def update(self, batch: dict, key, step: int, generator=None) -> dict:
+        if generator is not None:
+            raise NotImplementedError(
+                "a multi-process trainer job trains on its own iteration's rollouts only; run "
+                "mode spotlight_pipelined in a single-process trainer")
         arrays = {f"b/{k}": np.asarray(v) for k, v in batch.items()}
         metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
                              step=np.asarray(step, np.int64), **arrays)
@@ -187,6 +191,9 @@ class TrainerJob:
 
     def sampling_state(self):
         return self.local.sampling_state()
+
+    def generator(self):
+        return self.local.generator()
 
     def eval_state(self):
         return self.local.eval_state()

@@ -293,7 +293,7 @@ class GRPOTrainer(PolicyTrainer):
     def _select(self):
         return _select_fn(self.sampler, self.cfg.train_steps)
 
-    def update(self, batch: dict, key, step: int) -> dict:
+    def update(self, batch: dict, key, step: int, generator=None) -> dict:
         """Runs the optimizer steps of one iteration on ``batch`` (numpy/jax arrays with
         ``latents [B,T+1,...]``, ``log_probs [B,T]``, ``advantages [B]``, ``tokens``, ``mask``).
 

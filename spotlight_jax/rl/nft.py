@@ -184,13 +184,21 @@ class NFTTrainer(PolicyTrainer):
     def sampling_state(self):
         return self.merged(self.old)
 
+    def generator(self):
+        """A copy of θ_old: the loss of a batch sampled now but trained on later must use the
+        policy that sampled it as its v_old."""
+        return jax.tree.map(jnp.copy, self.old)
+
     @property
     def _step(self):
         return _nft_step(self.graphdef, self.cfg, tuple(float(t) for t in self.grid))
 
-    def update(self, batch: dict, key, step: int) -> dict:
+    def update(self, batch: dict, key, step: int, generator=None) -> dict:
         """``batch``: ``latents [B, T+1, ...]`` (only the last, x0, is read), ``tokens``,
-        ``mask``, ``prompt_ids [B]`` (the groups) and ``advantages [B]``."""
+        ``mask``, ``prompt_ids [B]`` (the groups) and ``advantages [B]``. ``generator``: the
+        sampling policy that drew the batch (:meth:`generator` when it sampled) when that is not
+        the current θ_old; the loss's v_old is then its velocity, and θ_old still moves from its
+        current value."""
         x0 = np.asarray(batch["latents"])[:, -1]
         n, mb = x0.shape[0], self.cfg.minibatches
         if n % mb:
@@ -202,7 +210,7 @@ class NFTTrainer(PolicyTrainer):
         args = {k: self._place(v) for k, v in args.items()}
         self.trainable, self.opt_state, self.ema, self.old, m = self._step(
             self.trainable, self.opt_state, self.ema, self.old, self.base, args,
-            jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)))
+            jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)), generator)
         out = {k: float(v) for k, v in jax.device_get(m).items()}
         self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "
                           "rl.nft.kl_beta")
@@ -248,8 +256,9 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
                           else jnp.zeros((), jnp.float32))}
         return per.sum() / (b * kk), metrics
 
-    def step(trainable, opt_state, ema, old, base, batch, key, eta_k):
+    def step(trainable, opt_state, ema, old, base, batch, key, eta_k, generator):
         m = cfg.minibatches
+        sampled_by = old if generator is None else generator
         # (t, eps) for the whole batch first: the chunking never changes the draws
         t, eps = forward_noise(key, batch["group"], batch["x0"], np.asarray(grid), cfg.times,
                                cfg.shared_noise)
@@ -259,7 +268,7 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
 
         def body(acc, i):
             chunk = jax.tree.map(lambda a: a[i], chunks)
-            (loss, met), g = grad_fn(trainable, old, base, chunk)
+            (loss, met), g = grad_fn(trainable, sampled_by, base, chunk)
             return jax.tree.map(jnp.add, acc, (loss, met, g)), None
 
         zero = (jnp.zeros(()), {"policy_shift": jnp.zeros(()), "kl": jnp.zeros(())},

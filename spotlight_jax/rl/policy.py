@@ -3,7 +3,8 @@
 An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update; the
 controller only uses the shared interface: ``policy_state()`` (θ, merged), ``sampling_state()``
 (the weights rollouts and exploration use: θ itself, or the forward-process objective's lagging
-θ_old), ``eval_state()`` (the EMA if kept), ``update(batch, key, step)``, ``batch_keys`` (the
+θ_old), ``eval_state()`` (the EMA if kept), ``update(batch, key, step, generator=None)``,
+``generator()`` (the sampling policy as a later update needs it), ``batch_keys`` (the
 rollout fields the update reads) and ``state_parts`` (the attributes a checkpoint holds).
 """
 from __future__ import annotations
@@ -106,6 +107,12 @@ class PolicyTrainer:
     def sampling_state(self):
         """The weights that draw this objective's training rollouts (θ itself here)."""
         return self.policy_state()
+
+    def generator(self):
+        """What a later ``update(..., generator=...)`` needs to know of the policy that samples
+        now, for a batch trained on one iteration later (``spotlight_pipelined``): None when the
+        batch itself carries it (Flow-GRPO's rollout log-probs are the PPO ratio's old policy)."""
+        return None
 
     def eval_state(self):
         return self.merged(self.ema) if self.ema is not None else self.policy_state()

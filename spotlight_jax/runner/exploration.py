@@ -112,13 +112,14 @@ class SpotExploration:
         nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(params))
         return placed, time.perf_counter() - t0, nbytes * self.mesh.size
 
-    def submit(self, params, k_next: int, prompts, budget_s: float, per_candidate_s: float):
+    def submit(self, params, k_next: int, prompts, budget_s: float, per_candidate_s: float,
+               keep: bool = False):
         """Explores in the worker thread; returns a future of ``(explore(...) result, (start,
-        end) wall times)``."""
+        end) wall times)``; ``keep``: with the candidates' rollout batch."""
         def work():
             t0 = time.perf_counter()
             out = explore(self.state, k_next, prompts, budget_s, per_candidate_s,
-                          explorer=self.explorer, params=params)
+                          explorer=self.explorer, params=params, keep=keep)
             return out, (t0, time.perf_counter())
         return self._pool.submit(work)
 

@@ -129,11 +129,11 @@ class FleetExplorer:
     # ---- exploration -------------------------------------------------------------------------
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories: bool = False):
         """Per-prompt reward arrays of the candidates, scored on the live groups with the pulled
-        weights (``state`` is not used: the groups hold θ_k since :meth:`pull`)."""
+        weights (``state`` is not used: the groups hold θ_k since :meth:`pull`); with
+        ``keep_trajectories`` also the candidates' rollout batch (host arrays, as
+        :meth:`~spotlight_jax.explore.explorer.RolloutEngine.run` returns), for a mode that
+        trains on what the spot groups sampled."""
         del state
-        if keep_trajectories:
-            raise ValueError("FleetExplorer scores candidates for the next iteration; trajectories "
-                             "for training come from the trainer's own rollout")
         groups = self.fleet.groups
         if not groups:
             raise RuntimeError("no spot node is alive: nothing to explore on")
@@ -144,11 +144,19 @@ class FleetExplorer:
             tokens, mask = world.tokenize(ps, self.model_cfg.text_len)
             node, g, _ = groups[j % len(groups)]
             out = node.rollout(tokens, mask, ss, group=g)   # asynchronous dispatch
-            calls.append((out["images"], ps[:n], n))
+            calls.append((out, tokens[:n], mask[:n], ps[:n], n))
         futures = [self._rewards.submit(lambda im, ps, n: self.reward_fn(np.asarray(im)[:n], ps),
-                                        im, ps, n) for im, ps, n in calls]
+                                        out["images"], ps, n) for out, _, _, ps, n in calls]
         flat_r = np.concatenate([f.result() for f in futures]).astype(np.float32)
-        return np.split(flat_r, np.cumsum([len(s) for s in seeds_per_prompt])[:-1])
+        per_prompt = np.split(flat_r, np.cumsum([len(s) for s in seeds_per_prompt])[:-1])
+        if not keep_trajectories:
+            return per_prompt
+        batch = {key: np.concatenate([np.asarray(out[key])[:n] for out, *_, n in calls])
+                 for key in ("latents", "log_probs", "images")}
+        batch["tokens"] = np.concatenate([t for _, t, _, _, _ in calls])
+        batch["mask"] = np.concatenate([m for _, _, m, _, _ in calls])
+        batch["rewards"] = flat_r
+        return per_prompt, batch
 
     def close(self):
         self._rewards.shutdown(wait=True)

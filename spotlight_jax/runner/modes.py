@@ -19,18 +19,22 @@ is an orthogonal axis that no mode branches on (the trainer's ``sampling_state``
   the bandit planner fits into the training time; S_{k+1} = max-variance G-subsets. Training
   stays on-policy: the next rollout re-runs the chosen seeds with θ_{k+1}. With no spot device
   alive it degrades to ``flow_grpo`` and says so.
+* ``spotlight_pipelined``: as ``spotlight``, but the explored candidates' own rollouts are the
+  next iteration's batch, so rollouts leave the critical path (the batch is one update staler;
+  the loss uses the policy that sampled it).
 """
 from __future__ import annotations
 
 import time
 
+import jax
 import numpy as np
 from absl import logging
 
 from spotlight_jax.rl import group_stats
 from spotlight_jax.runner.exploration import SpotExploration, explore, extras_budget_s
 from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
-from spotlight_jax.runner.rollouts import group_seeds
+from spotlight_jax.runner.rollouts import ReadyBatch, group_seeds
 
 
 class Mode:
@@ -69,6 +73,13 @@ class Mode:
 
     def close(self) -> None:
         pass
+
+    def extra_state(self) -> dict | None:
+        """Host arrays this mode adds to a checkpoint (None: nothing)."""
+        return None
+
+    def load_extra_state(self, s, arrays: dict | None) -> None:
+        """Restores what :meth:`extra_state` saved (None: the checkpoint holds nothing)."""
 
     # -- the iteration --------------------------------------------------------------------------
     def step(self, s, k: int) -> dict:
@@ -151,31 +162,45 @@ class SpotlightMode(Mode):
             return [np.asarray(ss, np.uint32) for ss in s.next_seeds]
         return super().seeds(s, k, prompts)
 
+    keep_candidates = False     # the explored rollouts themselves are wanted (pipelined)
+    batch_generator = None      # the trainer's generator of the batch being trained on
+
     def train_phase(self, s, k, batch, prompts, train_s):
         d, st = s.deploy, s.settings
         stale = s.trainer.sampling_state()                # θ_k, before the update
+        generator = s.trainer.generator() if self.keep_candidates else None
         with d.clock.concurrent() as phase:
             phase.run("train", d.od, train_s)
             if d.spot_devices == 0:
-                s.next_seeds = None
-                return s.train_on(batch, k, prompts), {}
+                self.explored(s, k, None)
+                return s.train_on(batch, k, prompts, generator=self.batch_generator), {}
             per = d.spot_seconds_per_candidate()
             budget = extras_budget_s(st.explore.budget_frac * train_s, d.spot_devices,
                                      st.prompts_per_iter * st.group_size, per)
             pulled, pull_s, pull_bytes = self.spot.pull(stale)
-            future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), budget, per)
+            future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), budget, per,
+                                      keep=self.keep_candidates)
             t_train = time.perf_counter()
-            m = s.train_on(batch, k, prompts)
+            m = s.train_on(batch, k, prompts, generator=self.batch_generator)
             t_train = (t_train, time.perf_counter())
-            (cands, chosen, _, info), t_explore = future.result()
+            (cands, chosen, cbatch, info), t_explore = future.result()
             phase.run("explore", d.spot_group(),
                       info["explore_candidates"] * per / max(d.spot_devices, 1))
-        s.next_seeds = [[int(x) for x in cc[i]] for cc, i in zip(cands, chosen)]
+        self.explored(s, k, (cands, chosen, cbatch, generator))
         overlap = min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0])
         info.update(explore_wall_s=t_explore[1] - t_explore[0],
                     train_wall_s=t_train[1] - t_train[0], overlap_wall_s=max(overlap, 0.0),
                     pull_s=pull_s, pull_bytes=pull_bytes)
         return m, info
+
+    def explored(self, s, k: int, result) -> None:
+        """What exploration during update k found (None: no spot device was alive): the seeds
+        S_{k+1} of each prompt's max-variance G-subset."""
+        if result is None:
+            s.next_seeds = None
+            return
+        cands, chosen = result[:2]
+        s.next_seeds = [[int(x) for x in cc[i]] for cc, i in zip(cands, chosen)]
 
     def new_row(self, s, k):
         row = super().new_row(s, k)
@@ -190,7 +215,82 @@ class SpotlightMode(Mode):
         self.spot.close()
 
 
-MODES = {m.name: m for m in (FlowGRPOMode, ExploreSyncMode, SpotRolloutMode, SpotlightMode)}
+class SpotlightPipelinedMode(SpotlightMode):
+    """``spotlight`` with the rollouts off the critical path: the candidates the spot devices
+    sample with the sampling policy during update k, and score, *are* iteration k+1's training
+    batch (each prompt's max-variance G-subset), so iteration k+1 starts training at once. The
+    batch is one update staler than the policy it trains; the loss uses the policy that sampled
+    it (the trainer's ``generator``: nft's v_old is that θ_old's; Flow-GRPO's PPO ratio takes
+    the rollouts' own log-probs). Without a ready batch (the first iteration, or no spot device
+    alive during the last update) the iteration rolls out synchronously, as ``spotlight``.
+    The ready batch and its generator are checkpointed with the iteration (``extra_state``).
+    """
+
+    name = "spotlight_pipelined"
+    keep_candidates = True
+
+    def __init__(self, state, base):
+        super().__init__(state, base)
+        self.pending = None     # (iteration, batch, generator) sampled for that iteration
+
+    def rollout_phase(self, s, k, prompts):
+        if self.pending is not None and self.pending[0] == k:
+            _, batch, self.batch_generator = self.pending
+            self.pending = None
+            return batch, {"pipelined": 1}, ReadyBatch(s)
+        if self.pending is not None:
+            raise RuntimeError(f"the ready batch is for iteration {self.pending[0]}, not {k}")
+        self.batch_generator = None
+        batch, info, backend = super().rollout_phase(s, k, prompts)
+        return batch, {**info, "pipelined": 0}, backend
+
+    def explored(self, s, k, result):
+        super().explored(s, k, result)
+        self.pending = None
+        if result is None:
+            logging.info("spotlight_pipelined: no spot device explored during update %d; "
+                         "iteration %d rolls out on the trainer", k, k + 1)
+            return
+        cands, chosen, cbatch, generator = result
+        offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
+        sel = np.concatenate([o + i for o, i in zip(offsets, chosen)])
+        batch = {key: np.asarray(v)[sel] for key, v in cbatch.items()}
+        batch["prompt_ids"] = np.repeat(np.arange(len(cands)), [len(i) for i in chosen])
+        batch["seeds"] = np.concatenate([np.asarray(cc, np.uint32)[i]
+                                         for cc, i in zip(cands, chosen)])
+        self.pending = (k + 1, batch, generator)
+
+    # -- checkpointed with the iteration ---------------------------------------------------------
+    def extra_state(self) -> dict | None:
+        """Host arrays of the ready batch and its generator (None when there is none)."""
+        if self.pending is None:
+            return None
+        k, batch, generator = self.pending
+        out = {"iteration": np.asarray(k, np.int64),
+               **{f"batch/{key}": np.asarray(v) for key, v in batch.items()}}
+        if generator is not None:
+            out.update({f"generator/{i:05d}": np.asarray(x)
+                        for i, x in enumerate(jax.tree.leaves(generator))})
+        return out
+
+    def load_extra_state(self, s, arrays: dict | None) -> None:
+        self.pending = None
+        if arrays is None:
+            return
+        batch = {key[6:]: v for key, v in arrays.items() if key.startswith("batch/")}
+        leaves = [arrays[key] for key in sorted(arrays) if key.startswith("generator/")]
+        generator = None
+        if leaves:
+            like = s.trainer.generator()
+            treedef = jax.tree.structure(like)
+            generator = jax.tree.unflatten(treedef, [
+                jax.device_put(x, getattr(ref, "sharding", None))
+                for x, ref in zip(leaves, jax.tree.leaves(like))])
+        self.pending = (int(arrays["iteration"]), batch, generator)
+
+
+MODES = {m.name: m for m in (FlowGRPOMode, ExploreSyncMode, SpotRolloutMode, SpotlightMode,
+                             SpotlightPipelinedMode)}
 
 
 def make_mode(name: str, state, base) -> Mode:

@@ -126,6 +126,20 @@ class Rollouts:
         pass
 
 
+class ReadyBatch(Rollouts):
+    """A phase with nothing to roll out: the batch was sampled during the previous update
+    (``spotlight_pipelined``). No time is charged, and no spot rollout was in flight."""
+
+    def rollout(self, k, prompts, seeds_per_prompt):
+        raise RuntimeError("a ready batch is not rolled out")
+
+    def charge(self, n, info):
+        pass
+
+    def settle(self, n, row, spot_mode):
+        super().settle(n, row, spot_mode=False)
+
+
 class DirectRollouts(Rollouts):
     """Chunked rollouts on the trainer's mesh (rewards of a chunk overlap the next chunk)."""
 

@@ -146,12 +146,27 @@ class RunState:
         parts = {p: getattr(self.trainer, p) for p in self.trainer.state_parts}
         return {p: {} if v is None else v for p, v in parts.items()}
 
+    def _extra_path(self, step: int) -> str:
+        return os.path.join(self.ckpt.directory, f"mode_{step}.npz")
+
     def save(self):
+        # the mode's extra arrays go first: a checkpoint never exists without them
+        extra = self.mode.extra_state()
+        if extra is not None and jax.process_index() == 0:
+            os.makedirs(self.ckpt.directory, exist_ok=True)
+            tmp = self._extra_path(self.iteration) + ".tmp.npz"
+            np.savez(tmp, **extra)
+            os.replace(tmp, self._extra_path(self.iteration))
         self.ckpt.save(self.iteration, self._tree(), {
             "iteration": self.iteration, "history": self.history, "mode": self.settings.mode,
             "objective": self.settings.objective,
             "next_seeds": self.next_seeds, "planner": self.planner.state_dict(),
-            "deployment": self.deploy.state_dict()})
+            "deployment": self.deploy.state_dict(), "mode_extra": extra is not None})
+        keep = set(self.ckpt.steps()) | {self.iteration}
+        for name in os.listdir(self.ckpt.directory):
+            if name.startswith("mode_") and name.endswith(".npz") \
+                    and name[5:-4].isdigit() and int(name[5:-4]) not in keep:
+                os.remove(os.path.join(self.ckpt.directory, name))
 
     def maybe_restore(self) -> bool:
         meta = self.ckpt.latest_meta()
@@ -177,6 +192,15 @@ class RunState:
         if "deployment" in meta:
             self.deploy.load_state_dict(meta["deployment"])
             self.mode.sync(self)
+        extra = None
+        if meta.get("mode_extra"):
+            path = self._extra_path(step)
+            if not os.path.exists(path):
+                raise RuntimeError(f"checkpoint {step} in {self.ckpt.directory} needs {path}, "
+                                   "which is missing; restore it or move the directory away")
+            with np.load(path) as f:
+                extra = {key: f[key] for key in f.files}
+        self.mode.load_extra_state(self, extra)
         logging.info("resumed from iteration %d in %s", step, self.ckpt.directory)
         return True
 
@@ -193,8 +217,10 @@ class RunState:
         """The batch of ``prompts`` x seeds on the trainer's devices (no time charged)."""
         return self.direct.rollout(self.iteration, prompts, seeds_per_prompt)[0]
 
-    def train_on(self, batch, k: int, prompts) -> dict:
-        """The objective's update on ``batch`` (advantages computed here)."""
+    def train_on(self, batch, k: int, prompts, generator=None) -> dict:
+        """The objective's update on ``batch`` (advantages computed here); ``generator``: the
+        trainer's :meth:`generator` of the policy that sampled it, when that is not the current
+        sampling policy."""
         if self.reward_parts is not None:
             flat = [prompts[i] for i in batch["prompt_ids"]]
             adv = decoupled_advantages(self.reward_parts(batch["images"], flat),
@@ -204,7 +230,7 @@ class RunState:
                              global_std=self.rl.global_std, clip=self.rl.adv_clip)
         train = {key: batch[key] for key in self.trainer.batch_keys}
         train["advantages"] = adv
-        return self.trainer.update(train, self.key, k)
+        return self.trainer.update(train, self.key, k, generator=generator)
 
     def evaluate(self, k: int) -> dict:
         """Held-out reward with the evaluation state (ODE sampler, fixed prompts and seeds);

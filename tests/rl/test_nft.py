@@ -169,6 +169,35 @@ def test_sampling_policy_update_and_zero_advantage_batch():
     assert m2["grad_norm"] < 1e-6 * m0["grad_norm"], (m2["grad_norm"], m0["grad_norm"])
 
 
+def test_a_batch_from_an_earlier_sampling_policy_trains_against_that_policy():
+    """update(..., generator=g) takes g's velocity as v_old (the gradient step equals that of a
+    trainer whose θ_old is g) while θ_old keeps moving from its own value."""
+    cfg, a = _trainer(eta_rate=0.25, eta_max=0.5)
+    batch = _batch(cfg)
+    a.update(batch, jax.random.key(0), 0)
+    a.update(batch, jax.random.key(1), 1)                    # θ_old now lags θ
+    g = a.generator()                                        # the policy that samples now
+    for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(a.old)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    a.update(batch, jax.random.key(2), 2)                    # θ_old moves on
+    assert max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
+               for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(a.old))) > 0
+    # b: the same θ and optimizer state, with θ_old = g
+    _, b = _trainer(eta_rate=0.25, eta_max=0.5)
+    b.trainable, b.opt_state = (jax.tree.map(jnp.copy, x) for x in (a.trainable, a.opt_state))
+    b.old = jax.tree.map(jnp.copy, g)
+    old_a = jax.tree.map(np.asarray, a.old)
+    ma = a.update(batch, jax.random.key(3), 3, generator=g)
+    mb = b.update(batch, jax.random.key(3), 3)
+    assert ma["loss"] == mb["loss"] and ma["policy_shift"] == mb["policy_shift"]
+    for x, y in zip(jax.tree.leaves(a.trainable), jax.tree.leaves(b.trainable)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for o, before, t in zip(jax.tree.leaves(a.old), jax.tree.leaves(old_a),
+                            jax.tree.leaves(a.trainable)):      # η = 0.5 from a's own θ_old
+        np.testing.assert_allclose(np.asarray(o), 0.5 * before + 0.5 * np.asarray(t),
+                                   rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_minibatches_do_not_change_the_update(shared):
     cfg, a = _trainer(minibatches=1, shared_noise=shared)

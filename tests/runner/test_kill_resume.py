@@ -32,7 +32,7 @@ enable_persistent_cache({cache!r})   # the resumed process loads the killed one'
 from helpers import spotlight_config
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
-c = spotlight_config({objective!r})
+c = spotlight_config({objective!r}, {mode!r})
 graphdef, state = create_model(model_config(c))
 runner.run(c, {workdir!r}, graphdef, state, progress=False)
 """
@@ -40,8 +40,8 @@ runner.run(c, {workdir!r}, graphdef, state, progress=False)
 
 
 
-def _state(workdir, objective="flow_grpo"):
-    c = spotlight_config(objective)
+def _state(workdir, objective="flow_grpo", mode="spotlight"):
+    c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
     r = runner.RunState(c, str(workdir), graphdef, base)
     assert r.maybe_restore()
@@ -54,19 +54,22 @@ def _completed_steps(ckdir: Path) -> list[int]:
     return [int(p.name) for p in ckdir.iterdir() if p.name.isdigit()]
 
 
-def _spawn(workdir, objective):
+def _spawn(workdir, objective, mode):
     code = CHILD.format(tests=str(Path(__file__).parents[1]), workdir=str(workdir),
-                        cache=str(Path(workdir).parent / "xla_cache"), objective=objective)
+                        cache=str(Path(workdir).parent / "xla_cache"), objective=objective,
+                        mode=mode)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
-def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path, objective):
+@pytest.mark.parametrize("mode,objective", [("spotlight", "flow_grpo"), ("spotlight", "nft"),
+                                            ("spotlight_pipelined", "nft")])
+def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path, mode,
+                                                                       objective):
     rng = np.random.default_rng(int(time.time()))
     killed = tmp_path / "killed"
-    child = _spawn(killed, objective)
+    child = _spawn(killed, objective, mode)
     # wait for a first checkpoint, then kill after a random delay (possibly mid-iteration or
     # mid-save: a half-written checkpoint must fall back to the previous one)
     deadline = time.time() + 300
@@ -79,15 +82,15 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path,
     os.killpg(child.pid, signal.SIGKILL)
     child.wait()
     steps = _completed_steps(killed / "checkpoints")
-    resumed = _spawn(killed, objective)           # a fresh process resumes the workdir
+    resumed = _spawn(killed, objective, mode)           # a fresh process resumes the workdir
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
 
     straight = tmp_path / "straight"
-    c = spotlight_config(objective)
+    c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
     h_straight = runner.run(c, str(straight), graphdef, base, progress=False)
 
-    a, b = _state(straight, objective), _state(killed, objective)
+    a, b = _state(straight, objective, mode), _state(killed, objective, mode)
     assert a.iteration == b.iteration == ITERATIONS, (steps, delay)
     for part in a.trainer.state_parts:      # nft: the sampling policy θ_old too
         for x, y in zip(jax.tree.leaves(getattr(a.trainer, part)),
@@ -96,6 +99,13 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path,
     assert json.dumps(a.planner.state_dict()) == json.dumps(b.planner.state_dict())
     assert json.dumps(a.deploy.state_dict()) == json.dumps(b.deploy.state_dict())
     assert a.next_seeds == b.next_seeds
+    extra_a, extra_b = a.mode.extra_state(), b.mode.extra_state()   # pipelined: the ready batch
+    assert (extra_a is None) == (extra_b is None)
+    assert extra_a is None or mode == "spotlight_pipelined"
+    if mode == "spotlight_pipelined":     # some iteration trained on a batch sampled on spot
+        assert any(row.get("pipelined") == 1 for row in h_straight)
+    for key in extra_a or {}:
+        np.testing.assert_array_equal(extra_a[key], extra_b[key])
 
     def metrics(h):
         return [{k: v for k, v in row.items() if k not in WALL_CLOCK_KEYS} for row in h]

@@ -22,7 +22,7 @@ def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     assert len(rows) == 2
     assert 0 < rows[0]["vtime_s"] < rows[1]["vtime_s"]
     assert rows[1]["dollars"] > 0
-    if mode in ("spotlight", "explore_sync"):
+    if mode in ("spotlight", "spotlight_pipelined", "explore_sync"):
         assert all(r["explore_candidates"] >= 2 * 4 for r in rows)
     # evaluations say where the held-out reward is lost: the shares add up to 1 - reward
     evals = [r for r in h if "val_reward" in r]
@@ -310,3 +310,39 @@ def test_the_validated_mode_names_are_the_runners_modes():
     assert set(RUN_MODES) == {*runner.MODES, "compare"}
     for name, cls in runner.MODES.items():
         assert cls.name == name
+
+
+def test_pipelined_trains_on_the_batch_its_spot_devices_sampled(tmp_path, base):
+    """spotlight_pipelined: the candidates explored during update k with the sampling policy of
+    that moment are iteration k+1's batch (the chosen seeds' own rollouts, rewards of those very
+    images, the policy that sampled them kept for the loss), and iteration k+1 charges no
+    rollout time: its critical path is reward + update."""
+    graphdef, state = base
+    c = mode_config("spotlight_pipelined", iterations=2, objective="nft")
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    stale = jax.tree.map(np.asarray, r.trainer.sampling_state())      # θ_old before update 0
+    old_before = jax.tree.map(np.asarray, r.trainer.old)
+    assert r.step(0)["pipelined"] == 0                                 # nothing ready yet
+    k, batch, generator = r.mode.pending
+    assert k == 1 and r.next_seeds is not None
+    prompts = r.prompts(1)
+    G = c.rl.group_size
+    np.testing.assert_array_equal(batch["prompt_ids"], np.repeat(np.arange(len(prompts)), G))
+    assert [sorted(batch["seeds"][i * G:(i + 1) * G].tolist()) for i in range(len(prompts))] \
+        == [sorted(ss) for ss in r.next_seeds]
+    flat = [prompts[i] for i in batch["prompt_ids"]]
+    again = r.engine.run(stale, flat, batch["seeds"])       # the same seeds, on the trainer
+    np.testing.assert_allclose(batch["images"], again["images"], atol=1e-5)
+    np.testing.assert_allclose(batch["latents"], again["latents"], atol=1e-5)
+    np.testing.assert_array_equal(batch["rewards"],
+                                  np.asarray(r.engine.reward_fn(batch["images"], flat),
+                                             np.float32))
+    for x, y in zip(jax.tree.leaves(generator), jax.tree.leaves(old_before)):
+        np.testing.assert_array_equal(np.asarray(x), y)
+    rollout_s = r.deploy.clock.breakdown()["rollout"]["critical_s"]
+    row = r.step(1)
+    assert row["pipelined"] == 1 and r.mode.pending[0] == 2
+    assert r.deploy.clock.breakdown()["rollout"]["critical_s"] == rollout_s
+    assert np.isfinite(row["loss"]) and row["reward_mean"] == pytest.approx(
+        float(batch["rewards"].mean()))
+    r.close()

@@ -98,3 +98,32 @@ def test_metric_writer_drops_rows_a_resumed_run_redoes(tmp_path):
     assert [(r["step"], r["x"]) for r in read_jsonl(w.path)][-2:] == [(3, 3.0), (4, 4.5)]
     assert w.drop_after(-1) == 5 and read_jsonl(w.path) == []
     assert MetricWriter(str(tmp_path / "new"), "rl", tensorboard=False).drop_after(0) == 0
+
+
+@pytest.mark.parametrize("objective", [pytest.param("flow_grpo", marks=pytest.mark.e2e), "nft"])
+def test_pipelined_resume_is_bitwise_identical_with_the_ready_batch(tmp_path, base, objective):
+    """spotlight_pipelined checkpoints the batch its spot devices sampled for the next iteration
+    (and the policy that sampled it): a stopped and resumed run trains on the same batch."""
+    graphdef, state = base
+    o = {"rl.objective": objective, "rl.nft.times": 2, "rl.nft.eta_rate": 0.25,
+         "mode": "spotlight_pipelined", "explore.max_extra_per_prompt": 4,
+         "deployment.rollout_on_groups": "false", "deployment.fleet": False}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    h1 = runner.run(micro_config(2, **o), str(straight), graphdef, state, progress=False)
+    runner.run(micro_config(1, **o), str(resumed), graphdef, state, progress=False)
+    assert any(p.name == "mode_1.npz" for p in (resumed / "checkpoints").iterdir())
+    # the resumed run's first iteration trains on the batch restored from mode_1.npz
+    h2 = runner.run(micro_config(2, **o), str(resumed), graphdef, state, progress=False)
+    assert [h.get("pipelined") for h in h1[1:]] == [h.get("pipelined") for h in h2[1:]] == [0, 1]
+    ra, rb = params_of(straight, micro_config(2, **o)), params_of(resumed, micro_config(2, **o))
+    for part in ra.trainer.state_parts:
+        for x, y in zip(jax.tree.leaves(getattr(ra.trainer, part)),
+                        jax.tree.leaves(getattr(rb.trainer, part))):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    ea, eb = ra.mode.extra_state(), rb.mode.extra_state()
+    assert ea is not None and sorted(ea) == sorted(eb)
+    assert any(k.startswith("generator/") for k in ea) == (objective == "nft")
+    for key in ea:
+        np.testing.assert_array_equal(ea[key], eb[key])
+    assert [h["reward_mean"] for h in h1 if "reward_mean" in h] == \
+        [h["reward_mean"] for h in h2 if "reward_mean" in h]
