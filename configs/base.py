@@ -9,7 +9,8 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.mode = "spotlight"            # flow_grpo | explore_sync | spot_rollout | spotlight | compare
+    # flow_grpo | explore_sync | spot_rollout | spotlight | spotlight_pipelined | compare
+    c.mode = "spotlight"
     # Emulated devices when running on CPU in the spot modes (0 = leave as is; flow_grpo and
     # explore_sync use one, builders.cpu_device_count): the deployment below (4 on-demand
     # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
@@ -257,5 +258,7 @@ def add_spotlight_sections(c):
     k.spot_discount = 0.73          # paper: spot 69-77% cheaper (REFERENCE.md); 0.73 ->
     #                                 $1.05/GPU-h, inside the public $0.8-2.5 spot range
 
-    c.compare = ml_collections.ConfigDict(dict(target_frac=0.8))
+    # compare mode's target validation reward: flow_grpo's start + target_gain when > 0, else
+    # its start + target_frac of flow_grpo's own best gain
+    c.compare = ml_collections.ConfigDict(dict(target_frac=0.8, target_gain=0.0))
     return c

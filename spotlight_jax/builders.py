@@ -451,6 +451,9 @@ def _check_run_settings(s) -> None:
     if not 0.0 < s.target_frac <= 1.0:
         bad("compare.target_frac", s.target_frac, "must be in (0, 1] (e.g. "
             "--config.compare.target_frac=0.8)")
+    if not (math.isfinite(s.target_gain) and s.target_gain >= 0):
+        bad("compare.target_gain", s.target_gain, "must be >= 0 (0 = use compare.target_frac; "
+            "e.g. --config.compare.target_gain=0.08)")
 
 
 def validate(config, devices=None) -> None:
@@ -539,6 +542,7 @@ class RunSettings:
     rollout_on_groups: str | bool
     ray_spot_resource: str
     target_frac: float          # compare mode's target share of the baseline's gain
+    target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
 
 
 def run_settings(config) -> RunSettings:
@@ -555,7 +559,8 @@ def run_settings(config) -> RunSettings:
         explore=pick_fields(ExploreSettings, config.explore),
         transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
         rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
-        target_frac=float(config.compare.target_frac))
+        target_frac=float(config.compare.target_frac),
+        target_gain=float(config.compare.target_gain))
 
 
 def host_config(config) -> dict:

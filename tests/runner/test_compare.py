@@ -31,6 +31,10 @@ def test_target_and_time_to_target_ratios(tmp_path):
     assert "| spotlight | 2 | 0.500 → 0.620 (0.620) | 0.50 | 8.00 | 0.25 | 5.00 | 8.00x | 4.00x |" \
         in text
     assert "| flow_grpo |" in text and "1.00x | 1.00x |" in text
+    # which of the two gives the speed-up: 2 vs 1 iterations to the target (2x), and 1 h vs
+    # 0.25 h per iteration (4x): 8x in all
+    assert "| 8.00x | 4.00x | 1 | 2.00x | 4.00x |" in text
+    assert "| 1.00x | 1.00x | 2 | 1.00x | 1.00x |" in text
     for f in ("reward_vs_time.png", "reward_vs_cost.png", "compare.json"):
         assert os.path.getsize(tmp_path / f) > 0
 
@@ -42,6 +46,16 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
     assert "No target" in text and "| spotlight | 1 |" in text
     with pytest.raises(ValueError, match="target_frac"):
         compare.target_reward(hist, 0.0)
+
+
+def test_a_fixed_target_gain_over_the_baselines_start():
+    hist = {"flow_grpo": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
+            "spotlight": _hist([(0.5, 5, 0.59)])}
+    assert compare.target_reward(hist, 0.8, gain=0.08) == pytest.approx(0.58)
+    assert compare.first_reaching(hist["flow_grpo"], 0.58, "vtime_s") is None
+    assert compare.first_reaching(hist["spotlight"], 0.58, "iteration") == 1
+    with pytest.raises(ValueError, match="target_gain"):
+        compare.target_reward(hist, 0.8, gain=-0.1)
 
 
 @pytest.mark.e2e
