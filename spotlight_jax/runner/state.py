@@ -230,6 +230,8 @@ class RunState:
                              global_std=self.rl.global_std, clip=self.rl.adv_clip)
         train = {key: batch[key] for key in self.trainer.batch_keys}
         train["advantages"] = adv
+        if generator is None:       # a trainer with the plain update(batch, key, step) serves
+            return self.trainer.update(train, self.key, k)
         return self.trainer.update(train, self.key, k, generator=generator)
 
     def evaluate(self, k: int) -> dict:
