@@ -375,8 +375,17 @@ def cost_config(config) -> CostConfig:
 
 def workload(config) -> Workload:
     """What the run does per rollout and per trained trajectory, for the cost model (reads
-    ``config.sampler`` and ``config.rl``)."""
+    ``config.sampler`` and ``config.rl``): Flow-GRPO trains its SDE steps with a KL reference
+    forward; the forward-process objective trains K = ``rl.nft.times`` flow times per image,
+    each with the old policy's forward (and the reference's with ``rl.nft.kl_beta`` > 0), one
+    optimizer step, ODE rollouts without CFG in training."""
     s, r = config.sampler, config.rl
+    if objective(config) == "nft":
+        n = r.nft
+        return Workload(num_steps=int(s.num_steps), train_steps=int(n.times), inner_epochs=1,
+                        kl=True, rescore=False, cfg_passes=1 if float(s.guidance) == 1.0 else 2,
+                        lora_rank=int(r.lora_rank), extra_forwards=int(float(n.kl_beta) > 0),
+                        objective="nft")
     start, end = resolve_window(s.sde_window, int(s.num_steps))
     stochastic = end - start
     ts = int(r.train_steps)

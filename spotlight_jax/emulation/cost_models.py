@@ -132,7 +132,11 @@ class Workload:
     from the run's sampler and rl sections).
 
     ``train_steps``: trained timesteps per trajectory (already resolved: 0 in the rl config means
-    every stochastic step). ``cfg_passes``: forwards per step of the run (2 with CFG).
+    every stochastic step; the forward-process objective: its K flow times per image).
+    ``kl``: one frozen-policy forward per trained pair (Flow-GRPO's KL reference; the
+    forward-process objective's v_old). ``extra_forwards``: more of them (the forward-process
+    objective's reference velocity when its KL weight is > 0). ``cfg_passes``: forwards per step
+    of the run (2 with CFG). ``objective``: which objective's config these come from.
     """
 
     num_steps: int = 10
@@ -142,6 +146,8 @@ class Workload:
     rescore: bool = False
     cfg_passes: int = 1
     lora_rank: int = 0
+    extra_forwards: int = 0
+    objective: str = "flow_grpo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +237,16 @@ class CostModel:
 
     def _workload_rows(self) -> list[Assumption]:
         w = self.workload
+        if w.objective == "nft":
+            return [Assumption("sampler_steps", w.num_steps, "steps",
+                               "run config sampler.num_steps (ODE rollouts)"),
+                    Assumption("train_steps", w.train_steps, "flow times/image",
+                               "run config rl.nft.times (K)"),
+                    Assumption("inner_epochs", w.inner_epochs, "", "one step per iteration"),
+                    Assumption("kl_reference_forward", w.kl, "",
+                               "the old policy's velocity v_old (always)"),
+                    Assumption("extra_forwards", w.extra_forwards, "",
+                               "the reference velocity (run config rl.nft.kl_beta > 0)")]
         return [Assumption("sampler_steps", w.num_steps, "steps", "run config sampler.num_steps"),
                 Assumption("train_steps", w.train_steps, "steps/trajectory",
                            "run config rl.train_steps (0 = every stochastic step)"),
@@ -307,7 +323,8 @@ class ProfileCost(CostModel):
         c = self.cost
         backward = c.backward_factor_lora if self.lora_rank > 0 else c.backward_factor_full
         return self.cfg_passes * (1.0 + backward + float(self.model.remat)
-                                  + float(self.workload.kl) + float(self.workload.rescore))
+                                  + float(self.workload.kl) + float(self.workload.rescore)
+                                  + float(self.workload.extra_forwards))
 
     def train_sample(self, num_devices: int = 1) -> float:
         check_count(num_devices, "num_devices")

@@ -278,8 +278,25 @@ def test_cost_config_section_round_trip_and_workload():
     assert builders.cost_config(base) == CostConfig(profile_model=builders.model_config(qwen))
     base.cost.mfu = 0.5
     assert builders.cost_config(base).mfu == 0.5
+    # the forward-process objective (base.py's default) trains K flow times per image, each with
+    # the old policy's forward; its KL weight adds the reference's
+    assert builders.workload(base) == Workload(
+        num_steps=10, train_steps=base.rl.nft.times, inner_epochs=1, kl=True, cfg_passes=1,
+        lora_rank=16, extra_forwards=0, objective="nft")
+    base.rl.nft.kl_beta = 1e-4
+    assert builders.workload(base).extra_forwards == 1
+    nft_cost = cost_models.make_cost_model(builders.cost_config(base), builders.workload(base))
+    base.rl.objective = "flow_grpo"
     w = builders.workload(base)
-    # base.py trains every SDE step (train_steps = 0; its window is steps 0-7) with LoRA rank 16
+    # Flow-GRPO on base.py trains every SDE step (train_steps = 0; its window is steps 0-7)
+    # with LoRA rank 16 and the KL reference forward
+    grpo_cost = cost_models.make_cost_model(builders.cost_config(base), w)
+    # per trained pair nft runs v_old and the reference: one forward (per CFG pass of the
+    # profile) more than Flow-GRPO's KL reference; per image it trains K = 4 pairs against
+    # Flow-GRPO's 8 SDE steps
+    p, q = grpo_cost.train_passes(), nft_cost.train_passes()
+    assert q == pytest.approx(p + nft_cost.cfg_passes)
+    assert nft_cost.train_sample() / grpo_cost.train_sample() == pytest.approx(4 * q / (8 * p))
     assert w == Workload(num_steps=10, train_steps=8, inner_epochs=1, kl=True, cfg_passes=1,
                          lora_rank=16)
     base.sampler.sde_window = None
