@@ -100,7 +100,8 @@ def test_metric_writer_drops_rows_a_resumed_run_redoes(tmp_path):
     assert MetricWriter(str(tmp_path / "new"), "rl", tensorboard=False).drop_after(0) == 0
 
 
-@pytest.mark.parametrize("objective", [pytest.param("flow_grpo", marks=pytest.mark.e2e), "nft"])
+@pytest.mark.e2e   # ~30 s each; the default suite checks the pipelined batch in test_modes
+@pytest.mark.parametrize("objective", ["flow_grpo", "nft"])
 def test_pipelined_resume_is_bitwise_identical_with_the_ready_batch(tmp_path, base, objective):
     """spotlight_pipelined checkpoints the batch its spot devices sampled for the next iteration
     (and the policy that sampled it): a stopped and resumed run trains on the same batch."""
