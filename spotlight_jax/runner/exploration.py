@@ -36,6 +36,13 @@ def extras_budget_s(window_s: float, devices: int, base_candidates: int,
     return max(window_s * devices - base_candidates * per_candidate_s, 0.0)
 
 
+def chosen_rows(cands, chosen) -> np.ndarray:
+    """Indices into the flat candidate batch (prompt after prompt) of each prompt's chosen
+    candidates."""
+    offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
+    return np.concatenate([o + np.asarray(i) for o, i in zip(offsets, chosen)])
+
+
 def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float, *,
             explorer, params, keep: bool = False):
     """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with

@@ -32,7 +32,12 @@ import numpy as np
 from absl import logging
 
 from spotlight_jax.rl import group_stats
-from spotlight_jax.runner.exploration import SpotExploration, explore, extras_budget_s
+from spotlight_jax.runner.exploration import (
+    SpotExploration,
+    chosen_rows,
+    explore,
+    extras_budget_s,
+)
 from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.runner.rollouts import ReadyBatch, group_seeds
 
@@ -137,8 +142,7 @@ class ExploreSyncMode(Mode):
         budget = st.explore.sync_extra_per_prompt * P * per
         cands, chosen, ebatch, info = explore(s, k, prompts, budget, per, explorer=s.explorer,
                                               params=s.trainer.sampling_state(), keep=True)
-        offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
-        sel = np.concatenate([o + i for o, i in zip(offsets, chosen)])
+        sel = chosen_rows(cands, chosen)
         batch = {kk: v[sel] for kk, v in ebatch.items()}
         batch["prompt_ids"] = np.repeat(np.arange(P), G)
         d.clock.run("explore_sync", d.od, d.rollout_s(info["explore_candidates"], use_spot=False))
@@ -252,8 +256,7 @@ class SpotlightPipelinedMode(SpotlightMode):
                          "iteration %d rolls out on the trainer", k, k + 1)
             return
         cands, chosen, cbatch, generator = result
-        offsets = np.cumsum([0] + [len(cc) for cc in cands])[:-1]
-        sel = np.concatenate([o + i for o, i in zip(offsets, chosen)])
+        sel = chosen_rows(cands, chosen)
         batch = {key: np.asarray(v)[sel] for key, v in cbatch.items()}
         batch["prompt_ids"] = np.repeat(np.arange(len(cands)), [len(i) for i in chosen])
         batch["seeds"] = np.concatenate([np.asarray(cc, np.uint32)[i]

@@ -129,8 +129,7 @@ class RunState:
         if st.transport == "ray":
             return RayRollouts(self)
         need = 1 + self.deploy.cfg.spot_nodes
-        self.scheduler_on = st.scheduler and len(self.devices) >= need
-        if self.scheduler_on:
+        if st.scheduler and len(self.devices) >= need:
             return ScheduledRollouts(self, rollout_on_groups(st.rollout_on_groups))
         if st.scheduler and getattr(MODES.get(st.mode), "uses_spot", False):
             logging.warning("deployment.scheduler: %d device(s) cannot hold the scheduler's pool "
@@ -139,7 +138,10 @@ class RunState:
                             len(self.devices), need)
         return DirectRollouts(self, use_spot=True)
 
-    scheduler_on = False
+    @property
+    def scheduler_on(self) -> bool:
+        """Whether spot rollouts go through the pull scheduler's emulated pool."""
+        return isinstance(self.spot_rollouts, ScheduledRollouts)
 
     # -- checkpointing -------------------------------------------------------------------------
     def _tree(self):
