@@ -1,0 +1,216 @@
+"""The prompt-embedding file: a real text encoder's output for a fixed list of prompts, computed
+once on a machine that has the encoder's weights, read at run time without torch or downloads.
+
+Format (version 1): one safetensors file (``spotlight_jax.safetensors_io``) with
+
+* ``embeds`` ``[N + 1, L, D]``: the encoder's per-token embeddings (float32, bfloat16 or float16,
+  as the encoder produced them);
+* ``mask`` ``[N + 1, L]`` bool: True on real tokens (the model's text key mask);
+* ``pooled`` ``[N + 1, P]`` (optional): the pooled embedding of families that have one (SD3);
+* ``__metadata__`` (strings): ``format`` (``FORMAT``), ``version``, ``family`` (e.g. ``sd3``,
+  ``qwen_image``), ``encoder`` (what produced it), ``prompts`` and ``splits`` (JSON lists of
+  the N + 1 prompts and their splits: ``train``, ``val``, or ``""`` for the empty prompt) and
+  ``info`` (a JSON object, e.g. the encoder's ``max_sequence_length``).
+
+Row ``EMPTY_INDEX`` (0) is the empty prompt ``""``: the null prompt of classifier-free guidance,
+encoded like any other prompt. ``L`` is fixed for the file: rows are padded with zero embeddings
+and False mask entries to the longest row, or hold whatever fixed length the encoder produces
+(SD3: 77 CLIP + ``max_sequence_length`` T5 tokens, all real). A reader pads to a model's
+``text_len`` on lookup and never truncates: dropping real tokens would silently change what the
+model is conditioned on.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from spotlight_jax import safetensors_io
+
+FORMAT = "spotlight_jax.prompt_embeddings"
+VERSION = 1
+EMPTY_INDEX = 0
+SPLITS = ("train", "val")
+_HOW_TO_WRITE = "write one with python -m spotlight_jax.encode_prompts"
+
+
+class PromptEmbeddingError(ValueError):
+    """A prompt-embedding file that cannot be used (the message names the file and the fix)."""
+
+
+def pad_rows(embeds: Sequence[np.ndarray], masks: Sequence[np.ndarray] | None = None,
+             length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows ``[L_i, D]`` (with their ``[L_i]`` masks; None = all real) stacked into
+    ``([N, L, D], [N, L])``, padded with zeros and False to ``length`` (None = the longest)."""
+    masks = [np.ones(len(e), bool) for e in embeds] if masks is None else masks
+    longest = max((len(e) for e in embeds), default=0)
+    length = longest if length is None else int(length)
+    if length < longest:
+        raise PromptEmbeddingError(f"length={length}: shorter than the longest row ({longest} "
+                                   "tokens); pad to at least that")
+    dim = int(np.shape(embeds[0])[-1]) if len(embeds) else 0
+    dtype = np.asarray(embeds[0]).dtype if len(embeds) else np.float32
+    out = np.zeros((len(embeds), length, dim), dtype)
+    out_mask = np.zeros((len(embeds), length), bool)
+    for i, (e, m) in enumerate(zip(embeds, masks)):
+        out[i, :len(e)] = e
+        out_mask[i, :len(m)] = np.asarray(m, bool)
+    return out, out_mask
+
+
+def write(path, prompts: Sequence[str], embeds, mask, pooled=None, *, splits=None,
+          family: str, encoder: str, info: dict | None = None) -> None:
+    """Writes a prompt-embedding file (the format in the module docstring).
+
+    ``prompts[0]`` must be the empty prompt ``""``, with its embedding in row 0; ``splits``
+    gives each other prompt's split (None = all ``train``); row 0's split is ``""``.
+    """
+    path = pathlib.Path(path)
+    prompts = list(prompts)
+    embeds, mask = np.asarray(embeds), np.asarray(mask)
+    splits = [""] + ["train"] * (len(prompts) - 1) if splits is None else list(splits)
+    if len(splits) != len(prompts):
+        raise PromptEmbeddingError(f"{path}: {len(splits)} splits for {len(prompts)} prompts; "
+                                   "give one split per prompt")
+    tensors = {"embeds": embeds, "mask": mask}
+    if pooled is not None:
+        tensors["pooled"] = np.asarray(pooled)
+    meta = {"format": FORMAT, "version": str(VERSION), "family": str(family),
+            "encoder": str(encoder), "prompts": json.dumps(prompts),
+            "splits": json.dumps(splits), "info": json.dumps(info or {})}
+    check(path, prompts, splits, tensors)
+    safetensors_io.save(path, tensors, meta)
+
+
+def check(path, prompts: list, splits: list, tensors: dict) -> None:
+    """Raises :class:`PromptEmbeddingError` naming the first thing wrong with a file's parts."""
+    def bad(why):
+        raise PromptEmbeddingError(f"{path}: {why}")
+
+    if not all(isinstance(p, str) for p in prompts):
+        bad("prompts must be strings")
+    if not prompts or prompts[EMPTY_INDEX] != "":
+        first = repr(prompts[0]) if prompts else "nothing"
+        bad(f'row {EMPTY_INDEX} must be the empty prompt "" (the null prompt of '
+            f"classifier-free guidance), found {first}; {_HOW_TO_WRITE}")
+    seen = set()
+    for p in prompts:
+        if p in seen:
+            bad(f"prompt {p!r} appears twice; keep one row per prompt")
+        seen.add(p)
+    wrong = [s for i, s in enumerate(splits) if i != EMPTY_INDEX and s not in SPLITS]
+    if wrong or splits[EMPTY_INDEX] != "":
+        bad(f"split {wrong[0] if wrong else splits[EMPTY_INDEX]!r}: each prompt's split must be "
+            f"one of {SPLITS} (the empty prompt's \"\")")
+    if "embeds" not in tensors or "mask" not in tensors:
+        bad(f"no {'embeds' if 'embeds' not in tensors else 'mask'} tensor; {_HOW_TO_WRITE}")
+    e, m = tensors["embeds"], tensors["mask"]
+    if e.ndim != 3 or e.shape[0] != len(prompts):
+        bad(f"embeds has shape {list(e.shape)}; it must be [prompts + 1 = {len(prompts)}, L, D]")
+    if not (np.issubdtype(e.dtype, np.floating) or e.dtype.name == "bfloat16"):
+        bad(f"embeds has dtype {e.dtype}; it must be a float type")
+    if m.shape != e.shape[:2] or m.dtype != np.bool_:
+        bad(f"mask is {m.dtype} {list(m.shape)}; it must be bool {list(e.shape[:2])} "
+            "(True on real tokens)")
+    p = tensors.get("pooled")
+    if p is not None and (p.ndim != 2 or p.shape[0] != len(prompts)):
+        bad(f"pooled has shape {list(p.shape)}; it must be [prompts + 1 = {len(prompts)}, P]")
+
+
+def read(path) -> PromptEmbeddings:
+    """The prompt-embedding file at ``path`` (tensors memory-mapped), checked."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise PromptEmbeddingError(f"{path}: no such prompt-embedding file; {_HOW_TO_WRITE}")
+    try:
+        meta = safetensors_io.metadata(path)
+        tensors = safetensors_io.load(path)
+    except safetensors_io.SafetensorsError as e:
+        raise PromptEmbeddingError(f"{e}; {_HOW_TO_WRITE}") from e
+    if meta.get("format") != FORMAT:
+        raise PromptEmbeddingError(f"{path}: not a prompt-embedding file (metadata format="
+                                   f"{meta.get('format')!r}, expected {FORMAT!r}); "
+                                   f"{_HOW_TO_WRITE}")
+    if meta.get("version") != str(VERSION):
+        raise PromptEmbeddingError(f"{path}: format version {meta.get('version')!r}; this "
+                                   f"reader reads version {VERSION}: re-run "
+                                   "python -m spotlight_jax.encode_prompts")
+    try:
+        prompts, splits = json.loads(meta["prompts"]), json.loads(meta["splits"])
+        info = json.loads(meta.get("info", "{}"))
+    except (KeyError, json.JSONDecodeError) as e:
+        raise PromptEmbeddingError(f"{path}: metadata prompts/splits/info unreadable ({e!r}); "
+                                   f"{_HOW_TO_WRITE}") from e
+    check(path, prompts, splits, tensors)
+    return PromptEmbeddings(path, prompts, splits, tensors, family=meta.get("family", ""),
+                            encoder=meta.get("encoder", ""), info=info)
+
+
+class PromptEmbeddings:
+    """A read prompt-embedding file: the prompts it holds, and batched lookup of their rows."""
+
+    def __init__(self, path, prompts, splits, tensors, *, family, encoder, info):
+        self.path, self.family, self.encoder, self.info = pathlib.Path(path), family, encoder, info
+        self.all_prompts, self.splits = list(prompts), list(splits)
+        self.embeds, self.mask = tensors["embeds"], tensors["mask"]
+        self.pooled = tensors.get("pooled")
+        self._row = {p: i for i, p in enumerate(self.all_prompts)}
+
+    @property
+    def text_len(self) -> int:
+        """``L``: tokens per prompt in the file."""
+        return int(self.embeds.shape[1])
+
+    @property
+    def dim(self) -> int:
+        """``D``: the width of a token embedding."""
+        return int(self.embeds.shape[2])
+
+    @property
+    def pooled_dim(self) -> int | None:
+        """``P``: the width of the pooled embedding, None when the family has none."""
+        return None if self.pooled is None else int(self.pooled.shape[1])
+
+    def prompts(self, split: str | None = None) -> list[str]:
+        """The file's prompts (not the empty one), in file order; only ``split``'s if given."""
+        return [p for i, (p, s) in enumerate(zip(self.all_prompts, self.splits))
+                if i != EMPTY_INDEX and (split is None or s == split)]
+
+    def rows(self, prompts: Sequence[str]) -> np.ndarray:
+        """Row indices of ``prompts``; a prompt the file lacks is an error naming it."""
+        if isinstance(prompts, str):
+            raise PromptEmbeddingError(f"prompts={prompts!r}: expected a list of prompts, got "
+                                       "one str")
+        out = np.empty(len(prompts), np.int64)
+        for i, p in enumerate(prompts):
+            row = self._row.get(p)
+            if row is None:
+                raise PromptEmbeddingError(
+                    f"prompt {p!r} is not in {self.path} ({len(self._row) - 1} prompts); add it: "
+                    "re-run python -m spotlight_jax.encode_prompts with it among the prompts")
+            out[i] = row
+        return out
+
+    def lookup(self, prompts: Sequence[str], text_len: int | None = None):
+        """``(embeds float32 [B, T, D], mask bool [B, T], pooled float32 [B, P] or None)`` of
+        ``prompts`` in order, padded (zeros, False) to ``T = text_len`` (None = the file's L)."""
+        idx = self.rows(prompts)
+        t = self.text_len if text_len is None else int(text_len)
+        if t < self.text_len:
+            raise PromptEmbeddingError(
+                f"text_len={t}: shorter than the {self.text_len} tokens per prompt of "
+                f"{self.path}; use a text_len >= {self.text_len} (tokens are never truncated)")
+        embeds = np.zeros((len(idx), t, self.dim), np.float32)
+        mask = np.zeros((len(idx), t), bool)
+        embeds[:, :self.text_len] = np.asarray(self.embeds[idx], np.float32)
+        mask[:, :self.text_len] = self.mask[idx]
+        pooled = None if self.pooled is None else np.asarray(self.pooled[idx], np.float32)
+        return embeds, mask, pooled
+
+    def empty(self, text_len: int | None = None):
+        """The empty prompt's ``(embeds [T, D], mask [T], pooled [P] or None)``: the null
+        prompt of classifier-free guidance."""
+        e, m, p = self.lookup([""], text_len)
+        return e[0], m[0], None if p is None else p[0]
