@@ -97,7 +97,7 @@ def save(path, tensors: dict, metadata: dict | None = None) -> None:
     path = pathlib.Path(path)
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        a = np.ascontiguousarray(np.asarray(tensors[name]))
+        a = np.require(np.asarray(tensors[name]), requirements="C")  # keeps 0-d arrays 0-d
         if a.dtype not in _NAMES:
             raise SafetensorsError(f"{path}: tensor {name!r} has dtype {a.dtype}, which "
                                    f"safetensors cannot store (use one of {sorted(_DTYPES)})")
