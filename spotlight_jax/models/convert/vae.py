@@ -1,0 +1,171 @@
+"""Load a diffusers VAE folder (``<model>/vae``) into the Flax VAE of its family, wrapped as a
+``LatentVAE`` that speaks the DiT's latents (``decode``/``encode``).
+
+Families, by the config's ``_class_name``: ``AutoencoderKL`` (SD3/SD3.5; SD1/SDXL too) and
+``AutoencoderKLQwenImage`` (single frame). The conversion is by rule, not by a per-key table: the
+Flax modules are named after diffusers' module tree, so each parameter's path gives its diffusers
+key (``kernel``/``scale`` -> ``weight``, plus the two ``nn.Sequential`` indices below), and the
+layout follows from the stored tensor's rank:
+
+- conv ``[out, in, kh, kw]`` -> ``[kh, kw, in, out]``; linear ``[out, in]`` -> ``[in, out]``;
+- Qwen-Image's causal 3-D conv ``[out, in, t, kh, kw]``: on a single frame its causal padding puts
+  ``t - 1`` zero frames before the frame, so only the last temporal tap ``[:, :, -1]`` is kept;
+- Qwen-Image's norm gains ``(C, 1, 1[, 1])`` -> ``(C,)``.
+
+Every tensor in the folder must be used, except Qwen-Image's ``time_conv`` weights (temporal
+resampling, which a single frame skips): a missing, mis-shaped or unexpected tensor is a
+``CheckpointError`` naming it.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
+from spotlight_jax.models.vae.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
+from spotlight_jax.models.vae.latent_vae import LatentVAE
+from spotlight_jax.models.vae.qwen_image import QwenImageVAE, QwenImageVAEConfig
+
+SD_CLASS, QWEN_CLASS = "AutoencoderKL", "AutoencoderKLQwenImage"
+
+# Our module names whose diffusers counterpart sits inside an nn.Sequential / ModuleList.
+_RENAMES = {SD_CLASS: {"to_out": "to_out.0"}, QWEN_CLASS: {"resample": "resample.1"}}
+# Pre-0.14 diffusers (and original LDM) names of the SD mid-block attention's projections.
+_LEGACY = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
+_LEAVES = {"kernel": "weight", "scale": "weight", "gamma": "gamma", "bias": "bias"}
+
+
+def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
+    """The VAE in ``checkpoint_dir`` (a diffusers ``vae`` folder), parameters and compute in
+    ``dtype``, as a ``LatentVAE`` (``decode(latents [B, h, w, c]) -> images [B, H, W, 3]`` in
+    [0, 1], ``encode`` the inverse, with the family's latent normalisation inside)."""
+    config, tensors = read_component(checkpoint_dir)
+    family = config.get("_class_name")
+    if family == SD_CLASS:
+        cfg = autoencoder_kl_config(config, checkpoint_dir)
+        build = lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)  # noqa: E731
+        scaling = config.get("scaling_factor", 0.18215)
+        shift = config.get("shift_factor") or 0.0
+        if not scaling:
+            raise CheckpointError(f"{checkpoint_dir}: scaling_factor={scaling!r} in config.json "
+                                  f"(must be non-zero, e.g. 1.5305 for SD3)")
+        norm = dict(latent_channels=cfg.latent_channels, latent_scale=1.0 / float(scaling),
+                    latent_shift=float(shift))
+    elif family == QWEN_CLASS:
+        cfg = qwen_image_config(config, checkpoint_dir)
+        build = lambda: QwenImageVAE(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)  # noqa: E731
+        norm = dict(latent_channels=cfg.z_dim,
+                    latent_scale=_per_channel(config, "latents_std", cfg.z_dim, checkpoint_dir),
+                    latent_shift=_per_channel(config, "latents_mean", cfg.z_dim, checkpoint_dir))
+    else:
+        raise CheckpointError(f"{checkpoint_dir}: _class_name={family!r} in config.json is not a "
+                              f"supported VAE (use a folder of {SD_CLASS} or {QWEN_CLASS})")
+    module = nnx.eval_shape(build)
+    graphdef, abstract = nnx.split(module)
+    state = load_state(abstract, tensors, family, checkpoint_dir, dtype)
+    return LatentVAE(nnx.merge(graphdef, state), downsample_factor=cfg.downsample_factor,
+                     family=family, **norm)
+
+
+def autoencoder_kl_config(config: dict, where) -> AutoencoderKLConfig:
+    """The architecture of a diffusers ``AutoencoderKL`` config.json; rejects block types and
+    activations this port does not implement."""
+    boc = tuple(int(c) for c in config.get("block_out_channels", (64,)))
+    down = list(config.get("down_block_types", ["DownEncoderBlock2D"]))
+    up = list(config.get("up_block_types", ["UpDecoderBlock2D"]))
+    if down != ["DownEncoderBlock2D"] * len(boc) or up != ["UpDecoderBlock2D"] * len(boc):
+        raise CheckpointError(f"{where}: down_block_types={down}, up_block_types={up}: only "
+                              f"DownEncoderBlock2D/UpDecoderBlock2D, one per block_out_channels "
+                              f"entry ({len(boc)}), are supported (as in SD3's VAE)")
+    act = config.get("act_fn", "silu")
+    if act not in ("silu", "swish"):
+        raise CheckpointError(f"{where}: act_fn={act!r}: only silu is supported (as in SD3)")
+    return AutoencoderKLConfig(
+        block_out_channels=boc,
+        layers_per_block=int(config.get("layers_per_block", 1)),
+        latent_channels=int(config.get("latent_channels", 4)),
+        norm_num_groups=int(config.get("norm_num_groups", 32)),
+        in_channels=int(config.get("in_channels", 3)),
+        out_channels=int(config.get("out_channels", 3)),
+        use_quant_conv=bool(config.get("use_quant_conv", True)),
+        use_post_quant_conv=bool(config.get("use_post_quant_conv", True)),
+        mid_block_add_attention=bool(config.get("mid_block_add_attention", True)))
+
+
+def qwen_image_config(config: dict, where) -> QwenImageVAEConfig:
+    """The architecture of a diffusers ``AutoencoderKLQwenImage`` config.json."""
+    if config.get("attn_scales"):
+        raise CheckpointError(f"{where}: attn_scales={config['attn_scales']}: encoder attention "
+                              f"blocks are not supported (Qwen-Image's VAE has attn_scales=[])")
+    if config.get("input_channels", 3) != 3:
+        raise CheckpointError(f"{where}: input_channels={config['input_channels']}: only RGB "
+                              f"(3) is supported")
+    mult = tuple(int(m) for m in config.get("dim_mult", (1, 2, 4, 4)))
+    temporal = tuple(bool(t) for t in config.get("temperal_downsample", (False, True, True)))
+    if len(temporal) != len(mult) - 1:
+        raise CheckpointError(f"{where}: temperal_downsample={list(temporal)}: needs "
+                              f"len(dim_mult) - 1 = {len(mult) - 1} entries")
+    return QwenImageVAEConfig(base_dim=int(config.get("base_dim", 96)),
+                              z_dim=int(config.get("z_dim", 16)), dim_mult=mult,
+                              num_res_blocks=int(config.get("num_res_blocks", 2)),
+                              temperal_downsample=temporal)
+
+
+def _per_channel(config: dict, name: str, channels: int, where) -> np.ndarray:
+    v = config.get(name)
+    if v is None or len(v) != channels:
+        raise CheckpointError(f"{where}: {name}={v!r} in config.json: needs z_dim={channels} "
+                              f"values (one per latent channel)")
+    return np.asarray(v, np.float32)
+
+
+def diffusers_key(path: tuple, family: str) -> str:
+    """The diffusers name of the parameter at ``path`` in our module tree."""
+    renames = _RENAMES[family]
+    *modules, leaf = (str(p) for p in path)
+    return ".".join([renames.get(m, m) for m in modules] + [_LEAVES[leaf]])
+
+
+def to_flax(a: np.ndarray, target_ndim: int) -> np.ndarray:
+    """One stored tensor in our layout (see the module docstring)."""
+    if a.ndim == 5:  # causal 3-D conv on one frame: the last temporal tap only
+        a = a[:, :, -1]
+    if target_ndim == 1:
+        return a.reshape(-1) if a.ndim > 1 and a.size == a.shape[0] else a
+    if target_ndim == 2 and a.ndim == 4 and a.shape[2:] == (1, 1):  # a 1x1 conv as a linear
+        a = a[:, :, 0, 0]
+    if a.ndim == 4:
+        return a.transpose(2, 3, 1, 0)
+    if a.ndim == 2:
+        return a.T
+    return a
+
+
+def load_state(abstract: nnx.State, tensors: dict, family: str, where, dtype) -> nnx.State:
+    """Fill the abstract state with the folder's tensors; every error names the tensor."""
+    used, flat = set(), []
+    for path, var in nnx.to_flat_state(abstract):
+        key = diffusers_key(path, family)
+        name = key
+        if name not in tensors and family == SD_CLASS:
+            module, leaf = key.rsplit(".", 1)
+            for new, old in _LEGACY.items():
+                if module.endswith("." + new):
+                    name = module[: -len(new)] + old + "." + leaf
+        if name not in tensors:
+            raise CheckpointError(f"{where}: missing tensor {key!r} (the config.json describes a "
+                                  f"{family} with it; is the folder complete and of that class?)")
+        a = to_flax(np.asarray(tensors[name]), len(var.shape))
+        if tuple(a.shape) != tuple(var.shape):
+            raise CheckpointError(f"{where}: tensor {name!r} has shape "
+                                  f"{tuple(tensors[name].shape)}, expected {tuple(var.shape)} in "
+                                  f"our layout (does config.json match the weights?)")
+        used.add(name)
+        flat.append((path, var.replace(jnp.asarray(a, dtype=dtype))))
+    ignored = {k for k in tensors if family == QWEN_CLASS and ".time_conv." in k}
+    extra = sorted(set(tensors) - used - ignored)
+    if extra:
+        raise CheckpointError(f"{where}: {len(extra)} unexpected tensors, e.g. {extra[:3]} (the "
+                              f"config.json does not describe them; is it this folder's config?)")
+    return nnx.from_flat_state(flat)

@@ -1,0 +1,122 @@
+"""The pieces both VAE families are built from, channels-last (NHWC) throughout.
+
+Each layer names its parameters after the diffusers module it mirrors (``kernel``/``bias`` of a
+conv or linear, ``scale``/``bias`` of a GroupNorm, ``gamma`` of Qwen-Image's RMS norm), so the
+converter (``models.convert.vae``) maps a parameter's path to its diffusers key by rule rather
+than by a hand-written table. Parameters are ``nnx.Param`` with logical axes all ``None``
+(replicated on any mesh): a VAE is small and frozen, so nothing is gained by sharding it.
+Parameters are stored in ``param_dtype``; convolutions and matmuls run in ``dtype``;
+normalisation statistics and the softmax are computed in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from spotlight_jax.models.layers import param
+
+
+def _replicated(ndim: int) -> tuple[None, ...]:
+    return (None,) * ndim
+
+
+class Conv2d(nnx.Module):
+    """A 2-D convolution on NHWC input with an HWIO ``kernel``; ``padding`` is
+    ``((top, bottom), (left, right))`` so the downsamplers' asymmetric (0, 1) padding is one
+    call, not a separate pad."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, *, rngs: nnx.Rngs,
+                 stride: int = 1, padding=None, dtype=jnp.float32, param_dtype=jnp.float32):
+        k = kernel_size
+        self.kernel = param(rngs, nnx.initializers.lecun_normal(), (k, k, cin, cout),
+                            param_dtype, _replicated(4))
+        self.bias = param(rngs, nnx.initializers.zeros, (cout,), param_dtype, _replicated(1))
+        if padding is None:
+            padding = ((k // 2, k // 2), (k // 2, k // 2))
+        self.padding = tuple(tuple(int(p) for p in pair) for pair in padding)
+        self.stride = int(stride)
+        self.dtype = dtype
+
+    def __call__(self, x):
+        y = jax.lax.conv_general_dilated(
+            x.astype(self.dtype), self.kernel[...].astype(self.dtype),
+            window_strides=(self.stride, self.stride), padding=self.padding,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return y + self.bias[...].astype(self.dtype)
+
+
+class Linear(nnx.Module):
+    """``y = x @ kernel + bias`` with ``kernel`` ``[in, out]`` (torch's Linear transposed)."""
+
+    def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs, dtype=jnp.float32,
+                 param_dtype=jnp.float32):
+        self.kernel = param(rngs, nnx.initializers.lecun_normal(), (din, dout), param_dtype,
+                            _replicated(2))
+        self.bias = param(rngs, nnx.initializers.zeros, (dout,), param_dtype, _replicated(1))
+        self.dtype = dtype
+
+    def __call__(self, x):
+        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        return y + self.bias[...].astype(self.dtype)
+
+
+class GroupNorm(nnx.Module):
+    """torch's ``GroupNorm`` on NHWC: statistics over (H, W, channels of the group), biased
+    variance, then a per-channel affine."""
+
+    def __init__(self, channels: int, groups: int, *, rngs: nnx.Rngs, eps: float = 1e-6,
+                 param_dtype=jnp.float32):
+        if channels % groups:
+            raise ValueError(f"norm_num_groups={groups}: must divide every block's channel "
+                             f"count, not {channels} (e.g. 32 for block_out_channels of 128..512)")
+        self.scale = param(rngs, nnx.initializers.ones, (channels,), param_dtype, _replicated(1))
+        self.bias = param(rngs, nnx.initializers.zeros, (channels,), param_dtype, _replicated(1))
+        self.groups = groups
+        self.eps = eps
+
+    def __call__(self, x):
+        b, h, w, c = x.shape
+        g = x.astype(jnp.float32).reshape(b, h, w, self.groups, c // self.groups)
+        mean = jnp.mean(g, axis=(1, 2, 4), keepdims=True)
+        var = jnp.mean(jnp.square(g - mean), axis=(1, 2, 4), keepdims=True)
+        y = ((g - mean) * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c)
+        y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y.astype(x.dtype)
+
+
+class ChannelRMSNorm(nnx.Module):
+    """Qwen-Image's (Wan's) RMS norm: ``x / max(||x||_2, 1e-12) * sqrt(C) * gamma`` over the
+    channel axis (an L2 normalisation, not a mean of squares plus eps), without a bias."""
+
+    def __init__(self, channels: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        self.gamma = param(rngs, nnx.initializers.ones, (channels,), param_dtype, _replicated(1))
+        self.scale = math.sqrt(channels)
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        norm = jnp.sqrt(jnp.sum(jnp.square(x32), axis=-1, keepdims=True))
+        y = x32 / jnp.maximum(norm, 1e-12) * self.scale * self.gamma[...].astype(jnp.float32)
+        return y.astype(x.dtype)
+
+
+def single_head_attention(q, k, v):
+    """Softmax attention of one head over all pixels: q, k, v ``[B, N, C]`` -> ``[B, N, C]``,
+    scale ``1/sqrt(C)`` (both families' mid-block attention has one head as wide as the
+    block). Through ``jax.nn.dot_product_attention`` so an accelerator may use its fused
+    kernel; the logits are float32 for float32 inputs."""
+    return jax.nn.dot_product_attention(q[:, :, None, :], k[:, :, None, :],
+                                        v[:, :, None, :])[:, :, 0, :]
+
+
+def upsample_nearest_2x(x):
+    """Nearest-neighbour 2x upsampling of NHWC (torch's ``nearest`` and ``nearest-exact`` agree
+    at an integer factor of 2: output pixel i reads input pixel i // 2)."""
+    return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+
+
+DOWNSAMPLE_PADDING = ((0, 1), (0, 1))
+"""Both families downsample with a 3x3 stride-2 conv after zero-padding only the bottom and
+right by one pixel (diffusers' ``F.pad(x, (0, 1, 0, 1))``)."""
