@@ -158,6 +158,21 @@ def get_config():
     n.eta_delay = 0                 # iterations fully on-policy before the lag ramps up
     n.minibatches = 1               # gradient accumulation chunks of the one step per iteration
 
+    # A reward served over HTTP (spotlight_jax.rewards.remote; docs/rewards_remote.md), used
+    # where rl.reward or rl.eval_reward is 'remote'. While the server is unreachable the run
+    # pauses and retries (back-off) for up to max_wait_s, then stops with an error.
+    w = c.remote_reward = ml_collections.ConfigDict()
+    w.url = ""                      # e.g. http://127.0.0.1:18085 ('' = none)
+    w.protocol = "json"             # json (ours, safe) | flow_grpo_pickle (Flow-GRPO's servers)
+    w.trust_pickle = False          # flow_grpo_pickle: unpickling a reply runs the server's code
+    w.image_format = "png"          # json: png (lossless 8-bit) | jpeg | npy (float32, exact)
+    w.jpeg_quality = 95             # jpeg and flow_grpo_pickle (Flow-GRPO's client: 75)
+    w.batch_size = 64               # images per request
+    w.timeout_s = 120.0             # per request
+    w.backoff_s = 1.0               # first wait after a failed attempt, doubling ...
+    w.max_backoff_s = 60.0          # ... up to this
+    w.max_wait_s = 600.0            # per request; 0 = wait for the server forever
+
     c.checkpoint = ml_collections.ConfigDict(dict(every=10, max_to_keep=3))
     return add_spotlight_sections(c)
 

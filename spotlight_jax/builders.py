@@ -41,6 +41,7 @@ from spotlight_jax.models import MMDiT, MMDiTConfig
 from spotlight_jax.parallel import STRATEGIES, MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.pretrain import PretrainConfig
+from spotlight_jax.rewards.remote import RemoteReward, RemoteRewardConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig, trainer_class
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -223,6 +224,32 @@ def eval_reward(config) -> str:
     """The held-out measurement's reward: ``rl.eval_reward`` ('' = the training reward
     ``rl.reward``), so a shaped training reward is still measured by the reward it shapes."""
     return config.rl.eval_reward or config.rl.reward
+
+
+REMOTE_REWARD = "remote"
+
+
+def remote_reward_config(config) -> RemoteRewardConfig:
+    """The reward server the ``remote`` reward asks (``config.remote_reward``)."""
+    return _build(_paths("remote_reward", RemoteRewardConfig),
+                  lambda: pick_fields(RemoteRewardConfig, config.remote_reward).validate())
+
+
+def register_remote_reward(config) -> None:
+    """Validates ``config.remote_reward`` and, where ``rl.reward`` or ``rl.eval_reward`` is
+    'remote', registers its client under that name (replacing an earlier run's), with the
+    server's reward components for ``rl.advantage='decoupled'``: the runner, the explorer and
+    the evaluation then find it by name like any shipped reward."""
+    cfg = remote_reward_config(config)
+    if REMOTE_REWARD not in (config.rl.reward, eval_reward(config)):
+        return
+    if not cfg.url:
+        raise ConfigError("remote_reward.url='': rl.reward or rl.eval_reward is 'remote', which "
+                          "needs a reward server (e.g. --config.remote_reward.url=http://"
+                          "127.0.0.1:18085 after python -m spotlight_jax.rewards.serve "
+                          "--reward=geneval_lite --port=18085)")
+    client = RemoteReward(cfg)
+    rewards.register(REMOTE_REWARD, client, overwrite=True, components=client.components)
 
 
 def pretrain_config(config) -> PretrainConfig:
@@ -481,6 +508,7 @@ def validate(config, devices=None) -> None:
     _nft_config(config)
     world_config(config)
     pretrain_config(config)
+    remote_reward_config(config)      # (run_settings registered the client if the run uses it)
     deploy = deployment_config(config)
     trace = trace_config(config)
     if trace.paths:                   # missing files and a start past the trace's end
@@ -555,6 +583,9 @@ class RunSettings:
 
 
 def run_settings(config) -> RunSettings:
+    """The runner's settings; registers the ``remote`` reward first where the run names it
+    (:func:`register_remote_reward`), so that ``reward`` and ``eval_reward`` resolve."""
+    register_remote_reward(config)
     r, d = config.rl, config.deployment
     return RunSettings(
         mode=config.mode, objective=objective(config), seed=int(config.seed),
