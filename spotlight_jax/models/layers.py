@@ -10,6 +10,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -63,11 +64,17 @@ def modulate(x, shift, scale):
     return x * (1 + scale[:, None, :]) + shift[:, None, :]
 
 
-def timestep_embedding(t, dim: int, max_period: float = 10_000.0, scale: float = 1000.0):
-    """Sinusoidal embedding of flow time ``t`` in [0, 1] (scaled by 1000 as in DiT/SD3)."""
+def timestep_embedding(t, dim: int, max_period: float = 10_000.0, scale: float = 1000.0,
+                       scale_after_freqs: bool = False):
+    """Sinusoidal embedding ``[cos, sin]`` of flow time ``t`` in [0, 1], scaled by 1000 as in
+    DiT/SD3. ``scale_after_freqs`` multiplies the products ``t * freq`` by ``scale`` instead of
+    ``t`` itself: Qwen-Image's order, which rounds differently in float32."""
     half = dim // 2
     freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
-    args = (t.astype(jnp.float32) * scale)[:, None] * freqs[None]
+    if scale_after_freqs:
+        args = (t.astype(jnp.float32)[:, None] * freqs[None]) * scale
+    else:
+        args = (t.astype(jnp.float32) * scale)[:, None] * freqs[None]
     return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
 
 
@@ -88,3 +95,62 @@ def sincos_1d(length: int, dim: int):
     half = dim // 2
     omega = 1.0 / (10_000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
     return jnp.concatenate([jnp.sin(pos * omega), jnp.cos(pos * omega)], -1)
+
+
+def sd3_sincos_rows(rows, cols, dim: int, max_size: int, base_size: int,
+                    interpolation_scale: float = 1.0) -> np.ndarray:
+    """Rows ``rows x cols`` (grid indices) of SD3's stored 2-D sin-cos table, ``[len(rows) *
+    len(cols), dim]`` float32, row-major: the first half of the features encodes the column
+    (x), the second the row (y), each ``[sin, cos]`` over ``dim / 4`` frequencies, with grid
+    coordinates ``i / (max_size / base_size) / interpolation_scale``. Recomputed (numpy, at
+    trace time) instead of stored, so it is never a trainable parameter and only the crop in
+    use is materialised."""
+    def coord(i):
+        i = np.asarray(i, np.float32)
+        return i / np.float32(max_size / base_size) / np.float32(interpolation_scale)
+
+    def embed_1d(pos, d):
+        omega = np.arange(d // 2, dtype=np.float64) / (d / 2.0)
+        omega = 1.0 / 10_000.0 ** omega
+        out = pos.astype(np.float64)[:, None] * omega[None]
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    ys, xs = np.meshgrid(coord(rows), coord(cols), indexing="ij")
+    half = dim // 2
+    emb = np.concatenate([embed_1d(xs.reshape(-1), half), embed_1d(ys.reshape(-1), half)], 1)
+    return emb.astype(np.float32)
+
+
+def sd3_sincos_crop(grid_h: int, grid_w: int, dim: int, max_size: int, base_size: int,
+                    interpolation_scale: float = 1.0) -> np.ndarray:
+    """The centre crop ``[grid_h * grid_w, dim]`` of SD3's ``max_size x max_size`` table that
+    diffusers' ``PatchEmbed`` adds to a ``grid_h x grid_w`` patch grid."""
+    if grid_h > max_size or grid_w > max_size:
+        raise ValueError(f"patch grid {grid_h}x{grid_w} exceeds pos_embed_max_size={max_size}: "
+                         f"use latents of at most {max_size} patches per side")
+    top, left = (max_size - grid_h) // 2, (max_size - grid_w) // 2
+    return sd3_sincos_rows(np.arange(top, top + grid_h), np.arange(left, left + grid_w), dim,
+                           max_size, base_size, interpolation_scale)
+
+
+def rope_angles(positions: np.ndarray, axes, theta: float) -> np.ndarray:
+    """Rotary angles ``[S, sum(axes) / 2]`` float32 for integer positions ``[S, len(axes)]``:
+    axis ``a`` takes ``axes[a] / 2`` frequencies ``theta ** (-2j / axes[a])``, its angles
+    ``position * frequency``, concatenated over the axes (Qwen-Image's 3-axis RoPE, computed
+    in float32 as diffusers does)."""
+    out = []
+    for a, dim in enumerate(axes):
+        inv = np.float32(1.0) / np.power(np.float32(theta),
+                                         np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+        out.append(positions[:, a].astype(np.float32)[:, None] * inv[None].astype(np.float32))
+    return np.concatenate(out, axis=1).astype(np.float32)
+
+
+def apply_rope(x, cos, sin):
+    """Rotates interleaved pairs ``(x[2i], x[2i+1])`` of ``x [B, S, H, D]`` by the angles whose
+    ``cos``/``sin`` are ``[S, D/2]`` (complex multiply, as diffusers' ``use_real=False``)."""
+    x32 = x.astype(jnp.float32)
+    xr, xi = x32[..., 0::2], x32[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = jnp.stack([xr * c - xi * s, xr * s + xi * c], axis=-1)
+    return out.reshape(x.shape).astype(x.dtype)

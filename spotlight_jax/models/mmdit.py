@@ -16,6 +16,20 @@ full-resolution decoder: the final layer also emits F features per pixel, and th
 over [features, x_t] add a zero-initialised correction to the velocity. It renders shapes at
 sub-patch precision (a 4x4 patch cannot place a triangle's edge by itself) for ~30% more FLOPs
 at 32x32, and since it starts at zero a model without it can be grown into one with it.
+
+Real checkpoints (``spotlight_jax.models.convert``) are configs of the same model, not other
+classes: ``pos_embed`` (our computed sin-cos, SD3's stored sin-cos table recomputed and centre
+cropped, or Qwen-Image's 3-axis RoPE on q/k after QK-norm), ``pooled`` (our masked text mean,
+SD3's separate pooled embedding through a two-layer SiLU MLP, or none as in Qwen-Image),
+``text_norm`` (Qwen-Image's RMSNorm before the text projection), ``use_text_mask`` (SD3 attends
+to every text token), ``context_pre_only_last`` (SD3's last block: the text stream is only
+normalised and projected to q/k/v), ``dual_attention_layers`` (SD3.5's image-only second
+attention with its own modulation) and ``timestep_scaling``. Their defaults are this project's
+model, parameter for parameter.
+
+Velocity sign: diffusers' flow-matching models predict ``noise - x0`` for ``x_t = (1 - s) x0 +
+s noise`` (their Euler step is ``x + (s_next - s) v``), the same as ours, so a converted model
+is used by our samplers unchanged.
 """
 from __future__ import annotations
 
@@ -24,21 +38,28 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from spotlight_jax import parallel
 from spotlight_jax.models.layers import (
     Dense,
     RMSNorm,
+    apply_rope,
     layer_norm,
     modulate,
     param,
+    rope_angles,
+    sd3_sincos_crop,
     sincos_1d,
     sincos_2d,
     timestep_embedding,
 )
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+POS_EMBEDS = ("sincos", "sd3_table", "rope3d")
+POOLED = ("text_mean", "input", "none")
+TIMESTEP_SCALINGS = ("before_freqs", "after_freqs")
 
 
 def as_dtype(name):
@@ -76,6 +97,35 @@ class MMDiTConfig:
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block
     scan_blocks: bool = False     # lax.scan over stacked blocks (large depths compile once)
+    # Options of converted checkpoints (models.convert); the defaults are this project's model.
+    # Position: sincos (computed, added) | sd3_table (SD3's stored table, recomputed and centre
+    # cropped: pos_embed_max_size = its grid side, pos_embed_base_size = diffusers' base_size,
+    # i.e. sample_size // patch_size) | rope3d (Qwen-Image: 3-axis RoPE on q/k, rope_axes split
+    # head_dim into (frame, height, width) parts).
+    pos_embed: str = "sincos"
+    pos_embed_max_size: int = 0
+    pos_embed_base_size: int = 0
+    rope_axes: tuple[int, ...] = (16, 56, 56)
+    rope_theta: float = 10_000.0
+    # Pooled conditioning added to the time embedding: text_mean (masked mean of the text
+    # features) | input (a separate [B, pooled_dim] input through linear-SiLU-linear, SD3) |
+    # none (timestep only, Qwen-Image).
+    pooled: str = "text_mean"
+    pooled_dim: int = 0
+    text_norm: bool = False       # RMSNorm on the text embeddings before text_proj (Qwen-Image)
+    use_text_mask: bool = True    # False: every text token is attended to (SD3 has no mask)
+    context_pre_only_last: bool = False     # SD3: the last block's text is only projected
+    dual_attention_layers: tuple[int, ...] = ()   # SD3.5: blocks with a 2nd image attention
+    # The x1000 of the timestep embedding multiplies t (ours, SD3) or the t * freq products
+    # (Qwen-Image): the same value, rounded differently in float32.
+    timestep_scaling: str = "before_freqs"
+
+    def __post_init__(self):
+        # ConfigDicts may hand lists; a frozen config must stay hashable (it is static in jit)
+        for name in ("rope_axes", "dual_attention_layers"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
 
     @property
     def head_dim(self) -> int:
@@ -117,7 +167,56 @@ class MMDiTConfig:
         for name in ("dtype", "param_dtype"):
             if isinstance(getattr(self, name), str) and getattr(self, name) not in _DTYPES:
                 bad(name, f"choose one of {sorted(_DTYPES)}")
+        self._validate_family_options(bad)
         return self
+
+    def _validate_family_options(self, bad) -> None:
+        for name, choices in (("pos_embed", POS_EMBEDS), ("pooled", POOLED),
+                              ("timestep_scaling", TIMESTEP_SCALINGS)):
+            if getattr(self, name) not in choices:
+                bad(name, f"choose one of {choices}")
+        for name in ("pos_embed_max_size", "pos_embed_base_size", "pooled_dim"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0 (0 = unused)")
+        if self.pos_embed == "sd3_table":
+            grid = self.image_size // self.patch_size
+            if self.pos_embed_max_size < grid:
+                bad("pos_embed_max_size", f"must be >= the patch grid {grid} (image_size / "
+                                          f"patch_size) with pos_embed='sd3_table' (e.g. "
+                                          f"pos_embed_max_size={max(grid, 1)})")
+            if self.pos_embed_base_size < 1:
+                bad("pos_embed_base_size", "must be >= 1 with pos_embed='sd3_table' (diffusers' "
+                                           "sample_size // patch_size, e.g. 64)")
+            if self.width % 4:
+                bad("width", "must be a multiple of 4 with pos_embed='sd3_table'")
+        if not self.rope_theta > 0:
+            bad("rope_theta", "must be > 0 (e.g. rope_theta=10000.0)")
+        if self.pos_embed == "rope3d":
+            axes = tuple(self.rope_axes)
+            if (len(axes) != 3 or any(not isinstance(a, int) or a < 2 or a % 2 for a in axes)
+                    or sum(axes) != self.head_dim):
+                bad("rope_axes", f"must be 3 even sizes summing to head_dim={self.head_dim} "
+                                 f"with pos_embed='rope3d' (e.g. rope_axes="
+                                 f"{_rope_split(self.head_dim)})")
+        if self.pooled == "input" and self.pooled_dim < 1:
+            bad("pooled_dim", "must be >= 1 with pooled='input' (the pooled text width, "
+                              "e.g. pooled_dim=2048)")
+        layers = tuple(self.dual_attention_layers)
+        if any(not isinstance(i, int) or not 0 <= i < self.depth for i in layers) or \
+                len(set(layers)) != len(layers):
+            bad("dual_attention_layers", f"must be distinct block indices in [0, {self.depth})")
+        if self.scan_blocks and (self.context_pre_only_last
+                                 or 0 < len(layers) < self.depth):
+            bad("scan_blocks", "needs identical blocks; context_pre_only_last or some "
+                               "dual_attention_layers make them differ (scan_blocks=False)")
+
+
+def _rope_split(head_dim: int) -> tuple[int, int, int]:
+    """An even (frame, height, width) split of ``head_dim`` in Qwen-Image's 16:56:56 spirit."""
+    frame = max(2, (head_dim // 8) // 2 * 2)
+    rest = head_dim - frame
+    h = rest // 2 // 2 * 2
+    return (frame, h, rest - h)
 
 
 def _divisor_near(n: int, k: int) -> int:
@@ -181,36 +280,86 @@ class PromptEncoder(nnx.Module):
         return x, pooled
 
 
-class StreamParams(nnx.Module):
-    """The weights one stream (text or image) owns inside a dual-stream block."""
+class SelfAttention(nnx.Module):
+    """Image-only self-attention of SD3.5's dual-attention blocks (``attn2``): its own fused
+    ``qkv`` and ``out`` projections (LoRA targets like the joint ones) and QK-norm."""
 
     def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs):
         d, dt, pdt = cfg.width, as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
         kw = dict(rngs=rngs, dtype=dt, param_dtype=pdt)
-        hidden = int(cfg.width * cfg.mlp_ratio)
-        self.mod = Dense(d, 6 * d, axes=("cond", "embed"), zero=True, **kw)
         self.qkv = Dense(d, 3 * d, axes=("embed", "qkv"), **kw)
         self.out = Dense(d, d, axes=("qkv", "embed"), **kw)
-        self.fc1 = Dense(d, hidden, axes=("embed", "mlp"), **kw)
-        self.fc2 = Dense(hidden, d, axes=("mlp", "embed"), **kw)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, rngs=rngs, param_dtype=pdt)
             self.k_norm = RMSNorm(cfg.head_dim, rngs=rngs, param_dtype=pdt)
         else:
             self.q_norm = self.k_norm = None
+        self.heads = cfg.num_heads
 
-    def pre_attention(self, x, c, heads):
-        shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(self.mod(c), 6, axis=-1)
+    def __call__(self, x, attn: AttentionSpec, rope=None):
         b, n, d = x.shape
-        qkv = self.qkv(modulate(layer_norm(x), shift1, scale1)).reshape(b, n, 3, heads, d // heads)
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return (q, k, v), (gate1, shift2, scale2, gate2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        o = parallel.attention(q, k, v, mesh=attn.mesh, strategy=attn.strategy, axis=attn.axis)
+        return self.out(o.reshape(b, n, d))
 
-    def post_attention(self, x, attn, mods):
-        gate1, shift2, scale2, gate2 = mods
+
+class StreamParams(nnx.Module):
+    """The weights one stream (text or image) owns inside a dual-stream block.
+
+    ``pre_only``: the stream only feeds the joint attention's keys and values (SD3's last text
+    stream): a (shift, scale) modulation and ``qkv``, nothing after attention. ``dual``: a
+    second, image-only attention (SD3.5) modulated by three more chunks of ``mod``.
+    """
+
+    def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs, pre_only: bool = False,
+                 dual: bool = False):
+        d, dt, pdt = cfg.width, as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+        kw = dict(rngs=rngs, dtype=dt, param_dtype=pdt)
+        hidden = int(cfg.width * cfg.mlp_ratio)
+        self.pre_only, self.dual = pre_only, dual
+        self.n_mod = 2 if pre_only else (9 if dual else 6)
+        self.mod = Dense(d, self.n_mod * d, axes=("cond", "embed"), zero=True, **kw)
+        self.qkv = Dense(d, 3 * d, axes=("embed", "qkv"), **kw)
+        if not pre_only:
+            self.out = Dense(d, d, axes=("qkv", "embed"), **kw)
+            self.fc1 = Dense(d, hidden, axes=("embed", "mlp"), **kw)
+            self.fc2 = Dense(hidden, d, axes=("mlp", "embed"), **kw)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, rngs=rngs, param_dtype=pdt)
+            self.k_norm = RMSNorm(cfg.head_dim, rngs=rngs, param_dtype=pdt)
+        else:
+            self.q_norm = self.k_norm = None
+        if dual:
+            self.attn2 = SelfAttention(cfg, rngs=rngs)
+
+    def pre_attention(self, x, c, heads, rope=None):
+        mods = jnp.split(self.mod(c), self.n_mod, axis=-1)
+        shift1, scale1 = mods[:2]
+        b, n, d = x.shape
+        normed = layer_norm(x)
+        qkv = self.qkv(modulate(normed, shift1, scale1)).reshape(b, n, 3, heads, d // heads)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        rest = tuple(mods[2:])
+        if self.dual:   # the second attention's input: the same norm, its own shift and scale
+            shift3, scale3, gate3 = rest[4:]
+            rest = rest[:4] + (modulate(normed, shift3, scale3), gate3)
+        return (q, k, v), rest
+
+    def post_attention(self, x, attn, mods, spec: AttentionSpec | None = None, rope=None):
+        gate1, shift2, scale2, gate2 = mods[:4]
         x = x + gate1[:, None] * self.out(attn)
+        if self.dual:
+            x2, gate3 = mods[4:]
+            x = x + gate3[:, None] * self.attn2(x2, spec, rope)
         h = self.fc2(jax.nn.gelu(self.fc1(modulate(layer_norm(x), shift2, scale2))))
         return x + gate2[:, None] * h
 
@@ -218,14 +367,17 @@ class StreamParams(nnx.Module):
 class MMDiTBlock(nnx.Module):
     """Dual-stream block: separate weights per stream, joint attention over [text; image]."""
 
-    def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs):
-        self.txt = StreamParams(cfg, rngs=rngs)
-        self.img = StreamParams(cfg, rngs=rngs)
+    def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs, index: int = 0):
+        pre_only = cfg.context_pre_only_last and index == cfg.depth - 1
+        self.txt = StreamParams(cfg, rngs=rngs, pre_only=pre_only)
+        self.img = StreamParams(cfg, rngs=rngs, dual=index in cfg.dual_attention_layers)
         self.heads = cfg.num_heads
 
-    def __call__(self, txt, img, c, kv_mask, attn: AttentionSpec):
-        (tq, tk, tv), tmods = self.txt.pre_attention(txt, c, self.heads)
-        (iq, ik, iv), imods = self.img.pre_attention(img, c, self.heads)
+    def __call__(self, txt, img, c, kv_mask, attn: AttentionSpec, rope=None):
+        """``rope``: ``(text (cos, sin), image (cos, sin))`` for rope3d models, else None."""
+        trope, irope = rope if rope is not None else (None, None)
+        (tq, tk, tv), tmods = self.txt.pre_attention(txt, c, self.heads, trope)
+        (iq, ik, iv), imods = self.img.pre_attention(img, c, self.heads, irope)
         q = jnp.concatenate([tq, iq], axis=1)
         k = jnp.concatenate([tk, ik], axis=1)
         v = jnp.concatenate([tv, iv], axis=1)
@@ -234,8 +386,9 @@ class MMDiTBlock(nnx.Module):
         b, n, h, hd = o.shape
         o = o.reshape(b, n, h * hd)
         lt = txt.shape[1]
-        return (self.txt.post_attention(txt, o[:, :lt], tmods),
-                self.img.post_attention(img, o[:, lt:], imods))
+        # a pre-only text stream ends here: its value is never read again
+        txt = txt if self.txt.pre_only else self.txt.post_attention(txt, o[:, :lt], tmods)
+        return txt, self.img.post_attention(img, o[:, lt:], imods, attn, irope)
 
 
 class Conv3x3(nnx.Module):
@@ -270,9 +423,11 @@ def unpatchify(x, p, h, w, c):
 class MMDiT(nnx.Module):
     """Velocity model ``v(x_t, t, prompt)`` for flow matching.
 
-    Call: ``model(x, t, tokens, token_mask, attn=AttentionSpec())`` with x ``[B,H,W,C]``,
-    t ``[B]`` in [0, 1] (1 = noise), tokens int ``[B, L]`` (or float embeddings
-    ``[B, L, text_embed_dim]`` when the config has no prompt encoder), token_mask bool ``[B, L]``.
+    Call: ``model(x, t, tokens, text_mask=None, pooled=None, attn=AttentionSpec())`` with x
+    ``[B,H,W,C]``, t ``[B]`` in [0, 1] (1 = noise), tokens int ``[B, L]`` (or float embeddings
+    ``[B, L, text_embed_dim]`` when the config has no prompt encoder), text_mask bool ``[B, L]``
+    (True = a real token; None = all real), pooled ``[B, pooled_dim]`` when
+    ``pooled='input'``. Returns the velocity ``noise - x0`` ``[B,H,W,C]`` in float32.
     """
 
     def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs):
@@ -289,10 +444,16 @@ class MMDiT(nnx.Module):
         pin = cfg.patch_size ** 2 * (cfg.conv_stem or cfg.channels)
         self.stem = Conv3x3(cfg.channels, cfg.conv_stem, **kw) if cfg.conv_stem else None
         self.patch_embed = Dense(pin, d, axes=("patch", "embed"), **kw)
+        self.text_norm = (RMSNorm(tdim, rngs=rngs, axis_name="cond", param_dtype=pdt)
+                          if cfg.text_norm else None)
         self.text_proj = Dense(tdim, d, axes=("cond", "embed"), **kw)
         self.t_fc1 = Dense(256, d, axes=("cond", "embed"), **kw)
         self.t_fc2 = Dense(d, d, axes=("embed", "cond"), **kw)
-        self.pool_proj = Dense(tdim, d, axes=("cond", "embed"), **kw)
+        if cfg.pooled == "text_mean":
+            self.pool_proj = Dense(tdim, d, axes=("cond", "embed"), **kw)
+        elif cfg.pooled == "input":
+            self.pool_fc1 = Dense(cfg.pooled_dim, d, axes=("cond", "embed"), **kw)
+            self.pool_fc2 = Dense(d, d, axes=("embed", "cond"), **kw)
         if cfg.scan_blocks:
             @nnx.split_rngs(splits=cfg.depth)
             @nnx.vmap(in_axes=0, out_axes=0)
@@ -301,7 +462,8 @@ class MMDiT(nnx.Module):
 
             self.blocks = make(rngs)
         else:
-            self.blocks = nnx.List([MMDiTBlock(cfg, rngs=rngs) for _ in range(cfg.depth)])
+            self.blocks = nnx.List([MMDiTBlock(cfg, rngs=rngs, index=i)
+                                    for i in range(cfg.depth)])
         self.final_mod = Dense(d, 2 * d, axes=("cond", "embed"), zero=True, **kw)
         self.final = Dense(d, cfg.patch_size ** 2 * cfg.channels, axes=("embed", "patch"),
                            zero=True, **kw)
@@ -313,41 +475,92 @@ class MMDiT(nnx.Module):
             self.pixel_convs = nnx.List([Conv3x3(f + cfg.channels, f, **kw), Conv3x3(f, f, **kw),
                                          Conv3x3(f, cfg.channels, zero=True, **kw)])
 
-    def encode(self, tokens, token_mask):
+    def encode(self, tokens, text_mask=None, pooled=None):
         """The prompt's timestep-independent part: ``(text features [B, L, width], pooled
         conditioning [B, width])`` after their projections. A sampler encodes a prompt once per
-        rollout and a trainer once per train step, then passes it as ``context``."""
-        dt = as_dtype(self.cfg.dtype)
-        token_mask = token_mask.astype(bool)
+        rollout and a trainer once per train step, then passes it as ``context``.
+        ``text_mask`` None = every token real; ``pooled`` is the separate pooled embedding of
+        ``pooled='input'`` models (SD3), ignored otherwise."""
+        cfg = self.cfg
+        dt = as_dtype(cfg.dtype)
+        if text_mask is None:
+            text_mask = jnp.ones(tokens.shape[:2], bool)
+        text_mask = text_mask.astype(bool)
         if self.encoder is not None:
-            txt, pooled = self.encoder(tokens, token_mask)
+            txt, mean = self.encoder(tokens, text_mask)
         else:
             txt = tokens.astype(dt)
-            m = token_mask[..., None].astype(dt)
-            pooled = (txt * m).sum(1) / jnp.maximum(m.sum(1), 1)
-        return self.text_proj(txt), self.pool_proj(pooled)
+            mean = None
+            if cfg.pooled == "text_mean":
+                m = text_mask[..., None].astype(dt)
+                mean = (txt * m).sum(1) / jnp.maximum(m.sum(1), 1)
+        if cfg.pooled == "text_mean":
+            cond = self.pool_proj(mean)
+        elif cfg.pooled == "input":
+            if pooled is None:
+                raise ValueError(f"pooled=None: this model (pooled='input') needs the pooled "
+                                 f"text embedding [batch, {cfg.pooled_dim}] (e.g. SD3's CLIP "
+                                 f"pooled output from the prompt-embedding file)")
+            cond = self.pool_fc2(jax.nn.silu(self.pool_fc1(pooled.astype(dt))))
+        else:
+            cond = jnp.zeros((tokens.shape[0], cfg.width), dt)
+        if self.text_norm is not None:
+            txt = self.text_norm(txt)
+        return self.text_proj(txt), cond
 
-    def __call__(self, x, t, tokens, token_mask, attn: AttentionSpec = AttentionSpec(),
-                 context=None):
-        """``context``: ``encode(tokens, token_mask)`` computed once by the caller (the same
-        result as leaving it None, which encodes here)."""
+    def _positions(self, gh: int, gw: int, text_len: int):
+        """Position inputs for a ``gh x gw`` patch grid: the additive table ``[gh*gw, width]``
+        (None for rope3d) and the RoPE ``(text (cos, sin), image (cos, sin))`` (rope3d only).
+
+        Qwen-Image's RoPE: image patches at (frame 0, row - (gh - gh//2), col - (gw - gw//2))
+        (centred), text token i at ``max(gh//2, gw//2) + i`` on all three axes. Positions are
+        of the whole sequence, so sequence-parallel attention sees the same rotated q/k."""
+        cfg = self.cfg
+        dt = as_dtype(cfg.dtype)
+        if cfg.pos_embed == "sincos":
+            return sincos_2d(gh, gw, cfg.width).astype(dt), None
+        if cfg.pos_embed == "sd3_table":
+            table = sd3_sincos_crop(gh, gw, cfg.width, cfg.pos_embed_max_size,
+                                    cfg.pos_embed_base_size)
+            return jnp.asarray(table, dt), None
+        rows, cols = np.meshgrid(np.arange(gh) - (gh - gh // 2), np.arange(gw) - (gw - gw // 2),
+                                 indexing="ij")
+        img_pos = np.stack([np.zeros(gh * gw, np.int64), rows.reshape(-1), cols.reshape(-1)], 1)
+        start = max(gh // 2, gw // 2)
+        txt_pos = np.repeat(np.arange(start, start + text_len)[:, None], 3, axis=1)
+        rope = []
+        for pos in (txt_pos, img_pos):
+            ang = rope_angles(pos, cfg.rope_axes, cfg.rope_theta)
+            rope.append((jnp.asarray(np.cos(ang)), jnp.asarray(np.sin(ang))))
+        return None, tuple(rope)
+
+    def __call__(self, x, t, tokens, text_mask=None, pooled=None,
+                 attn: AttentionSpec = AttentionSpec(), context=None):
+        """``context``: ``encode(tokens, text_mask, pooled)`` computed once by the caller (the
+        same result as leaving it None, which encodes here)."""
         cfg = self.cfg
         dt = as_dtype(cfg.dtype)
         b, h, w, ch = x.shape
-        token_mask = token_mask.astype(bool)
-        txt, pooled = self.encode(tokens, token_mask) if context is None else context
+        if text_mask is not None:
+            text_mask = text_mask.astype(bool)
+        txt, pooled = self.encode(tokens, text_mask, pooled) if context is None else context
         xin = x.astype(dt)
         if self.stem is not None:
             xin = jax.nn.gelu(self.stem(xin))
         img = self.patch_embed(patchify(xin, cfg.patch_size))
         gh, gw = h // cfg.patch_size, w // cfg.patch_size
-        img = img + sincos_2d(gh, gw, cfg.width).astype(dt)[None]
-        temb = self.t_fc2(jax.nn.silu(self.t_fc1(timestep_embedding(t, 256).astype(dt))))
+        table, rope = self._positions(gh, gw, txt.shape[1])
+        if table is not None:
+            img = img + table[None]
+        temb = self.t_fc2(jax.nn.silu(self.t_fc1(timestep_embedding(
+            t, 256, scale_after_freqs=cfg.timestep_scaling == "after_freqs").astype(dt))))
         c = jax.nn.silu(temb + pooled)
-        kv_mask = jnp.concatenate([token_mask, jnp.ones((b, img.shape[1]), bool)], axis=1)
+        kv_mask = None
+        if text_mask is not None and cfg.use_text_mask:
+            kv_mask = jnp.concatenate([text_mask, jnp.ones((b, img.shape[1]), bool)], axis=1)
 
         def run_block(block, txt, img):
-            return block(txt, img, c, kv_mask, attn)
+            return block(txt, img, c, kv_mask, attn, rope)
 
         if cfg.remat:
             run_block = nnx.remat(run_block)
