@@ -158,6 +158,11 @@ def get_config():
     n.eta_delay = 0                 # iterations fully on-policy before the lag ramps up
     n.minibatches = 1               # gradient accumulation chunks of the one step per iteration
 
+    # Prompt embeddings of a real text encoder (model.text_width=0): a file written by
+    # python -m spotlight_jax.encode_prompts; its train/val splits are the run's prompts
+    # ("" = the synthetic world's prompts and tokenizer, for a model with a prompt encoder).
+    c.prompts = ml_collections.ConfigDict(dict(embeddings_file=""))
+
     # A reward served over HTTP (spotlight_jax.rewards.remote; docs/rewards_remote.md), used
     # where rl.reward or rl.eval_reward is 'remote'. While the server is unreachable the run
     # pauses and retries (back-off) for up to max_wait_s, then stops with an error.

@@ -41,6 +41,13 @@ from spotlight_jax.models import MMDiT, MMDiTConfig
 from spotlight_jax.parallel import STRATEGIES, MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.pretrain import PretrainConfig
+from spotlight_jax.prompt_embeddings import (
+    EmbeddingPrompts,
+    PromptEmbeddingError,
+    PromptSource,
+    WorldPrompts,
+)
+from spotlight_jax.prompt_embeddings import read as read_prompt_embeddings
 from spotlight_jax.rewards.remote import RemoteReward, RemoteRewardConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig, trainer_class
 
@@ -255,6 +262,45 @@ def register_remote_reward(config) -> None:
 def pretrain_config(config) -> PretrainConfig:
     return _build(_paths("pretrain", PretrainConfig),
                   lambda: pick_fields(PretrainConfig, config.pretrain))
+
+
+def prompt_source(config) -> PromptSource:
+    """Where the run's prompts and their model inputs come from, decided once: a model with a
+    prompt encoder (``model.text_width > 0``) reads the synthetic world's prompts through its
+    word tokenizer; one without (``text_width == 0``) reads the prompt-embedding file
+    ``prompts.embeddings_file`` (its train/val splits, embeddings of width
+    ``model.text_embed_dim`` padded to ``model.text_len``)."""
+    m = model_config(config)
+    path = config.prompts.embeddings_file
+
+    def bad(why):
+        raise ConfigError(f"prompts.embeddings_file={path!r}: {why}")
+
+    if m.text_width:
+        if path:
+            bad(f"the model has its own prompt encoder (model.text_width={m.text_width}), which "
+                "reads token ids; set --config.model.text_width=0 and "
+                "--config.model.text_embed_dim=<the file's width> to use the file, or "
+                "--config.prompts.embeddings_file=''")
+        return WorldPrompts(world.WorldConfig(image_size=m.image_size))
+    if not path:
+        bad("model.text_width=0 feeds precomputed prompt embeddings; give a file written by "
+            "python -m spotlight_jax.encode_prompts")
+    try:
+        source = EmbeddingPrompts(read_prompt_embeddings(path))
+    except PromptEmbeddingError as e:          # its message starts with the path: named above
+        bad(" ".join(str(e).removeprefix(f"{pathlib.Path(path)}: ").split()))
+    f = source.file
+    if f.dim != m.text_embed_dim:
+        bad(f"embeddings of width {f.dim}, the model takes model.text_embed_dim="
+            f"{m.text_embed_dim}; set --config.model.text_embed_dim={f.dim}")
+    if f.text_len > m.text_len:
+        bad(f"{f.text_len} tokens per prompt, more than model.text_len={m.text_len}; set "
+            f"--config.model.text_len={f.text_len} (tokens are never truncated)")
+    if not source.train_prompts:
+        bad("has no training prompts (split 'train'); re-run python -m "
+            "spotlight_jax.encode_prompts with them")
+    return source
 
 
 def world_config(config) -> world.WorldConfig:
@@ -509,6 +555,9 @@ def validate(config, devices=None) -> None:
     world_config(config)
     pretrain_config(config)
     remote_reward_config(config)      # (run_settings registered the client if the run uses it)
+    if config.prompts.embeddings_file or model_config(config).text_width:
+        prompt_source(config)         # a missing or mismatched file (a real config without
+        #                               one still validates: its dry run needs no prompts)
     deploy = deployment_config(config)
     trace = trace_config(config)
     if trace.paths:                   # missing files and a start past the trace's end

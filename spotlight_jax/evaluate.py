@@ -16,10 +16,12 @@ def eval_grid(prompts, num_seeds: int, seed_offset: int = 1_000_000):
     return ps, seeds
 
 
-def generate(sampler: Sampler, state, prompts, seeds, text_len: int, batch_size: int = 64):
+def generate(sampler: Sampler, state, prompts, seeds, text_len: int, batch_size: int = 64,
+             tokenize=world.tokenize):
     """Images ``[N, H, W, C]`` for (prompt, seed) pairs, in batches of ``batch_size``.
 
     The last batch is padded to the full size so every call reuses one compiled program.
+    ``tokenize``: the run's prompt source's (default the world's tokenizer).
     """
     out = []
     for i in range(0, len(prompts), batch_size):
@@ -28,17 +30,18 @@ def generate(sampler: Sampler, state, prompts, seeds, text_len: int, batch_size:
         if n < batch_size:
             ps = ps + [ps[-1]] * (batch_size - n)
             ss = np.concatenate([ss, np.repeat(ss[-1:], batch_size - n)])
-        tokens, mask = world.tokenize(ps, text_len)
+        tokens, mask = tokenize(ps, text_len)
         imgs = sampler.rollout(state, tokens, mask, ss)["images"]
         out.append(np.asarray(imgs)[:n])
     return np.concatenate(out)
 
 
 def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
-             reward: str = "geneval_lite", batch_size: int = 64, world_cfg=None):
+             reward: str = "geneval_lite", batch_size: int = 64, world_cfg=None,
+             tokenize=world.tokenize):
     """Mean reward, its 95% interval half-width and the per-constraint breakdown."""
     ps, seeds = eval_grid(prompts, num_seeds)
-    images = generate(sampler, state, ps, seeds, text_len, batch_size)
+    images = generate(sampler, state, ps, seeds, text_len, batch_size, tokenize)
     scores = np.asarray(rewards.get(reward)(images, ps), np.float64)
     result = {"reward": float(scores.mean()),
               "reward_ci95": float(1.96 * scores.std(ddof=1) / np.sqrt(len(scores)))}

@@ -105,7 +105,8 @@ def flow_matching_loss(model, x0, tokens, mask, key, cfg: PretrainConfig):
     xt = (1 - tb) * x0 + tb * noise
     keep = jax.random.uniform(k_d, (b,)) >= cfg.prompt_dropout
     mask = mask & keep[:, None]
-    tokens = jnp.where(mask, tokens, 0)
+    # dropped prompts become the sampler's null prompt (zero tokens or embeddings, no mask)
+    tokens = jnp.where(mask.reshape(mask.shape + (1,) * (tokens.ndim - mask.ndim)), tokens, 0)
     v = model(xt, t, tokens, mask)
     return jnp.mean((v - (noise - x0)) ** 2)
 
@@ -131,11 +132,12 @@ def make_train_step(graphdef, optimizer, cfg: PretrainConfig):
 
 
 class Prefetcher:
-    """Renders the next batches in a background thread so data never stalls the train step."""
+    """Renders the next batches in a background thread so data never stalls the train step.
+    ``tokenize``: the run's prompt source's (default the world's tokenizer)."""
 
-    def __init__(self, stream, text_len: int, depth: int = 4):
+    def __init__(self, stream, text_len: int, depth: int = 4, tokenize=world.tokenize):
         self._q: queue.Queue = queue.Queue(maxsize=depth)
-        self._stream, self._text_len = stream, text_len
+        self._stream, self._text_len, self._tokenize = stream, text_len, tokenize
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -144,7 +146,7 @@ class Prefetcher:
         for prompts, images in self._stream:
             if self._stop.is_set():
                 return
-            tokens, mask = world.tokenize(prompts, self._text_len)
+            tokens, mask = self._tokenize(prompts, self._text_len)
             self._q.put((images, tokens, mask))
 
     def __next__(self):
@@ -156,9 +158,12 @@ class Prefetcher:
 
 def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: SamplerConfig, *,
              workdir: str, world_cfg=None, seed: int = 0, start_step: int = 0, opt_state=None,
-             ema=None, progress: bool = True, log_name: str = "pretrain", on_eval=None):
+             ema=None, progress: bool = True, log_name: str = "pretrain", on_eval=None,
+             tokenize=world.tokenize):
     """Runs ``cfg.steps`` of flow-matching pretraining; returns ``(state, opt_state, ema,
     history)``. ``on_eval(step, state, ema, result)`` is called after each evaluation (snapshots).
+    ``tokenize``: the run's prompt source's (``builders.prompt_source``; default the world's
+    tokenizer): the images are the world's, rendered from its prompts, whatever encodes them.
     """
     world_cfg = world_cfg or world.WorldConfig(image_size=model_cfg.image_size)
     optimizer = make_optimizer(cfg)
@@ -177,14 +182,14 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
     eval_sampler = Sampler(graphdef, (model_cfg.image_size,) * 2 + (model_cfg.channels,),
                            eval_sampler_cfg)
     data = Prefetcher(world.data_stream(prompts, cfg.batch_size, seed + start_step, world_cfg),
-                      model_cfg.text_len)
+                      model_cfg.text_len, tokenize=tokenize)
     writer = MetricWriter(workdir, log_name)
     key = jax.random.key(seed)
     history = []
 
     def run_eval(step):
         res, _, _ = evaluate(eval_sampler, ema, val, num_seeds=cfg.eval_seeds,
-                             text_len=model_cfg.text_len)
+                             text_len=model_cfg.text_len, tokenize=tokenize)
         writer.write(step, **{f"eval/{k}": v for k, v in res.items()})
         history.append({"step": step, **res})
         return res

@@ -24,6 +24,7 @@ from spotlight_jax.builders import (
     eval_reward,
     model_config,
     pretrain_config,
+    prompt_source,
     rl_config,
     sampler_config,
 )
@@ -101,6 +102,7 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
         raise ValueError(f"no base model for this config: no shipped checkpoint matches it and "
                          f"{local} has none; pretrain one first (python -m spotlight_jax.main "
                          "... --config.rl.iterations=0) or set config.base_checkpoint")
+    tokenize = prompt_source(config).tokenize      # a bad embedding file fails before work
     logging.info("base model: pretraining %d steps into %s", config.pretrain.steps, local)
     graphdef, state = create_model(cfg, seed=config.seed)
     pcfg = pretrain_config(config)
@@ -110,7 +112,7 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
                      pcfg.init_from, len(new), ", ".join(new))
     _, _, ema, history = pretrain(graphdef, state, cfg, pcfg, sampler_config(config,
                                   evaluation=True), workdir=workdir, seed=config.seed,
-                                  progress=progress)
+                                  progress=progress, tokenize=tokenize)
     checkpoint.save_params(local, ema, {
         "model": _model_fingerprint(config), "world": _world_fingerprint(config),
         "pretrain": dataclasses.asdict(pcfg),

@@ -71,6 +71,7 @@ class SpotHostImpl:
         from spotlight_jax.builders import (  # noqa: PLC0415
             abstract_model,
             model_config,
+            prompt_source,
             sampler_config,
         )
         from spotlight_jax.elastic.groups import GroupConfig, form_node_groups  # noqa: PLC0415
@@ -87,7 +88,8 @@ class SpotHostImpl:
                                     GroupConfig(heads=mcfg.num_heads), log=False)[:1]
         cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
                              sampler_config(config))
-        stepper = SamplerStepper(cache.get(group), mcfg.text_len, group)
+        stepper = SamplerStepper(cache.get(group), mcfg.text_len, group,
+                                 tokenize=prompt_source(config).tokenize)
         self._worker = InProcessWorker(name, stepper, degree=group.degree,
                                        config=WorkerConfig(**(worker or {})), params=None,
                                        version=-1)

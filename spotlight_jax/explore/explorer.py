@@ -24,8 +24,12 @@ from spotlight_jax.diffusion import Sampler
 class RolloutEngine:
     """Samples trajectories for (prompt, seed) pairs and scores them."""
 
-    def __init__(self, sampler: Sampler, text_len: int, reward: str, chunk: int):
+    def __init__(self, sampler: Sampler, text_len: int, reward: str, chunk: int,
+                 tokenize=world.tokenize):
+        """``tokenize(prompts, text_len) -> (tokens, mask)``: the run's prompt source's
+        (``spotlight_jax.prompt_embeddings``; default the world's tokenizer)."""
         self.sampler, self.text_len, self.chunk = sampler, text_len, chunk
+        self.tokenize = tokenize
         self.reward_fn = rewards.get(reward)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
 
@@ -36,7 +40,7 @@ class RolloutEngine:
         """
         outs, futures = [], []
         for ps, ss, n in padded_chunks(prompts, seeds, self.chunk):
-            tokens, mask = world.tokenize(ps, self.text_len)
+            tokens, mask = self.tokenize(ps, self.text_len)
             out = self.sampler.rollout(state, tokens, mask, ss)
             out = {k: np.asarray(v)[:n] for k, v in out.items()}   # waits for this chunk only
             out["tokens"], out["mask"] = tokens[:n], mask[:n]

@@ -89,7 +89,8 @@ class SpotExploration:
             self.fleet = FleetExplorer(
                 devs, d.cfg.spot_nodes, per_node, s.graphdef, base, s.mcfg,
                 s.train_sampler_cfg, sp_degree=d.cfg.spot_sp, reward=s.settings.reward,
-                chunk=s.engine.chunk, alive_nodes=d.alive_nodes)
+                chunk=s.engine.chunk, alive_nodes=d.alive_nodes,
+                tokenize=s.prompt_source.tokenize)
             self.explorer = self.fleet
             logging.info("spotlight: %d spot nodes x %d devices as a SpotFleet (groups %s); "
                          "precompiled in %.1fs", d.cfg.spot_nodes, per_node,
@@ -99,7 +100,8 @@ class SpotExploration:
             if self.mesh is not None:
                 sampler = Sampler(s.graphdef, s.image_shape, s.train_sampler_cfg, mesh=self.mesh)
                 self.explorer = Explorer(RolloutEngine(sampler, s.mcfg.text_len,
-                                                       s.settings.reward, chunk=s.engine.chunk))
+                                                       s.settings.reward, chunk=s.engine.chunk,
+                                                       tokenize=s.prompt_source.tokenize))
             else:
                 logging.warning("spotlight: the trainer uses every device; exploration shares "
                                 "its devices")

@@ -44,11 +44,12 @@ class FleetExplorer:
       devices: ``num_nodes * per_node`` devices (see :func:`spotlight_jax.builders.fleet_devices`).
       alive_nodes: the nodes up at the start (the others are built lost).
       chunk: rollouts per program call (the one precompiled batch size).
+      tokenize: the run's prompt source's ``tokenize(prompts, text_len)`` (default the world's).
     """
 
     def __init__(self, devices, num_nodes: int, per_node: int, graphdef, params,
                  model_cfg: MMDiTConfig, sampler_cfg: SamplerConfig, *, sp_degree: int,
-                 reward: str, chunk: int, alive_nodes=None):
+                 reward: str, chunk: int, alive_nodes=None, tokenize=world.tokenize):
         names = tuple(f"spot{i}" for i in range(num_nodes))
         self.pool = DevicePool(PoolConfig(nodes=tuple((n, "spot", per_node) for n in names)),
                                devices)
@@ -56,7 +57,7 @@ class FleetExplorer:
         for n in names:
             if n not in alive:
                 self.pool.mark_node_lost(n, reason="down at start")
-        self.model_cfg, self.chunk = model_cfg, int(chunk)
+        self.model_cfg, self.chunk, self.tokenize = model_cfg, int(chunk), tokenize
         self.reward_fn = rewards.get(reward)
         t0 = time.perf_counter()
         # Spot VMs are preempted and rejoin as whole nodes: each node only ever forms its full
@@ -141,7 +142,7 @@ class FleetExplorer:
         flat_s = np.concatenate([np.asarray(s, np.uint32) for s in seeds_per_prompt])
         calls = []
         for j, (ps, ss, n) in enumerate(padded_chunks(flat_p, flat_s, self.chunk)):
-            tokens, mask = world.tokenize(ps, self.model_cfg.text_len)
+            tokens, mask = self.tokenize(ps, self.model_cfg.text_len)
             node, g, _ = groups[j % len(groups)]
             out = node.rollout(tokens, mask, ss, group=g)   # asynchronous dispatch
             calls.append((out, tokens[:n], mask[:n], ps[:n], n))

@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from spotlight_jax import sched, world
+from spotlight_jax import sched
 from spotlight_jax.cluster import ray_hosts
 from spotlight_jax.elastic import GroupConfig
 from spotlight_jax.explore.explorer import candidate_seeds
@@ -111,7 +111,7 @@ class Rollouts:
         batch = {key: np.stack([t[key] for t in trajs])
                  for key in ("latents", "log_probs", "images")}
         flat_prompts = [p for p, _ in flat]
-        batch["tokens"], batch["mask"] = world.tokenize(flat_prompts, s.mcfg.text_len)
+        batch["tokens"], batch["mask"] = s.prompt_source.tokenize(flat_prompts, s.mcfg.text_len)
         batch["rewards"] = np.asarray(s.engine.reward_fn(batch["images"], flat_prompts),
                                       np.float32)
         return with_group_ids(batch, seeds_per_prompt)
@@ -216,8 +216,10 @@ class ScheduledRollouts(Rollouts):
     def _stepper(self, group):
         s = self.state
         if self.samplers is None:
-            return sched.SamplerStepper(s.sampler, s.mcfg.text_len)
-        stepper = sched.SamplerStepper(self.samplers.get(group), s.mcfg.text_len, group)
+            return sched.SamplerStepper(s.sampler, s.mcfg.text_len,
+                                        tokenize=s.prompt_source.tokenize)
+        stepper = sched.SamplerStepper(self.samplers.get(group), s.mcfg.text_len, group,
+                                       tokenize=s.prompt_source.tokenize)
         self.steppers.append(stepper)
         return stepper
 
@@ -302,7 +304,8 @@ class RayRollouts(Rollouts):
         fallback = 0
         if not queue.all_done:   # every host left: the trainer's devices finish the phase
             local = sched.InProcessWorker(
-                "od0", sched.SamplerStepper(s.sampler, s.mcfg.text_len),
+                "od0", sched.SamplerStepper(s.sampler, s.mcfg.text_len,
+                                            tokenize=s.prompt_source.tokenize),
                 config=sched.WorkerConfig(commit_every=d.cfg.commit_every, microbatch=4),
                 params=params, version=k)
             fallback = local.run(queue)["calls"]

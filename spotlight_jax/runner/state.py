@@ -23,6 +23,7 @@ from spotlight_jax.builders import (
     make_deployment,
     make_trainer,
     model_config,
+    prompt_source,
     rl_config,
     run_settings,
     sampler_config,
@@ -52,9 +53,9 @@ def iteration_prompts(prompts, k: int, n: int, seed: int):
     return [prompts[i] for i in rng.choice(len(prompts), n, replace=False)]
 
 
-def eval_prompts(image_size: int, n: int) -> list[str]:
-    """The held-out prompts: the same ``n`` validation prompts for every run and evaluation."""
-    val = world.val_prompts(world.WorldConfig(image_size=image_size))
+def eval_prompts(val: list[str], n: int) -> list[str]:
+    """The held-out prompts: the same ``n`` of the validation pool ``val`` for every run and
+    evaluation."""
     rng = np.random.default_rng(1234)
     return [val[i] for i in sorted(rng.choice(len(val), min(n, len(val)), replace=False))]
 
@@ -88,10 +89,17 @@ class RunState:
         self.sampler = Sampler(graphdef, self.image_shape, self.train_sampler_cfg, mesh=self.mesh)
         self.eval_sampler = Sampler(graphdef, self.image_shape,
                                     sampler_config(config, evaluation=True), mesh=self.mesh)
-        self.train_prompts = world.train_prompts(world.WorldConfig(image_size=self.mcfg.image_size))
-        self.val_prompts = eval_prompts(self.mcfg.image_size, st.eval_prompts)
+        # the prompts and their model inputs: the world's tokenizer or an embedding file
+        self.prompt_source = prompt_source(config)
+        self.train_prompts = self.prompt_source.train_prompts
+        if not self.prompt_source.val_prompts:
+            raise ValueError(f"prompts.embeddings_file={config.prompts.embeddings_file!r}: has "
+                             "no held-out prompts (split 'val') to evaluate on; re-run python "
+                             "-m spotlight_jax.encode_prompts with --val_prompts")
+        self.val_prompts = eval_prompts(self.prompt_source.val_prompts, st.eval_prompts)
         self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, st.reward,
-                                    chunk=max(st.group_size, 32))
+                                    chunk=max(st.group_size, 32),
+                                    tokenize=self.prompt_source.tokenize)
         rewards.get(st.eval_reward)             # an unknown name fails here, not at eval 0
         self.explorer = Explorer(self.engine)
         self.deploy = make_deployment(config)
@@ -242,7 +250,7 @@ class RunState:
         st = self.settings
         res, images, _ = evaluate(self.eval_sampler, self.trainer.eval_state(), self.val_prompts,
                                   num_seeds=st.eval_seeds, text_len=self.mcfg.text_len,
-                                  reward=st.eval_reward)
+                                  reward=st.eval_reward, tokenize=self.prompt_source.tokenize)
         self.save_samples(k, images[::st.eval_seeds][:32], self.val_prompts[:32])
         return res
 

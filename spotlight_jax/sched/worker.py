@@ -165,11 +165,12 @@ class SamplerStepper(Stepper):
     attention laid out by the group's strategy). Latents stay on the group's devices between
     calls; only commits copy them to the host."""
 
-    def __init__(self, sampler, text_len: int, group=None):
+    def __init__(self, sampler, text_len: int, group=None, tokenize=tokenize):
         self.sampler = sampler
         self.latent_shape = tuple(sampler.image_shape)
         self.num_steps = sampler.cfg.num_steps
         self.text_len = text_len
+        self.tokenize = tokenize            # the run's prompt source's (default the world's)
         self.group = group
         self.params = None
         self.calls = 0                      # segment calls made (what ran on this group)
@@ -195,7 +196,7 @@ class SamplerStepper(Stepper):
     def segment(self, x, start, seeds, prompts, num):
         if self.params is None:
             raise RuntimeError("SamplerStepper has no parameters: call set_params first")
-        tokens, mask = tokenize(list(prompts), self.text_len)
+        tokens, mask = self.tokenize(list(prompts), self.text_len)
         self.calls += 1
         out = self.sampler.segment(self.params, x, start, tokens, mask,
                                    np.asarray(seeds, np.uint32), num)
