@@ -3,6 +3,7 @@ order (padded, never truncated), every bad file or request is one clear error, t
 source is the world's tokenizer unchanged for a model with a prompt encoder, and a whole run
 (pretraining + post-training) of a model without one takes its prompts from a file."""
 import json
+import sys
 
 import jax
 import ml_dtypes
@@ -246,3 +247,12 @@ def test_a_run_without_a_prompt_encoder_pretrains_and_trains_from_the_file(tmp_p
     assert len(rows) == 1 and len(evals) == 1         # the held-out evaluation at 0
     assert all(np.isfinite(h["reward_mean"]) for h in rows)
     assert all(np.isfinite(h["val_reward"]) for h in evals)
+
+
+def test_the_encoder_tool_imports_without_torch_and_says_how_to_install_it(monkeypatch):
+    import spotlight_jax.encode_prompts  # noqa: F401 - no torch needed to import the tool
+    from spotlight_jax.prompt_embeddings import encoders
+    monkeypatch.setitem(sys.modules, "torch", None)        # as if torch were not installed
+    with pytest.raises(ImportError, match=r"needs torch, transformers and diffusers \(torch is "
+                                          r"missing\): pip install -e \"\.\[encode\]\""):
+        encoders.require_encode_extra()
