@@ -44,7 +44,7 @@ def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
     family = config.get("_class_name")
     if family == SD_CLASS:
         cfg = autoencoder_kl_config(config, checkpoint_dir)
-        build = lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)  # noqa: E731
+        build = lambda: AutoencoderKL(cfg, rngs=None, dtype=dtype, param_dtype=dtype)
         scaling = config.get("scaling_factor", 0.18215)
         shift = config.get("shift_factor") or 0.0
         if not scaling:
@@ -54,15 +54,14 @@ def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
                     latent_shift=float(shift))
     elif family == QWEN_CLASS:
         cfg = qwen_image_config(config, checkpoint_dir)
-        build = lambda: QwenImageVAE(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)  # noqa: E731
+        build = lambda: QwenImageVAE(cfg, rngs=None, dtype=dtype, param_dtype=dtype)
         norm = dict(latent_channels=cfg.z_dim,
                     latent_scale=_per_channel(config, "latents_std", cfg.z_dim, checkpoint_dir),
                     latent_shift=_per_channel(config, "latents_mean", cfg.z_dim, checkpoint_dir))
     else:
         raise CheckpointError(f"{checkpoint_dir}: _class_name={family!r} in config.json is not a "
                               f"supported VAE (use a folder of {SD_CLASS} or {QWEN_CLASS})")
-    module = nnx.eval_shape(build)
-    graphdef, abstract = nnx.split(module)
+    graphdef, abstract = nnx.split(build())  # shape-only parameters (rngs=None)
     state = load_state(abstract, tensors, family, checkpoint_dir, dtype)
     return LatentVAE(nnx.merge(graphdef, state), downsample_factor=cfg.downsample_factor,
                      family=family, **norm)

@@ -49,7 +49,8 @@ class AutoencoderKLConfig:
 
 
 class ResnetBlock(nnx.Module):
-    def __init__(self, cin: int, cout: int, groups: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cin: int, cout: int, groups: int, *, rngs: nnx.Rngs | None, dtype,
+                 param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.norm1 = GroupNorm(cin, groups, rngs=rngs, param_dtype=param_dtype)
         self.conv1 = Conv2d(cin, cout, 3, **kw)
@@ -68,7 +69,7 @@ class MidAttention(nnx.Module):
     """diffusers' ``Attention`` as the mid block builds it (``_from_deprecated_attn_block``):
     group norm, one head, biased projections, residual connection."""
 
-    def __init__(self, channels: int, groups: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, channels: int, groups: int, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.group_norm = GroupNorm(channels, groups, rngs=rngs, param_dtype=param_dtype)
         self.to_q = Linear(channels, channels, **kw)
@@ -84,7 +85,7 @@ class MidAttention(nnx.Module):
 
 
 class MidBlock(nnx.Module):
-    def __init__(self, channels: int, groups: int, attention: bool, *, rngs: nnx.Rngs, dtype,
+    def __init__(self, channels: int, groups: int, attention: bool, *, rngs: nnx.Rngs | None, dtype,
                  param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.resnets = nnx.List([ResnetBlock(channels, channels, groups, **kw) for _ in range(2)])
@@ -98,7 +99,7 @@ class MidBlock(nnx.Module):
 
 
 class Downsampler(nnx.Module):
-    def __init__(self, channels: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, channels: int, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         self.conv = Conv2d(channels, channels, 3, stride=2, padding=DOWNSAMPLE_PADDING, rngs=rngs,
                            dtype=dtype, param_dtype=param_dtype)
 
@@ -107,7 +108,7 @@ class Downsampler(nnx.Module):
 
 
 class Upsampler(nnx.Module):
-    def __init__(self, channels: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, channels: int, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         self.conv = Conv2d(channels, channels, 3, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
     def __call__(self, x):
@@ -116,7 +117,7 @@ class Upsampler(nnx.Module):
 
 class EncoderBlock(nnx.Module):
     def __init__(self, cin: int, cout: int, layers: int, groups: int, downsample: bool, *,
-                 rngs: nnx.Rngs, dtype, param_dtype):
+                 rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.resnets = nnx.List([ResnetBlock(cin if i == 0 else cout, cout, groups, **kw)
                                  for i in range(layers)])
@@ -132,7 +133,7 @@ class EncoderBlock(nnx.Module):
 
 class DecoderBlock(nnx.Module):
     def __init__(self, cin: int, cout: int, layers: int, groups: int, upsample: bool, *,
-                 rngs: nnx.Rngs, dtype, param_dtype):
+                 rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.resnets = nnx.List([ResnetBlock(cin if i == 0 else cout, cout, groups, **kw)
                                  for i in range(layers)])
@@ -149,7 +150,7 @@ class DecoderBlock(nnx.Module):
 class Encoder(nnx.Module):
     """Images ``[B, H, W, in_channels]`` -> the posterior's (mean, logvar) ``[B, h, w, 2c]``."""
 
-    def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         ch, g = cfg.block_out_channels, cfg.norm_num_groups
         self.conv_in = Conv2d(cfg.in_channels, ch[0], 3, **kw)
@@ -171,7 +172,7 @@ class Encoder(nnx.Module):
 class Decoder(nnx.Module):
     """Raw latents ``[B, h, w, c]`` -> images ``[B, H, W, out_channels]`` in about [-1, 1]."""
 
-    def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         ch, g = cfg.block_out_channels[::-1], cfg.norm_num_groups
         self.conv_in = Conv2d(cfg.latent_channels, ch[0], 3, **kw)
@@ -192,9 +193,10 @@ class Decoder(nnx.Module):
 
 class AutoencoderKL(nnx.Module):
     """``encode`` gives the posterior mean (raw latents), ``decode`` the image in [-1, 1] space
-    (unclipped, as diffusers' ``decode``)."""
+    (unclipped, as diffusers' ``decode``). ``rngs=None`` builds shape-only parameters for a
+    converter to fill (``models.convert.vae``); ``rngs`` a random init."""
 
-    def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs, dtype=jnp.float32,
+    def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs | None, dtype=jnp.float32,
                  param_dtype=jnp.float32):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         c = cfg.latent_channels

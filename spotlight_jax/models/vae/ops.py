@@ -19,8 +19,14 @@ from flax import nnx
 from spotlight_jax.models.layers import param
 
 
-def _replicated(ndim: int) -> tuple[None, ...]:
-    return (None,) * ndim
+def vae_param(rngs: nnx.Rngs | None, init, shape, dtype) -> nnx.Param:
+    """A replicated parameter: randomly initialised from ``rngs``, or, with ``rngs=None`` (how
+    the converter builds a VAE it is about to fill from a checkpoint), a shape-only placeholder
+    (``jax.ShapeDtypeStruct``), which skips tracing an initialiser per parameter."""
+    axes = (None,) * len(shape)
+    if rngs is None:
+        return nnx.Param(jax.ShapeDtypeStruct(tuple(shape), dtype), logical_axes=axes)
+    return param(rngs, init, shape, dtype, axes)
 
 
 class Conv2d(nnx.Module):
@@ -28,12 +34,12 @@ class Conv2d(nnx.Module):
     ``((top, bottom), (left, right))`` so the downsamplers' asymmetric (0, 1) padding is one
     call, not a separate pad."""
 
-    def __init__(self, cin: int, cout: int, kernel_size: int, *, rngs: nnx.Rngs,
+    def __init__(self, cin: int, cout: int, kernel_size: int, *, rngs: nnx.Rngs | None,
                  stride: int = 1, padding=None, dtype=jnp.float32, param_dtype=jnp.float32):
         k = kernel_size
-        self.kernel = param(rngs, nnx.initializers.lecun_normal(), (k, k, cin, cout),
-                            param_dtype, _replicated(4))
-        self.bias = param(rngs, nnx.initializers.zeros, (cout,), param_dtype, _replicated(1))
+        self.kernel = vae_param(rngs, nnx.initializers.lecun_normal(), (k, k, cin, cout),
+                                param_dtype)
+        self.bias = vae_param(rngs, nnx.initializers.zeros, (cout,), param_dtype)
         if padding is None:
             padding = ((k // 2, k // 2), (k // 2, k // 2))
         self.padding = tuple(tuple(int(p) for p in pair) for pair in padding)
@@ -51,11 +57,10 @@ class Conv2d(nnx.Module):
 class Linear(nnx.Module):
     """``y = x @ kernel + bias`` with ``kernel`` ``[in, out]`` (torch's Linear transposed)."""
 
-    def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs, dtype=jnp.float32,
+    def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs | None, dtype=jnp.float32,
                  param_dtype=jnp.float32):
-        self.kernel = param(rngs, nnx.initializers.lecun_normal(), (din, dout), param_dtype,
-                            _replicated(2))
-        self.bias = param(rngs, nnx.initializers.zeros, (dout,), param_dtype, _replicated(1))
+        self.kernel = vae_param(rngs, nnx.initializers.lecun_normal(), (din, dout), param_dtype)
+        self.bias = vae_param(rngs, nnx.initializers.zeros, (dout,), param_dtype)
         self.dtype = dtype
 
     def __call__(self, x):
@@ -67,13 +72,13 @@ class GroupNorm(nnx.Module):
     """torch's ``GroupNorm`` on NHWC: statistics over (H, W, channels of the group), biased
     variance, then a per-channel affine."""
 
-    def __init__(self, channels: int, groups: int, *, rngs: nnx.Rngs, eps: float = 1e-6,
+    def __init__(self, channels: int, groups: int, *, rngs: nnx.Rngs | None, eps: float = 1e-6,
                  param_dtype=jnp.float32):
         if channels % groups:
             raise ValueError(f"norm_num_groups={groups}: must divide every block's channel "
                              f"count, not {channels} (e.g. 32 for block_out_channels of 128..512)")
-        self.scale = param(rngs, nnx.initializers.ones, (channels,), param_dtype, _replicated(1))
-        self.bias = param(rngs, nnx.initializers.zeros, (channels,), param_dtype, _replicated(1))
+        self.scale = vae_param(rngs, nnx.initializers.ones, (channels,), param_dtype)
+        self.bias = vae_param(rngs, nnx.initializers.zeros, (channels,), param_dtype)
         self.groups = groups
         self.eps = eps
 
@@ -91,8 +96,8 @@ class ChannelRMSNorm(nnx.Module):
     """Qwen-Image's (Wan's) RMS norm: ``x / max(||x||_2, 1e-12) * sqrt(C) * gamma`` over the
     channel axis (an L2 normalisation, not a mean of squares plus eps), without a bias."""
 
-    def __init__(self, channels: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
-        self.gamma = param(rngs, nnx.initializers.ones, (channels,), param_dtype, _replicated(1))
+    def __init__(self, channels: int, *, rngs: nnx.Rngs | None, param_dtype=jnp.float32):
+        self.gamma = vae_param(rngs, nnx.initializers.ones, (channels,), param_dtype)
         self.scale = math.sqrt(channels)
 
     def __call__(self, x):

@@ -47,7 +47,7 @@ class QwenImageVAEConfig:
 
 
 class ResidualBlock(nnx.Module):
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.norm1 = ChannelRMSNorm(cin, rngs=rngs, param_dtype=param_dtype)
         self.conv1 = Conv2d(cin, cout, 3, **kw)
@@ -63,7 +63,7 @@ class ResidualBlock(nnx.Module):
 
 
 class AttentionBlock(nnx.Module):
-    def __init__(self, channels: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, channels: int, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.norm = ChannelRMSNorm(channels, rngs=rngs, param_dtype=param_dtype)
         self.to_qkv = Conv2d(channels, 3 * channels, 1, **kw)
@@ -81,7 +81,7 @@ class Resample(nnx.Module):
     """``mode`` in ``upsample2d|upsample3d|downsample2d|downsample3d``; the 3d modes differ
     from the 2d ones only by a temporal conv that a single frame never runs."""
 
-    def __init__(self, channels: int, mode: str, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, channels: int, mode: str, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.up = mode.startswith("upsample")
         if self.up:
@@ -95,7 +95,7 @@ class Resample(nnx.Module):
 
 
 class MidBlock(nnx.Module):
-    def __init__(self, channels: int, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, channels: int, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.resnets = nnx.List([ResidualBlock(channels, channels, **kw) for _ in range(2)])
         self.attentions = nnx.List([AttentionBlock(channels, **kw)])
@@ -106,7 +106,7 @@ class MidBlock(nnx.Module):
 
 class UpBlock(nnx.Module):
     def __init__(self, cin: int, cout: int, num_res_blocks: int, mode: str | None, *,
-                 rngs: nnx.Rngs, dtype, param_dtype):
+                 rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.resnets = nnx.List([ResidualBlock(cin if i == 0 else cout, cout, **kw)
                                  for i in range(num_res_blocks + 1)])
@@ -124,7 +124,7 @@ class Encoder(nnx.Module):
     """Images ``[B, H, W, 3]`` -> (mean, logvar) ``[B, h, w, 2 * z_dim]`` (before quant_conv).
     ``down_blocks`` is one flat list of residual blocks and resamplers, as in diffusers."""
 
-    def __init__(self, cfg: QwenImageVAEConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cfg: QwenImageVAEConfig, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         self.conv_in = Conv2d(cfg.input_channels, dims[0], 3, **kw)
@@ -152,7 +152,7 @@ class Encoder(nnx.Module):
 class Decoder(nnx.Module):
     """Raw latents ``[B, h, w, z_dim]`` (after post_quant_conv) -> images ``[B, H, W, 3]``."""
 
-    def __init__(self, cfg: QwenImageVAEConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cfg: QwenImageVAEConfig, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         mult = cfg.dim_mult
         dims = [cfg.base_dim * m for m in (mult[-1], *mult[::-1])]
@@ -179,9 +179,10 @@ class Decoder(nnx.Module):
 
 class QwenImageVAE(nnx.Module):
     """``encode`` gives the posterior mean (raw latents) of one frame, ``decode`` the frame in
-    [-1, 1] (clamped, as diffusers' ``decode``)."""
+    [-1, 1] (clamped, as diffusers' ``decode``). ``rngs=None`` builds shape-only parameters for a
+    converter to fill (``models.convert.vae``); ``rngs`` a random init."""
 
-    def __init__(self, cfg: QwenImageVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32,
+    def __init__(self, cfg: QwenImageVAEConfig, *, rngs: nnx.Rngs | None, dtype=jnp.float32,
                  param_dtype=jnp.float32):
         if len(cfg.temperal_downsample) != len(cfg.dim_mult) - 1:
             raise ValueError(f"temperal_downsample={list(cfg.temperal_downsample)}: needs one "
