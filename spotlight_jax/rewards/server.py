@@ -50,7 +50,7 @@ class RewardServer:
         self.host, self.port = host, int(port)
         self.allow_pickle = bool(allow_pickle)
         self.max_body_bytes = int(max_body_bytes)
-        self.requests = 0                           # answered POSTs (any status)
+        self.requests = 0                           # POSTs received (any outcome)
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -203,11 +203,11 @@ def _handler(server: RewardServer):
             t0, n, status = time.perf_counter(), 0, 500
             kind = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             pickled = kind != "application/json"
+            with server._lock:                      # counted before any reply can arrive
+                server.requests += 1
             try:
                 status, n = self._answer(pickled)
             finally:
-                with server._lock:
-                    server.requests += 1
                 logging.info("reward server: %s POST %s %s %d images -> %d in %.1f ms",
                              self.client_address[0], self.path,
                              "pickle" if pickled else "json", n, status,
