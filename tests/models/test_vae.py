@@ -117,6 +117,14 @@ def test_decode_is_pure_inside_a_callers_jit_on_a_data_parallel_batch(loaded):
     np.testing.assert_allclose(np.asarray(gray), expected.mean(-1), atol=ATOL, rtol=0)
 
 
+def test_wrong_layout_is_a_one_line_error():
+    vae = vae_from_diffusers(FIXTURES / "sd3")
+    with pytest.raises(ValueError, match=r"latents.shape=\(1, 16, 4, 6\): expected \[B, h, w, 16"):
+        vae.decode(np.zeros((1, 16, 4, 6), np.float32))  # channels-first by mistake
+    with pytest.raises(ValueError, match=r"images.shape=\(1, 8, 12\)"):
+        vae.encode(np.zeros((1, 8, 12), np.float32))
+
+
 def _copy_with(tmp_path, family, edit) -> pathlib.Path:
     """A copy of the fixture folder whose weights went through ``edit(dict) -> dict``."""
     folder = tmp_path / family

@@ -61,8 +61,12 @@ class LatentVAE:
     def decode_with(self, state, latents):
         """Pure: ``latents`` ``[B, h, w, c]`` (the DiT's) -> images ``[B, H, W, 3]`` in [0, 1],
         float32."""
-        module = nnx.merge(self.graphdef, state)
         latents = jnp.asarray(latents, jnp.float32)
+        if latents.ndim != 4 or latents.shape[-1] != self.latent_channels:
+            raise ValueError(f"latents.shape={tuple(latents.shape)}: expected [B, h, w, "
+                             f"{self.latent_channels}] (channels-last, this {self.family}'s "
+                             f"latent channels)")
+        module = nnx.merge(self.graphdef, state)
         raw = latents * self.latent_scale + self.latent_shift
         images = module.decode(raw).astype(jnp.float32)
         return jnp.clip(images * 0.5 + 0.5, 0.0, 1.0)
@@ -70,7 +74,11 @@ class LatentVAE:
     def encode_with(self, state, images):
         """Pure: ``images`` ``[B, H, W, 3]`` in [0, 1] -> the posterior mean as the DiT's
         latents ``[B, h, w, c]``, float32."""
+        images = jnp.asarray(images, jnp.float32)
+        if images.ndim != 4 or images.shape[-1] != 3:
+            raise ValueError(f"images.shape={tuple(images.shape)}: expected [B, H, W, 3] "
+                             f"(channels-last RGB in [0, 1])")
         module = nnx.merge(self.graphdef, state)
-        x = jnp.asarray(images, jnp.float32) * 2.0 - 1.0
+        x = images * 2.0 - 1.0
         raw = module.encode(x).astype(jnp.float32)
         return (raw - self.latent_shift) / self.latent_scale
