@@ -508,7 +508,8 @@ def _check_run_settings(s) -> None:
             bad(path, v, "must be >= 1")
     if s.group_size < 2:
         bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
-    known = rewards.names()
+    known = rewards.names() + ([] if REMOTE_REWARD in rewards.names() else
+                               [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
     if s.reward not in known:
         bad("rl.reward", s.reward, f"unknown reward; registered rewards: {', '.join(known)}")
     if s.eval_reward not in known:
