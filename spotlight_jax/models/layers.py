@@ -65,12 +65,19 @@ def modulate(x, shift, scale):
 
 
 def timestep_embedding(t, dim: int, max_period: float = 10_000.0, scale: float = 1000.0,
-                       scale_after_freqs: bool = False):
+                       scale_after_freqs: bool = False, rounded_freqs: bool = False):
     """Sinusoidal embedding ``[cos, sin]`` of flow time ``t`` in [0, 1], scaled by 1000 as in
     DiT/SD3. ``scale_after_freqs`` multiplies the products ``t * freq`` by ``scale`` instead of
-    ``t`` itself: Qwen-Image's order, which rounds differently in float32."""
+    ``t`` itself: Qwen-Image's order, which rounds differently in float32. ``rounded_freqs``
+    takes the frequencies correctly rounded to float32 (computed in float64), as torch's exp
+    gives them: ``jnp.exp`` is off by one ulp on some, which ``t * 1000`` magnifies to ~3e-5 in
+    the embedding."""
     half = dim // 2
-    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+    if rounded_freqs:
+        exponent = (-math.log(max_period) * np.arange(half, dtype=np.float32)) / np.float32(half)
+        freqs = jnp.asarray(np.exp(exponent.astype(np.float64)).astype(np.float32))
+    else:
+        freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
     if scale_after_freqs:
         args = (t.astype(jnp.float32)[:, None] * freqs[None]) * scale
     else:

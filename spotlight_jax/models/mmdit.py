@@ -24,8 +24,9 @@ SD3's separate pooled embedding through a two-layer SiLU MLP, or none as in Qwen
 ``text_norm`` (Qwen-Image's RMSNorm before the text projection), ``use_text_mask`` (SD3 attends
 to every text token), ``context_pre_only_last`` (SD3's last block: the text stream is only
 normalised and projected to q/k/v), ``dual_attention_layers`` (SD3.5's image-only second
-attention with its own modulation) and ``timestep_scaling``. Their defaults are this project's
-model, parameter for parameter.
+attention with its own modulation) and the timestep embedding's float32 rounding
+(``timestep_scaling``, ``timestep_freqs``). Their defaults are this project's model, parameter
+for parameter and bit for bit.
 
 Velocity sign: diffusers' flow-matching models predict ``noise - x0`` for ``x_t = (1 - s) x0 +
 s noise`` (their Euler step is ``x + (s_next - s) v``), the same as ours, so a converted model
@@ -60,6 +61,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 POS_EMBEDS = ("sincos", "sd3_table", "rope3d")
 POOLED = ("text_mean", "input", "none")
 TIMESTEP_SCALINGS = ("before_freqs", "after_freqs")
+TIMESTEP_FREQS = ("jnp", "rounded")
 
 
 def as_dtype(name):
@@ -100,11 +102,12 @@ class MMDiTConfig:
     # Options of converted checkpoints (models.convert); the defaults are this project's model.
     # Position: sincos (computed, added) | sd3_table (SD3's stored table, recomputed and centre
     # cropped: pos_embed_max_size = its grid side, pos_embed_base_size = diffusers' base_size,
-    # i.e. sample_size // patch_size) | rope3d (Qwen-Image: 3-axis RoPE on q/k, rope_axes split
-    # head_dim into (frame, height, width) parts).
+    # i.e. sample_size // patch_size, rounded through pos_embed_dtype) | rope3d (Qwen-Image:
+    # 3-axis RoPE on q/k, rope_axes split head_dim into (frame, height, width) parts).
     pos_embed: str = "sincos"
     pos_embed_max_size: int = 0
     pos_embed_base_size: int = 0
+    pos_embed_dtype: str = "float32"  # sd3_table: the checkpoint stores the table in this dtype
     rope_axes: tuple[int, ...] = (16, 56, 56)
     rope_theta: float = 10_000.0
     # Pooled conditioning added to the time embedding: text_mean (masked mean of the text
@@ -117,8 +120,10 @@ class MMDiTConfig:
     context_pre_only_last: bool = False     # SD3: the last block's text is only projected
     dual_attention_layers: tuple[int, ...] = ()   # SD3.5: blocks with a 2nd image attention
     # The x1000 of the timestep embedding multiplies t (ours, SD3) or the t * freq products
-    # (Qwen-Image): the same value, rounded differently in float32.
+    # (Qwen-Image): the same value, rounded differently in float32. Its frequencies: jnp.exp
+    # (ours) or correctly rounded float32 (torch's, for diffusers parity).
     timestep_scaling: str = "before_freqs"
+    timestep_freqs: str = "jnp"
 
     def __post_init__(self):
         # ConfigDicts may hand lists; a frozen config must stay hashable (it is static in jit)
@@ -164,7 +169,7 @@ class MMDiTConfig:
                                   "text embeddings), or set text_width > 0")
         if self.text_width and self.text_width % self.text_heads:
             bad("text_heads", f"must divide text_width={self.text_width}")
-        for name in ("dtype", "param_dtype"):
+        for name in ("dtype", "param_dtype", "pos_embed_dtype"):
             if isinstance(getattr(self, name), str) and getattr(self, name) not in _DTYPES:
                 bad(name, f"choose one of {sorted(_DTYPES)}")
         self._validate_family_options(bad)
@@ -172,7 +177,8 @@ class MMDiTConfig:
 
     def _validate_family_options(self, bad) -> None:
         for name, choices in (("pos_embed", POS_EMBEDS), ("pooled", POOLED),
-                              ("timestep_scaling", TIMESTEP_SCALINGS)):
+                              ("timestep_scaling", TIMESTEP_SCALINGS),
+                              ("timestep_freqs", TIMESTEP_FREQS)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")
         for name in ("pos_embed_max_size", "pos_embed_base_size", "pooled_dim"):
@@ -522,7 +528,9 @@ class MMDiT(nnx.Module):
         if cfg.pos_embed == "sd3_table":
             table = sd3_sincos_crop(gh, gw, cfg.width, cfg.pos_embed_max_size,
                                     cfg.pos_embed_base_size)
-            return jnp.asarray(table, dt), None
+            # diffusers adds the stored table: rounded to its dtype, as the checkpoint has it
+            stored = jnp.asarray(table).astype(as_dtype(cfg.pos_embed_dtype))
+            return stored.astype(dt), None
         rows, cols = np.meshgrid(np.arange(gh) - (gh - gh // 2), np.arange(gw) - (gw - gw // 2),
                                  indexing="ij")
         img_pos = np.stack([np.zeros(gh * gw, np.int64), rows.reshape(-1), cols.reshape(-1)], 1)
@@ -553,7 +561,8 @@ class MMDiT(nnx.Module):
         if table is not None:
             img = img + table[None]
         temb = self.t_fc2(jax.nn.silu(self.t_fc1(timestep_embedding(
-            t, 256, scale_after_freqs=cfg.timestep_scaling == "after_freqs").astype(dt))))
+            t, 256, scale_after_freqs=cfg.timestep_scaling == "after_freqs",
+            rounded_freqs=cfg.timestep_freqs == "rounded").astype(dt))))
         c = jax.nn.silu(temb + pooled)
         kv_mask = None
         if text_mask is not None and cfg.use_text_mask:
