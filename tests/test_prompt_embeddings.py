@@ -256,3 +256,22 @@ def test_the_encoder_tool_imports_without_torch_and_says_how_to_install_it(monke
     with pytest.raises(ImportError, match=r"needs torch, transformers and diffusers \(torch is "
                                           r"missing\): pip install -e \"\.\[encode\]\""):
         encoders.require_encode_extra()
+
+
+def test_the_tool_reads_prompt_files_or_the_worlds_prompts(tmp_path):
+    from spotlight_jax.encode_prompts import prompt_lists
+    prompts, splits = prompt_lists(world_image_size=16)
+    train, val = world.train_prompts(WORLD16), world.val_prompts(WORLD16)
+    assert prompts == train + val and splits == ["train"] * len(train) + ["val"] * len(val)
+    (tmp_path / "t.txt").write_text("a red bar\n\n  a blue bar \na red bar\n")
+    (tmp_path / "v.txt").write_text("a green bar\n")
+    assert prompt_lists(tmp_path / "t.txt", tmp_path / "v.txt") == (
+        ["a red bar", "a blue bar", "a green bar"], ["train", "train", "val"])
+    with pytest.raises(ValueError, match=r"prompt 'a blue bar' is both a training and a held-out"):
+        prompt_lists(tmp_path / "t.txt", tmp_path / "t.txt")
+    with pytest.raises(ValueError, match=r"--world: encodes the world's prompts; drop --prompts"):
+        prompt_lists(tmp_path / "t.txt", world_image_size=16)
+    with pytest.raises(ValueError, match=r"no prompts: give --prompts=<file>"):
+        prompt_lists()
+    with pytest.raises(ValueError, match=r"prompts file '.*nope.txt' does not exist"):
+        prompt_lists(tmp_path / "nope.txt")
