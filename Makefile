@@ -8,7 +8,7 @@ lint:
 demo:
 	python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/spotlight_demo
 dry-run:
-	python -m spotlight_jax.main --config=configs/qwen_image_like.py --workdir=/tmp/q --dry_run
+	python -m spotlight_jax.main --config=configs/qwen_image.py --workdir=/tmp/q --dry_run
 bench:
 	python -m spotlight_jax.bench.attention
 	python -m spotlight_jax.bench.sampler

@@ -248,19 +248,19 @@ def add_spotlight_sections(c):
     # --- paper workload -------------------------------------------------------------------
     # The paper-scale model whose FLOPs time the profile: the model section of this config
     # (configs/<name>.py or a path), at image_pixels / vae_factor latent cells.
-    k.profile_model = "qwen_image_like"
+    k.profile_model = "qwen_image"
     k.image_pixels = 512            # paper: Qwen-Image at 512^2 (and 1280^2), REFERENCE.md
     k.vae_factor = 8                # Qwen-Image/SD3-style VAE downsamples by 8
-    #                                 (configs/qwen_image_like.py: 1280 px -> 160 latent cells)
+    #                                 (configs/qwen_image.py: 1280 px -> 160 latent cells)
     k.cfg_passes = 2                # forwards per denoising step: Flow-GRPO's presets use CFG
     #                                 4.5 in rollouts and training (REFERENCE.md) = cond+uncond;
     #                                 0 = follow the run's sampler.guidance
-    k.lora_rank = 32                # configs/qwen_image_like.py (Flow-GRPO: LoRA r=32);
+    k.lora_rank = 32                # configs/qwen_image.py (Flow-GRPO: LoRA r=32);
     #                                 -1 = follow the run's rl.lora_rank
     k.backward_factor_full = 2.0    # backward = 2x forward FLOPs with weight gradients
     #                                 (the 6N-per-token rule, Kaplan et al. 2020)
     k.backward_factor_lora = 1.0    # frozen base weights: only activation gradients (~1x fwd)
-    k.param_bytes = 2               # bf16 weights (configs/qwen_image_like.py param_dtype)
+    k.param_bytes = 2               # bf16 weights (configs/qwen_image.py param_dtype)
     k.adapter_bytes = 4             # LoRA factors are float32 (spotlight_jax/rl/lora.py)
     k.act_bytes = 2                 # bf16 activations moved by SP collectives
     k.reward_s_per_image = 0.1      # ASSUMPTION: detector/OCR reward model on a GPU, per image

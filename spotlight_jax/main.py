@@ -1,7 +1,7 @@
 """Command line: the only module that defines flags.
 
   python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/spotlight
-  python -m spotlight_jax.main --config=configs/qwen_image_like.py --workdir=/tmp/q --dry_run
+  python -m spotlight_jax.main --config=configs/qwen_image.py --workdir=/tmp/q --dry_run
   python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/s --config.mode=spotlight
 
 One process of a multi-process trainer job (``jax.distributed``; every process runs the same

@@ -35,7 +35,7 @@ def test_dry_run_every_config(path):
 
 
 def test_paper_scale_config_is_about_20b_and_sharded():
-    report = dry_run(load(ROOT / "configs" / "qwen_image_like.py"))
+    report = dry_run(load(ROOT / "configs" / "qwen_image.py"))
     n = int(report.split("parameters: ")[1].split(" ")[0].replace(",", ""))
     assert 15e9 < n < 25e9, n
     assert "'fsdp'" in report  # large weights are sharded over fsdp
@@ -48,7 +48,7 @@ def test_tiny_config_size():
 
 
 def test_cli_dry_run_and_flag_errors(tmp_path):
-    cmd = [sys.executable, "-m", "spotlight_jax.main", "--config=configs/qwen_image_like.py",
+    cmd = [sys.executable, "-m", "spotlight_jax.main", "--config=configs/qwen_image.py",
            f"--workdir={tmp_path}", "--dry_run"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

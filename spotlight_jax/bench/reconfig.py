@@ -28,7 +28,7 @@ on the 3 survivors are compared bitwise (same program, same devices, same weight
 Configs: ``tiny`` and ``small`` are ``configs/tiny.py`` and ``configs/small.py``; ``large`` is
 ``small`` at width 768, depth 12, 12 heads, 32x32 images and a scan over blocks (~260M parameters).
 Weights are random (drawn on the host; no training needed to time a recovery). The last line
-extrapolates to the 20B ``configs/qwen_image_like.py`` from bytes and assumed bandwidths.
+extrapolates to the 20B ``configs/qwen_image.py`` from bytes and assumed bandwidths.
 """
 from __future__ import annotations
 
@@ -334,7 +334,7 @@ def print_table(rows, args) -> None:
 
 def extrapolate(rows, args) -> None:
     """Bytes / bandwidth for the 20B config, with the largest measured compile as a floor."""
-    mcfg, _ = load_config_path(REPO / "configs" / "qwen_image_like.py")
+    mcfg, _ = load_config_path(REPO / "configs" / "qwen_image.py")
     _, abstract = builders.abstract_model(mcfg)
     size = nbytes(nnx.to_pure_dict(abstract))
     nparams = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(abstract)))
@@ -344,7 +344,7 @@ def extrapolate(rows, args) -> None:
     compile_floor = big["cold_parts"]["shrink"][1]
     warm_grow = size / (args.nvlink_gbps * 1e9)
     cold = size / (args.storage_gbps * 1e9) + compile_floor
-    print(f"\nextrapolation, 20B (qwen_image_like: {nparams / 1e9:.1f}B params, "
+    print(f"\nextrapolation, 20B (qwen_image: {nparams / 1e9:.1f}B params, "
           f"{size / 1e9:.1f} GB {mcfg.param_dtype}): warm shrink re-wraps 0 bytes (ms); warm "
           f"rejoin copies one replica, {size / 1e9:.1f} GB / {args.nvlink_gbps:.0f} GB/s "
           f"intra-node = {warm_grow:.2f} s; cold = {size / 1e9:.1f} GB / {args.storage_gbps:g} "

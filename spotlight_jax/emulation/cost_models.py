@@ -8,8 +8,8 @@ while the learning runs on a tiny model on the CPU. Two models share one interfa
 * ``profile`` (:class:`ProfileCost`): durations from the MMDiT's FLOP count (``emulation.flops``)
   divided by an assumed achieved throughput of a named accelerator (``emulation.datasheets``:
   peak bf16 x MFU), with a roofline floor for reading the weights from HBM and a communication
-  term per sequence-parallel (SP) degree. The default deployment is the paper's: a
-  Qwen-Image-like 20B MMDiT at 512x512 on H100 SXM.
+  term per sequence-parallel (SP) degree. The default deployment is the paper's:
+  Qwen-Image's 20B MMDiT at 512x512 on H100 SXM.
 * ``measured`` (:class:`MeasuredCost`): durations calibrated from this machine's real timings
   (``emulation.calibration.calibrate`` times the real rollout step / training step callables).
 
@@ -43,7 +43,7 @@ class CostConfig:
     """The ``cost`` config section (``configs/base.py`` documents each field and its source).
 
     ``profile_model`` is the paper-scale model whose FLOPs time the ``profile`` cost model; the
-    config names it by config file (``cost.profile_model = "qwen_image_like"``) and
+    config names it by config file (``cost.profile_model = "qwen_image"``) and
     ``builders.cost_config`` loads that file's model section, so its shapes live in one place.
     """
 
@@ -373,7 +373,7 @@ class ProfileCost(CostModel):
             Assumption("collective_latency", c.collective_latency_s, "s",
                        "assumption: NCCL small-message latency order"),
             Assumption("model", f"MMDiT d={m.width} depth={m.depth} heads={m.num_heads}",
-                       "", "config cost.profile_model (configs/qwen_image_like.py)"),
+                       "", "config cost.profile_model (configs/qwen_image.py)"),
             Assumption("params", self.params, "parameters", "derived: emulation.flops.param_count"),
             Assumption("image", f"{c.image_pixels}px -> {m.image_size}^2 latent, "
                        f"patch {m.patch_size}", "",
@@ -384,7 +384,7 @@ class ProfileCost(CostModel):
             Assumption("cfg_passes", self.cfg_passes, "forwards/step",
                        "Flow-GRPO presets: CFG 4.5 in rollouts and training"),
             Assumption("lora_rank", self.lora_rank, "",
-                       "configs/qwen_image_like.py; 0 = full fine-tuning"),
+                       "configs/qwen_image.py; 0 = full fine-tuning"),
             Assumption("train_passes", self.train_passes(), "forwards per trained step",
                        "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + remat fwd "
                        "+ KL reference fwd (beta > 0) + old-log-prob re-score fwd (rl.rescore)"),

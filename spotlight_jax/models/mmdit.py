@@ -197,13 +197,12 @@ class MMDiTConfig:
                 bad("width", "must be a multiple of 4 with pos_embed='sd3_table'")
         if not self.rope_theta > 0:
             bad("rope_theta", "must be > 0 (e.g. rope_theta=10000.0)")
-        if self.pos_embed == "rope3d":
-            axes = tuple(self.rope_axes)
-            if (len(axes) != 3 or any(not isinstance(a, int) or a < 2 or a % 2 for a in axes)
-                    or sum(axes) != self.head_dim):
-                bad("rope_axes", f"must be 3 even sizes summing to head_dim={self.head_dim} "
-                                 f"with pos_embed='rope3d' (e.g. rope_axes="
-                                 f"{_rope_split(self.head_dim)})")
+        axes = tuple(self.rope_axes)
+        if len(axes) != 3 or any(not isinstance(a, int) or a < 2 or a % 2 for a in axes) or (
+                self.pos_embed == "rope3d" and sum(axes) != self.head_dim):
+            bad("rope_axes", f"must be 3 even sizes (frame, height, width), summing to "
+                             f"head_dim={self.head_dim} with pos_embed='rope3d' (e.g. "
+                             f"rope_axes={_rope_split(self.head_dim)})")
         if self.pooled == "input" and self.pooled_dim < 1:
             bad("pooled_dim", "must be >= 1 with pooled='input' (the pooled text width, "
                               "e.g. pooled_dim=2048)")

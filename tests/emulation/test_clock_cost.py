@@ -23,7 +23,7 @@ OD = DeviceGroup("od0", "on_demand", 4)
 SPOT = DeviceGroup("spot0", "spot", 2)
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # The cost section of configs/base.py: the paper deployment, its profile model loaded from
-# configs/qwen_image_like.py.
+# configs/qwen_image.py.
 PAPER = builders.cost_config(builders.load_config("base"))
 
 
@@ -232,7 +232,7 @@ def test_paper_profile_tokens_params_and_flops():
 
 def test_profile_model_matches_the_qwen_config():
     from spotlight_jax.builders import model_config
-    cfg = runpy.run_path(str(CONFIGS / "qwen_image_like.py"))["get_config"]()
+    cfg = runpy.run_path(str(CONFIGS / "qwen_image.py"))["get_config"]()
     assert model_config(cfg) == PAPER.profile_model
 
 
@@ -274,7 +274,7 @@ def test_profile_scales_with_batch_and_sp_degree():
 
 def test_cost_config_section_round_trip_and_workload():
     base = runpy.run_path(str(CONFIGS / "base.py"))["get_config"]()
-    qwen = runpy.run_path(str(CONFIGS / "qwen_image_like.py"))["get_config"]()
+    qwen = runpy.run_path(str(CONFIGS / "qwen_image.py"))["get_config"]()
     assert builders.cost_config(base) == CostConfig(profile_model=builders.model_config(qwen))
     base.cost.mfu = 0.5
     assert builders.cost_config(base).mfu == 0.5

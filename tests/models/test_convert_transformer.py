@@ -233,7 +233,7 @@ def test_lora_adapts_every_attention_projection_including_sd35s_second():
 def test_family_options_are_validated_with_the_fix():
     base = dict(width=32, num_heads=2, text_width=0, text_embed_dim=8)
     with pytest.raises(ValueError, match=r"^rope_axes=\(4, 4, 4\): must be 3 even sizes "
-                                         r"summing to head_dim=16"):
+                                         r"\(frame, height, width\), summing to head_dim=16"):
         MMDiTConfig(**base, pos_embed="rope3d", rope_axes=(4, 4, 4)).validate()
     with pytest.raises(ValueError, match=r"^pooled_dim=0: must be >= 1 with pooled='input'"):
         MMDiTConfig(**base, pooled="input").validate()
