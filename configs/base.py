@@ -46,6 +46,22 @@ def get_config():
     m.param_dtype = "float32"
     m.remat = False
     m.scan_blocks = False
+    # Options of the model families a diffusers checkpoint brings (models.convert sets them from
+    # its config.json; configs/qwen_image.py and configs/sd35_medium.py name them for dry runs).
+    m.pos_embed = "sincos"          # sincos | sd3_table | rope3d
+    m.pos_embed_max_size = 0        # sd3_table: the stored table's grid side
+    m.pos_embed_base_size = 0       # sd3_table: diffusers' base_size (sample_size // patch)
+    m.pos_embed_dtype = "float32"   # sd3_table: the dtype the checkpoint stores the table in
+    m.rope_axes = (16, 56, 56)      # rope3d: head_dim split into (frame, height, width)
+    m.rope_theta = 10_000.0
+    m.pooled = "text_mean"          # text_mean | input (SD3's pooled_dim input) | none
+    m.pooled_dim = 0
+    m.text_norm = False             # RMSNorm on the text embeddings (Qwen-Image)
+    m.use_text_mask = True          # False: every text token attended (SD3)
+    m.context_pre_only_last = False  # SD3: the last block's text stream only feeds k/v
+    m.dual_attention_layers = ()    # SD3.5: blocks with a second, image-only attention
+    m.timestep_scaling = "before_freqs"  # before_freqs (ours, SD3) | after_freqs (Qwen-Image)
+    m.timestep_freqs = "jnp"        # jnp | rounded (diffusers' float32 rounding, for parity)
 
     # Device layout (spotlight_jax.parallel.MeshConfig) and attention strategy.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sp=1))
