@@ -262,3 +262,21 @@ def test_live_regenerated_model_equals_diffusers(tmp_path, name):
     got = forward(name, inp, split=(nnx.split(ours), cfg))
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
     shutil.rmtree(tmp_path / name)
+
+
+def test_diffusers_euler_step_is_our_ode_step():
+    """diffusers' flow-matching Euler step is ``x + (s_next - s) v`` with ``v`` the model's
+    output, as our ODE step, so the converted velocity (``noise - x0``) needs no sign change."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    from spotlight_jax.diffusion.sde import ode_step
+
+    sched = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
+    sched.set_timesteps(6)
+    rng = np.random.default_rng(0)
+    x, v = (rng.normal(size=(2, 4, 8, 8)).astype(np.float32) for _ in range(2))
+    want, got = torch.from_numpy(x), x
+    for i in range(3):
+        want = sched.step(torch.from_numpy(v), sched.timesteps[i], want).prev_sample
+        got = ode_step(got, v, float(sched.sigmas[i]), float(sched.sigmas[i + 1]))
+        np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-6)
