@@ -269,13 +269,20 @@ class Sampler:
     """Compiled rollouts for one model graph, sampler config and attention layout.
 
     ``rollout(state, tokens, mask, seeds)`` -> dict with ``latents [B, T+1, H, W, C]`` (x_T first),
-    ``log_probs [B, T]``, ``images [B, H, W, C]`` in [0, 1]. ``segment(state, x, start, tokens,
+    ``log_probs [B, T]``, ``images [B, H, W, 3]`` in [0, 1]. ``segment(state, x, start, tokens,
     mask, seeds, num)`` continues a committed trajectory for ``num`` steps.
+
+    ``decoder``: for a latent model, the frozen VAE that turns the final latent into the image the
+    reward sees, inside the same jitted program (an object with a pure
+    ``decode_with(state, latents)`` and its ``state``, e.g. ``models.vae.LatentVAE``; its state is
+    an argument of the program, not a constant baked into it). None: the model draws pixels in
+    [-1, 1] (``to_image``).
     """
 
     def __init__(self, graphdef, image_shape, cfg: SamplerConfig, attn=AttentionSpec(),
-                 mesh=None):
+                 mesh=None, decoder=None):
         self.graphdef = graphdef
+        self.decoder = decoder
         self.image_shape = tuple(image_shape)
         self.cfg = cfg.validate()
         h, w = self.image_shape[:2]
@@ -292,7 +299,8 @@ class Sampler:
 
     @property
     def _rollout(self):
-        return _rollout_program(self.graphdef, self.image_shape, self.cfg, self.attn)
+        decode = self.decoder.decode_with if self.decoder is not None else None
+        return _rollout_program(self.graphdef, self.image_shape, self.cfg, self.attn, decode)
 
     @property
     def _segment(self):
@@ -300,7 +308,9 @@ class Sampler:
 
     def rollout(self, state, tokens, mask, seeds):
         p = self._place
-        return self._rollout(state, p(tokens), p(mask), p(jnp.asarray(seeds, jnp.uint32)))
+        extra = () if self.decoder is None else (self.decoder.state,)
+        return self._rollout(state, p(tokens), p(mask), p(jnp.asarray(seeds, jnp.uint32)),
+                             *extra)
 
     def segment(self, state, x, start, tokens, mask, seeds, num: int):
         p = self._place
@@ -311,19 +321,22 @@ class Sampler:
 # Compiled programs are shared by every Sampler of the same (hashable) graph, shape, sampler
 # config and attention layout: a new Sampler (another run, mode or test) reuses executables.
 @functools.lru_cache(maxsize=64)
-def _rollout_program(graphdef, image_shape, cfg: SamplerConfig, attn):
-    return jax.jit(rollout_body(graphdef, image_shape, cfg, attn))
+def _rollout_program(graphdef, image_shape, cfg: SamplerConfig, attn, decode=None):
+    return jax.jit(rollout_body(graphdef, image_shape, cfg, attn, decode))
 
 
-def rollout_body(graphdef, image_shape, cfg: SamplerConfig, attn) -> Callable:
-    """The unjitted rollout ``(state, tokens, mask, seeds) -> {latents, log_probs, images}``
-    (``state``: an NNX state or its pure dict), for callers that lower it themselves."""
-    def run(state, tokens, mask, seeds):
+def rollout_body(graphdef, image_shape, cfg: SamplerConfig, attn, decode=None) -> Callable:
+    """The unjitted rollout ``(state, tokens, mask, seeds[, decoder_state]) -> {latents,
+    log_probs, images}`` (``state``: an NNX state or its pure dict), for callers that lower it
+    themselves. ``decode(decoder_state, x0) -> images in [0, 1]`` for a latent model (a VAE's
+    ``decode_with``); None: pixels in [-1, 1] (``to_image``)."""
+    def run(state, tokens, mask, seeds, decoder_state=None):
         model = nnx.merge(graphdef, state)
         x0 = initial_noise(seeds, image_shape, cfg.shared_init_bits)
         x_end, xs, logps = denoise(model, x0, 0, cfg.num_steps, seeds, tokens, mask, cfg, attn)
         latents = jnp.concatenate([x0[None], xs], axis=0).swapaxes(0, 1)
-        return {"latents": latents, "log_probs": logps.T, "images": to_image(x_end)}
+        images = to_image(x_end) if decode is None else decode(decoder_state, x_end)
+        return {"latents": latents, "log_probs": logps.T, "images": images}
     return run
 
 

@@ -20,6 +20,7 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, velocity
 from spotlight_jax.diffusion.rollout import project_at, step_at
+from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
     check_policy_fields,
@@ -195,7 +196,7 @@ def _gather_steps(latents, log_probs, idx):
 
 
 def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerConfig,
-               ref_model=None):
+               ref_model=None, attn=AttentionSpec()):
     """Per (trajectory, step) pair: new log-prob, old log-prob, KL to the reference split into
     ``(on the noise subspace, off it)`` (the second is 0 without block noise), and the rows."""
     x, x_next, logp_old, j, rows = _gather_steps(latents, log_probs, idx)
@@ -203,14 +204,14 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
     sigma, sigma_next = sigmas[j], sigmas[j + 1]
     tok, msk = tokens[rows], mask[rows]
     step = step_at(sampler, j)
-    v = velocity(model, x, sigma, tok, msk, guidance=sampler.guidance)
+    v = velocity(model, x, sigma, tok, msk, guidance=sampler.guidance, attn=attn)
     _, logp, mean, std = step(x, v, sigma, sigma_next, noise_level=sampler.noise_level,
                               prev_sample=x_next, sigma_max=sigmas[1])
     if ref_model is None:
         kl = (jnp.zeros_like(logp), jnp.zeros_like(logp))
     else:
         v_ref = jax.lax.stop_gradient(velocity(ref_model, x, sigma, tok, msk,
-                                               guidance=sampler.guidance))
+                                               guidance=sampler.guidance, attn=attn))
         _, _, mean_ref, _ = step(x, v_ref, sigma, sigma_next, noise_level=sampler.noise_level,
                                  prev_sample=x_next, sigma_max=sigmas[1])
         diff = mean - mean_ref
@@ -227,12 +228,13 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
 
 
 def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_model=None,
-              on_policy=False):
+              on_policy=False, attn=AttentionSpec()):
     """Clipped GRPO loss and metrics. ``on_policy`` (bool or traced bool scalar): the weights are
     the ones that sampled the batch (first minibatch of an iteration), so the old log-prob *is*
     this forward's log-prob."""
     logp, logp_old, kl, rows, j = step_terms(model, batch["latents"], batch["log_probs"], idx,
-                                             batch["tokens"], batch["mask"], sampler, ref_model)
+                                             batch["tokens"], batch["mask"], sampler, ref_model,
+                                             attn)
     rollout_dev = jnp.max(jnp.abs(logp - logp_old))
     if "logp_old" in batch:  # re-scored with the pre-update weights (GRPOTrainer.update)
         logp_old = batch["logp_old"]
@@ -273,9 +275,10 @@ class GRPOTrainer(PolicyTrainer):
 
     batch_keys = ("latents", "log_probs", "tokens", "mask")
 
-    def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig, mesh=None):
+    def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig, mesh=None,
+                 attn=None):
         step_weights(sampler, cfg.step_weight)   # a bad name fails here, not inside a trace
-        super().__init__(graphdef, base_state, cfg, mesh)
+        super().__init__(graphdef, base_state, cfg, mesh, attn)
         self.sampler = sampler
 
     # -- update ------------------------------------------------------------------------------
@@ -283,11 +286,11 @@ class GRPOTrainer(PolicyTrainer):
     # and configs, so every trainer of the same model shares compiled executables.
     @property
     def _step(self):
-        return _train_step(self.graphdef, _program_config(self.cfg), self.sampler)
+        return _train_step(self.graphdef, _program_config(self.cfg), self.sampler, self.attn)
 
     @property
     def _score(self):
-        return _score_fn(self.graphdef, self.cfg, self.sampler)
+        return _score_fn(self.graphdef, self.cfg, self.sampler, self.attn)
 
     @property
     def _select(self):
@@ -357,7 +360,7 @@ def _policy(graphdef, cfg: GRPOConfig, trainable, base):
 
 
 @functools.lru_cache(maxsize=32)
-def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
+def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig, attn=AttentionSpec()):
     tx = make_optimizer(cfg)
 
     def step(trainable, opt_state, ema, base, batch, idx, on_policy):
@@ -365,7 +368,7 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
 
         def loss_fn(t):
             return grpo_loss(_policy(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
-                             on_policy)
+                             on_policy, attn)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
         gnorm = optax.tree.norm(grads)
@@ -379,12 +382,13 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
 
 
 @functools.lru_cache(maxsize=32)
-def _score_fn(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
+def _score_fn(graphdef, cfg: GRPOConfig, sampler: SamplerConfig, attn=AttentionSpec()):
     """Log-probs of the recorded transitions under the given (pre-update) policy."""
     def score(trainable, base, batch, idx):
         logp, logp_old, _, _, _ = step_terms(_policy(graphdef, cfg, trainable, base),
                                              batch["latents"], batch["log_probs"], idx,
-                                             batch["tokens"], batch["mask"], sampler, None)
+                                             batch["tokens"], batch["mask"], sampler, None,
+                                             attn)
         return logp, jnp.max(jnp.abs(logp - logp_old))
     return jax.jit(score)
 

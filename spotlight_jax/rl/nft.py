@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, encode_prompt, velocity
+from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
     check_policy_fields,
@@ -171,8 +172,9 @@ class NFTTrainer(PolicyTrainer):
     batch_keys = ("latents", "tokens", "mask", "prompt_ids")
     state_parts = ("trainable", "opt_state", "ema", "old")
 
-    def __init__(self, graphdef, base_state, cfg: NFTConfig, sampler: SamplerConfig, mesh=None):
-        super().__init__(graphdef, base_state, cfg.validate(), mesh)
+    def __init__(self, graphdef, base_state, cfg: NFTConfig, sampler: SamplerConfig, mesh=None,
+                 attn=None):
+        super().__init__(graphdef, base_state, cfg.validate(), mesh, attn)
         self.sampler = sampler
         self.grid = time_grid(sampler)
         if not 1 <= cfg.times <= len(self.grid):
@@ -191,7 +193,7 @@ class NFTTrainer(PolicyTrainer):
 
     @property
     def _step(self):
-        return _nft_step(self.graphdef, self.cfg, tuple(float(t) for t in self.grid))
+        return _nft_step(self.graphdef, self.cfg, tuple(float(t) for t in self.grid), self.attn)
 
     def update(self, batch: dict, key, step: int, generator=None) -> dict:
         """``batch``: ``latents [B, T+1, ...]`` (only the last, x0, is read), ``tokens``,
@@ -218,7 +220,7 @@ class NFTTrainer(PolicyTrainer):
 
 
 @functools.lru_cache(maxsize=16)
-def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
+def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=AttentionSpec()):
     tx = make_optimizer(cfg)
     lora = bool(cfg.lora_rank)
 
@@ -240,14 +242,14 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...]):
         ctx_old = (jax.lax.stop_gradient(ctx) if lora
                    else jax.lax.stop_gradient(encode_prompt(old_model, tok, msk)))
         tok_r, msk_r = jnp.repeat(tok, kk, axis=0), jnp.repeat(msk, kk, axis=0)
-        v = velocity(model, x_t, t, tok_r, msk_r, context=rep(ctx))
-        v_old = velocity(old_model, x_t, t, tok_r, msk_r, context=rep(ctx_old))
+        v = velocity(model, x_t, t, tok_r, msk_r, attn=attn, context=rep(ctx))
+        v_old = velocity(old_model, x_t, t, tok_r, msk_r, attn=attn, context=rep(ctx_old))
         v_ref = None
         if cfg.kl_beta:
             ref = nnx.merge(graphdef, base)
             ctx_ref = (ctx_old if lora else
                        jax.lax.stop_gradient(encode_prompt(ref, tok, msk)))
-            v_ref = velocity(ref, x_t, t, tok_r, msk_r, context=rep(ctx_ref))
+            v_ref = velocity(ref, x_t, t, tok_r, msk_r, attn=attn, context=rep(ctx_ref))
         per = nft_loss(v, v_old, v_ref, x_t, x0r, t, jnp.repeat(p, kk), beta=cfg.beta,
                        kl_beta=cfg.kl_beta)
         v_sg = jax.lax.stop_gradient(v)

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from spotlight_jax.models import AttentionSpec
 from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
 
@@ -72,8 +73,10 @@ class PolicyTrainer:
     batch_keys: tuple[str, ...] = ()
     state_parts: tuple[str, ...] = ("trainable", "opt_state", "ema")
 
-    def __init__(self, graphdef, base_state, cfg, mesh=None):
+    def __init__(self, graphdef, base_state, cfg, mesh=None, attn=None):
         self.graphdef, self.cfg, self.mesh = graphdef, cfg, mesh
+        # how the update's forwards lay out attention (dense, or sequence-parallel on mesh)
+        self.attn = attn if attn is not None else AttentionSpec()
         self.base = base_state
         rep = None
         if mesh is not None:
