@@ -37,7 +37,7 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.explore.planner import PlannerConfig
-from spotlight_jax.models import MMDiT, MMDiTConfig
+from spotlight_jax.models import AttentionSpec, MMDiT, MMDiTConfig, as_dtype, convert
 from spotlight_jax.parallel import STRATEGIES, MeshConfig, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.pretrain import PretrainConfig
@@ -122,9 +122,70 @@ def _build(paths: dict[str, str], make):
 
 # -- sections ---------------------------------------------------------------------------------
 
+def diffusers_base(config) -> str | None:
+    """The diffusers pipeline folder ``base_checkpoint`` names (one with
+    ``transformer/config.json``), or None when the base is this project's own checkpoint."""
+    path = config.base_checkpoint
+    if path in ("auto", "none", "", None):
+        return None
+    return path if os.path.isfile(os.path.join(path, "transformer", "config.json")) else None
+
+
+# What a run chooses for a diffusers base model; every other model field (the architecture)
+# comes from the checkpoint's config.json.
+RUN_MODEL_FIELDS = ("image_size", "text_len", "dtype", "param_dtype", "remat", "scan_blocks")
+
+
 def model_config(config) -> MMDiTConfig:
+    """The model's config: ``config.model``, or for a diffusers base (:func:`diffusers_base`)
+    the checkpoint's architecture with ``config.model``'s :data:`RUN_MODEL_FIELDS` (latent
+    cells per side, prompt length, dtypes, remat, block scan)."""
+    base = diffusers_base(config)
+    if base is not None:
+        overrides = {f: config.model[f] for f in RUN_MODEL_FIELDS}
+        return _build(_paths("model", MMDiTConfig),
+                      lambda: convert.config_from_diffusers(os.path.join(base, "transformer"),
+                                                            **overrides))
     return _build(_paths("model", MMDiTConfig),
                   lambda: pick_fields(MMDiTConfig, config.model).validate())
+
+
+def load_diffusers_base(config):
+    """``(graphdef, state)`` of a diffusers base's transformer, converted into the MMDiT with
+    :func:`model_config`'s run fields, parameters in ``model.param_dtype``."""
+    base = diffusers_base(config)
+    cfg = model_config(config)
+    overrides = {f: getattr(cfg, f) for f in RUN_MODEL_FIELDS if f not in ("dtype",
+                                                                            "param_dtype")}
+    model, _ = _build({}, lambda: convert.from_diffusers(
+        os.path.join(base, "transformer"), dtype=as_dtype(cfg.param_dtype), **overrides))
+    return nnx.split(model)
+
+
+def image_decoder(config):
+    """The frozen VAE that turns a latent model's samples into the reward's images (a diffusers
+    base's ``vae/`` folder), or None for a model that draws pixels."""
+    base = diffusers_base(config)
+    if base is None:
+        return None
+    vae_dir = os.path.join(base, "vae")
+    if not os.path.isfile(os.path.join(vae_dir, "config.json")):
+        raise ConfigError(f"base_checkpoint={base!r}: no vae/config.json next to transformer/ "
+                          "(a latent model needs its VAE to turn samples into images)")
+    vae = _build({}, lambda: convert.vae_from_diffusers(vae_dir))
+    cfg = model_config(config)
+    if vae.latent_channels != cfg.channels:
+        raise ConfigError(f"base_checkpoint={base!r}: the VAE has {vae.latent_channels} latent "
+                          f"channels, the transformer {cfg.channels}")
+    return vae
+
+
+def attention_spec(config, mesh: Mesh | None) -> AttentionSpec:
+    """How the trainer's forwards (and the samplers on its mesh) lay out attention: the
+    ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense."""
+    if mesh is None or mesh.shape.get("sp", 1) == 1 or config.attention == "dense":
+        return AttentionSpec()
+    return AttentionSpec(mesh=mesh, strategy=config.attention, axis="sp")
 
 
 def mesh_config(config) -> MeshConfig:
@@ -217,9 +278,10 @@ def rl_config(config) -> GRPOConfig | NFTConfig:
 
 def make_trainer(config, graphdef, base, mesh=None):
     """The objective's trainer over ``base`` (placed on ``mesh``), sampling with
-    :func:`sampler_config`."""
+    :func:`sampler_config`, attention laid out by :func:`attention_spec`."""
     cfg = rl_config(config)
-    return trainer_class(cfg)(graphdef, base, cfg, sampler_config(config), mesh=mesh)
+    return trainer_class(cfg)(graphdef, base, cfg, sampler_config(config), mesh=mesh,
+                              attn=attention_spec(config, mesh))
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds
@@ -334,10 +396,13 @@ class ProcessConfig:
         if self.attention not in STRATEGIES:
             raise ValueError(f"attention={self.attention!r}: choose one of {STRATEGIES}")
         path = self.base_checkpoint
-        if path not in ("auto", "none", "") and not os.path.isdir(os.path.join(path, "params")):
+        if path not in ("auto", "none", "") and not os.path.isdir(os.path.join(path, "params")) \
+                and not os.path.isfile(os.path.join(path, "transformer", "config.json")):
             raise ValueError(f"base_checkpoint={path!r}: no checkpoint there (expected "
-                             f"{os.path.join(path, 'params')}); give a base checkpoint "
-                             "directory, 'auto' or 'none' (pretrain into the workdir)")
+                             f"{os.path.join(path, 'params')}, or a diffusers pipeline folder "
+                             "with transformer/config.json); give a base checkpoint "
+                             "directory, a diffusers folder, 'auto' or 'none' (pretrain into "
+                             "the workdir)")
 
 
 def process_config(config) -> ProcessConfig:

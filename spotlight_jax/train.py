@@ -21,7 +21,9 @@ from spotlight_jax.builders import (
     abstract_model,
     build_mesh,
     create_model,
+    diffusers_base,
     eval_reward,
+    load_diffusers_base,
     model_config,
     pretrain_config,
     prompt_source,
@@ -78,6 +80,10 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
                           allow_pretrain: bool = True):
     """``(graphdef, base_state, source)`` following the priority order in the module docstring.
     With ``allow_pretrain=False`` a missing base is a ValueError instead of a pretraining run."""
+    if diffusers_base(config) is not None:
+        graphdef, state = load_diffusers_base(config)
+        logging.info("base model: converted %s/transformer (diffusers)", config.base_checkpoint)
+        return graphdef, state, config.base_checkpoint
     cfg = model_config(config)
     choice = config.base_checkpoint
     candidates = []

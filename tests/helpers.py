@@ -103,3 +103,34 @@ def spotlight_config(objective="flow_grpo", mode="spotlight"):
     c.trace.mean_outage_s = 60.0
     c.trace.abrupt_fraction = 0.5
     return c
+
+
+def fake_encode(prompts, dim):
+    """A deterministic stand-in for a text encoder: each word's fixed random vector plus a
+    sin-cos code of its position; one real token per word, the empty prompt has none."""
+    import numpy as np
+
+    from spotlight_jax import world
+    words = np.random.default_rng(7).normal(size=(world.VOCAB_SIZE, dim)).astype(np.float32)
+    pos = np.arange(world.DEFAULT_MAX_LEN)[:, None] / 10.0 ** (np.arange(dim // 2) / dim)
+    code = np.concatenate([np.sin(pos), np.cos(pos)], 1).astype(np.float32)
+    rows = []
+    for p in prompts:
+        ids = world.encode(p) if p else []
+        rows.append(words[ids] + code[:len(ids)] if ids else np.zeros((0, dim), np.float32))
+    return rows
+
+
+def world_prompt_file(path, dim, image_size):
+    """A prompt-embedding file of every world prompt (at ``image_size``) with its world split,
+    plus the empty prompt, fake-encoded at width ``dim``; returns ``(prompts, embeds, mask)``."""
+    from spotlight_jax import prompt_embeddings as pe
+    from spotlight_jax import world
+    wc = world.WorldConfig(image_size=image_size)
+    train, val = world.train_prompts(wc), world.val_prompts(wc)
+    prompts = ["", *train, *val]
+    embeds, mask = pe.pad_rows(fake_encode(prompts, dim))
+    pe.write(path, prompts, embeds, mask, splits=["", *["train"] * len(train),
+                                                  *["val"] * len(val)],
+             family="synthetic", encoder="tests.fake_encode", info={"dim": dim})
+    return prompts, embeds, mask

@@ -90,7 +90,7 @@ class SpotExploration:
                 devs, d.cfg.spot_nodes, per_node, s.graphdef, base, s.mcfg,
                 s.train_sampler_cfg, sp_degree=d.cfg.spot_sp, reward=s.settings.reward,
                 chunk=s.engine.chunk, alive_nodes=d.alive_nodes,
-                tokenize=s.prompt_source.tokenize)
+                tokenize=s.prompt_source.tokenize, decoder=s.decoder)
             self.explorer = self.fleet
             logging.info("spotlight: %d spot nodes x %d devices as a SpotFleet (groups %s); "
                          "precompiled in %.1fs", d.cfg.spot_nodes, per_node,
@@ -98,7 +98,8 @@ class SpotExploration:
         else:
             self.mesh = explore_mesh(s.mesh, s.devices, batch_multiple=s.engine.chunk)
             if self.mesh is not None:
-                sampler = Sampler(s.graphdef, s.image_shape, s.train_sampler_cfg, mesh=self.mesh)
+                sampler = Sampler(s.graphdef, s.image_shape, s.train_sampler_cfg, mesh=self.mesh,
+                                  decoder=s.decoder)
                 self.explorer = Explorer(RolloutEngine(sampler, s.mcfg.text_len,
                                                        s.settings.reward, chunk=s.engine.chunk,
                                                        tokenize=s.prompt_source.tokenize))

@@ -49,7 +49,8 @@ class FleetExplorer:
 
     def __init__(self, devices, num_nodes: int, per_node: int, graphdef, params,
                  model_cfg: MMDiTConfig, sampler_cfg: SamplerConfig, *, sp_degree: int,
-                 reward: str, chunk: int, alive_nodes=None, tokenize=world.tokenize):
+                 reward: str, chunk: int, alive_nodes=None, tokenize=world.tokenize,
+                 decoder=None):
         names = tuple(f"spot{i}" for i in range(num_nodes))
         self.pool = DevicePool(PoolConfig(nodes=tuple((n, "spot", per_node) for n in names)),
                                devices)
@@ -58,6 +59,9 @@ class FleetExplorer:
             if n not in alive:
                 self.pool.mark_node_lost(n, reason="down at start")
         self.model_cfg, self.chunk, self.tokenize = model_cfg, int(chunk), tokenize
+        # a latent model's VAE: the node programs return latents, decoded here before the reward
+        # (on the VAE's device, not the spot group's: see docs/real_models.md)
+        self.decoder = decoder
         self.reward_fn = rewards.get(reward)
         t0 = time.perf_counter()
         # Spot VMs are preempted and rejoin as whole nodes: each node only ever forms its full
@@ -145,6 +149,8 @@ class FleetExplorer:
             tokens, mask = self.tokenize(ps, self.model_cfg.text_len)
             node, g, _ = groups[j % len(groups)]
             out = node.rollout(tokens, mask, ss, group=g)   # asynchronous dispatch
+            if self.decoder is not None:
+                out = {**out, "images": self.decoder.decode(np.asarray(out["latents"])[:, -1])}
             calls.append((out, tokens[:n], mask[:n], ps[:n], n))
         futures = [self._rewards.submit(lambda im, ps, n: self.reward_fn(np.asarray(im)[:n], ps),
                                         out["images"], ps, n) for out, _, _, ps, n in calls]

@@ -110,6 +110,8 @@ class Rollouts:
         trajs = [results[r].trajectory() for r in rids]
         batch = {key: np.stack([t[key] for t in trajs])
                  for key in ("latents", "log_probs", "images")}
+        if s.decoder is not None:       # a latent model: the requests hold latents, not pixels
+            batch["images"] = np.asarray(s.decoder.decode(batch["latents"][:, -1]))
         flat_prompts = [p for p, _ in flat]
         batch["tokens"], batch["mask"] = s.prompt_source.tokenize(flat_prompts, s.mcfg.text_len)
         batch["rewards"] = np.asarray(s.engine.reward_fn(batch["images"], flat_prompts),

@@ -18,8 +18,10 @@ from absl import logging
 
 from spotlight_jax import rewards, world
 from spotlight_jax.builders import (
+    attention_spec,
     build_mesh,
     host_config,
+    image_decoder,
     make_deployment,
     make_trainer,
     model_config,
@@ -86,9 +88,14 @@ class RunState:
         self.graphdef = graphdef
         self.trainer = (trainer if trainer is not None
                         else make_trainer(config, graphdef, base, mesh=self.mesh))
-        self.sampler = Sampler(graphdef, self.image_shape, self.train_sampler_cfg, mesh=self.mesh)
+        # a latent model's VAE (None for pixels) and the attention layout on the trainer's mesh
+        self.decoder = image_decoder(config)
+        self.attn = attention_spec(config, self.mesh)
+        self.sampler = Sampler(graphdef, self.image_shape, self.train_sampler_cfg, self.attn,
+                               mesh=self.mesh, decoder=self.decoder)
         self.eval_sampler = Sampler(graphdef, self.image_shape,
-                                    sampler_config(config, evaluation=True), mesh=self.mesh)
+                                    sampler_config(config, evaluation=True), self.attn,
+                                    mesh=self.mesh, decoder=self.decoder)
         # the prompts and their model inputs: the world's tokenizer or an embedding file
         self.prompt_source = prompt_source(config)
         self.train_prompts = self.prompt_source.train_prompts

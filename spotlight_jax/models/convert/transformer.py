@@ -41,6 +41,19 @@ def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
     return cfg, arrays
 
 
+def config_from_diffusers(checkpoint_dir, **overrides) -> MMDiTConfig:
+    """Our config of a diffusers transformer folder without converting its weights (the
+    tensors are only memory-mapped, for the families whose options the stored shapes decide);
+    ``overrides`` replace fields as in :func:`from_diffusers`."""
+    config, tensors = read_component(checkpoint_dir)
+    family = FAMILIES.get(config.get("_class_name"))
+    if family is None:
+        raise CheckpointError(f"{checkpoint_dir}: _class_name={config.get('_class_name')!r} is "
+                              f"not a transformer we convert (supported: {sorted(FAMILIES)})")
+    return dataclasses.replace(family.model_config(config, tensors, str(checkpoint_dir)),
+                               **overrides).validate()
+
+
 def _stack_blocks(arrays: dict, depth: int) -> dict:
     """Per-block paths ``("blocks", i, ...)`` -> stacked ``("blocks", ...)`` (scan_blocks)."""
     out = {p: a for p, a in arrays.items() if p[0] != "blocks"}
