@@ -14,7 +14,8 @@ from helpers import micro_config, world_prompt_file
 from spotlight_jax.builders import ConfigError, image_decoder, model_config, validate
 from spotlight_jax.train import train_and_evaluate
 
-PIPE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers" / "pipeline_qwen_image"
+PIPE = (pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers"
+        / "pipeline_qwen_image")
 DIM = 24                     # the fixture transformer's joint_attention_dim
 
 
