@@ -57,5 +57,6 @@ def get_config():
     c.rl.group_size = 24
     c.rl.lora_rank = 32
     c.rl.lora_alpha = 64.0
+    c.rl.nft.minibatches = 144   # nft: 8 images (x rl.nft.times rows) per accumulated chunk
     c.sampler.shift = 3.0
     return c

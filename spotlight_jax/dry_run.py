@@ -14,9 +14,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from spotlight_jax.builders import abstract_model, build_mesh, model_config
+from spotlight_jax.builders import abstract_model, build_mesh, model_config, objective
 from spotlight_jax.models import as_dtype
 from spotlight_jax.parallel.sharding import param_specs
+from spotlight_jax.rl import lora as lora_lib
 
 
 def _shard_factor(spec: PartitionSpec, mesh) -> int:
@@ -64,9 +65,19 @@ def dry_run(config, devices=None) -> str:
         name = ".".join(part for part in name.split("/") if not part.isdigit())
         g = groups.setdefault(name, [0, str(spec), a.shape, str(a.dtype)])
         g[0] += math.prod(a.shape)
-    opt = 2 * per_device * (4 / np.dtype(as_dtype(cfg.param_dtype)).itemsize)  # AdamW mu, nu in f32
+    rank = int(config.rl.lora_rank)
+    if rank:   # LoRA: the trainable factors (f32, replicated), AdamW mu and nu of them
+        lora = sum(math.prod(a.shape[:-2]) * rank * (a.shape[-2] + a.shape[-1])
+                   for path, a in leaves if lora_lib.is_target(path))
+        opt = 3 * 4 * lora
+        opt_name = f"LoRA rank {rank} ({lora / 1e6:.1f}M, f32) + AdamW state"
+    else:      # full fine-tuning: AdamW mu, nu in f32 of every (sharded) parameter
+        opt = 2 * per_device * (4 / np.dtype(as_dtype(cfg.param_dtype)).itemsize)
+        opt_name = "AdamW state"
     batch = config.rl.prompts_per_iter * config.rl.group_size
-    act = activation_bytes(cfg, batch // max(config.rl.minibatches, 1), mesh)
+    minibatches = (config.rl.nft.minibatches if objective(config) == "nft"
+                   else config.rl.minibatches)
+    act = activation_bytes(cfg, batch // max(minibatches, 1), mesh)
     gib = 1024**3
     lines = [
         f"model: width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} "
@@ -75,8 +86,8 @@ def dry_run(config, devices=None) -> str:
         f"mesh: {dict(mesh.shape)} over {mesh.devices.size} "
         f"{mesh.devices.flat[0].platform} devices",
         f"parameters: {total:,} ({total / 1e9:.2f}B)",
-        f"per device: params {per_device / gib:.3f} GiB + AdamW state {opt / gib:.3f} GiB + "
-        f"activations (est., {batch // max(config.rl.minibatches, 1)} samples/minibatch) "
+        f"per device: params {per_device / gib:.3f} GiB + {opt_name} {opt / gib:.3f} GiB + "
+        f"activations (est., {batch // max(minibatches, 1)} samples/minibatch) "
         f"{act / gib:.3f} GiB = {(per_device + opt + act) / gib:.3f} GiB",
         "parameter groups (count, PartitionSpec, shape, dtype):",
     ]

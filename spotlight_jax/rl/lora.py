@@ -14,7 +14,8 @@ from flax import nnx
 TARGETS = ("qkv", "out")
 
 
-def _is_target(path) -> bool:
+def is_target(path) -> bool:
+    """Whether a parameter path is a LoRA target (a block's qkv/out kernel)."""
     keys = [str(getattr(p, "key", p)) for p in path]
     return (len(keys) >= 3 and keys[-1] == "kernel" and keys[-2] in TARGETS
             and "blocks" in keys)
@@ -24,7 +25,7 @@ def init_lora(base_state, rank: int, key):
     pure = nnx.to_pure_dict(base_state)
     out = {}
     for i, (path, w) in enumerate(jax.tree_util.tree_leaves_with_path(pure)):
-        if _is_target(path):
+        if is_target(path):
             din, dout = w.shape[-2], w.shape[-1]
             lead = w.shape[:-2]
             a = jax.random.normal(jax.random.fold_in(key, i), lead + (din, rank), jnp.float32)
