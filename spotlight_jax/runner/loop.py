@@ -84,6 +84,8 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
         if r.iteration % st.checkpoint_every == 0 or last:
             r.save()
             r.plot()
+            if last:
+                r.export_lora(base_source)
         if out_of_time:
             logging.info("rl.max_minutes=%s reached after %d iterations", st.max_minutes,
                          r.iteration)

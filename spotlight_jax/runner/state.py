@@ -39,7 +39,7 @@ from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
-from spotlight_jax.rl import advantages, decoupled_advantages
+from spotlight_jax.rl import advantages, decoupled_advantages, lora_export
 from spotlight_jax.runner.modes import MODES, make_mode
 from spotlight_jax.runner.rollouts import (
     DirectRollouts,
@@ -165,6 +165,21 @@ class RunState:
 
     def _extra_path(self, step: int) -> str:
         return os.path.join(self.ckpt.directory, f"mode_{step}.npz")
+
+    LORA_EXPORT = "lora_diffusers.safetensors"
+
+    def export_lora(self, base_source: str = "") -> str | None:
+        """Writes the evaluated policy's LoRA (the EMA's when kept) in the PEFT/diffusers format
+        to ``workdir/lora_diffusers.safetensors`` (for ``pipeline.load_lora_weights``); None
+        when the run fine-tunes every weight or its trainer lives in another process."""
+        cfg = self.trainer.cfg
+        lora = getattr(self.trainer, "ema", None) or getattr(self.trainer, "trainable", None)
+        if not cfg.lora_rank or not isinstance(lora, dict) or jax.process_index() != 0:
+            return None
+        path = os.path.join(self.workdir, self.LORA_EXPORT)
+        lora_export.export(jax.device_get(lora), cfg.lora_alpha / cfg.lora_rank, path,
+                           rank=cfg.lora_rank, base=str(base_source))
+        return path
 
     def save(self):
         # the mode's extra arrays go first: a checkpoint never exists without them

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from helpers import micro_config, world_prompt_file
 
+from spotlight_jax import safetensors_io
 from spotlight_jax.builders import ConfigError, image_decoder, model_config, validate
 from spotlight_jax.train import train_and_evaluate
 
@@ -60,3 +61,7 @@ def test_post_training_a_diffusers_base_decodes_with_its_vae(tmp_path, objective
     assert np.isfinite(rows[0]["reward_mean"]) and rows[0]["loss"] == rows[0]["loss"]
     grid = list((tmp_path / "run" / "samples").glob("*.png"))
     assert grid, "the held-out sample grid (decoded pixels) was not written"
+    # the post-trained LoRA, exported for diffusers at the end of the run
+    lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
+    assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in lora
+    assert any(np.abs(v).max() > 0 for k, v in lora.items() if "lora_B" in k)
