@@ -62,6 +62,15 @@ def eval_prompts(val: list[str], n: int) -> list[str]:
     return [val[i] for i in sorted(rng.choice(len(val), min(n, len(val)), replace=False))]
 
 
+def prompt_kind(prompt: str) -> str:
+    """The planner's prompt cluster: the synthetic world's prompt kind, or one cluster
+    ('other') for prompts outside its grammar (a real model's prompt file)."""
+    try:
+        return world.grammar.kind_of(prompt)
+    except ValueError:
+        return "other"
+
+
 class RunState:
     """State and helpers of one post-training run in ``workdir``.
 
@@ -115,8 +124,7 @@ class RunState:
                                              algorithm=st.explore.algorithm,
                                              max_extra_per_prompt=st.explore.max_extra_per_prompt,
                                              seed=st.seed),
-                               key_fn=world.grammar.kind_of if st.explore.cluster_by_kind
-                               else None)
+                               key_fn=prompt_kind if st.explore.cluster_by_kind else None)
         self.direct = DirectRollouts(self)
         self.spot_rollouts = self._spot_rollouts()
         self.writer = MetricWriter(workdir, "rl")

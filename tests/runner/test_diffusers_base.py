@@ -65,3 +65,9 @@ def test_post_training_a_diffusers_base_decodes_with_its_vae(tmp_path, objective
     lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
     assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in lora
     assert any(np.abs(v).max() > 0 for k, v in lora.items() if "lora_B" in k)
+
+
+def test_prompts_outside_the_world_grammar_form_one_planner_cluster():
+    from spotlight_jax.runner.state import prompt_kind
+    assert prompt_kind("a red square") == "single"
+    assert prompt_kind("a photo of a cat on a sofa, golden hour") == "other"
