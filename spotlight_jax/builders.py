@@ -159,7 +159,9 @@ def load_diffusers_base(config):
                                                                             "param_dtype")}
     model, _ = _build({}, lambda: convert.from_diffusers(
         os.path.join(base, "transformer"), dtype=as_dtype(cfg.param_dtype), **overrides))
-    return nnx.split(model)
+    # the graph of model_config (compute dtype included), as every other process builds it
+    graphdef, _ = abstract_model(cfg)
+    return graphdef, nnx.split(model)[1]
 
 
 def image_decoder(config):
@@ -359,6 +361,16 @@ def prompt_source(config) -> PromptSource:
     if f.text_len > m.text_len:
         bad(f"{f.text_len} tokens per prompt, more than model.text_len={m.text_len}; set "
             f"--config.model.text_len={f.text_len} (tokens are never truncated)")
+    if f.pooled_dim is not None and m.pooled != "input":
+        bad(f"holds pooled embeddings of width {f.pooled_dim} (family {f.family!r}), which "
+            f"model.pooled={m.pooled!r} would drop; set --config.model.pooled=input "
+            f"--config.model.pooled_dim={f.pooled_dim}")
+    if m.pooled == "input" and f.pooled_dim is None:
+        bad(f"has no pooled embeddings (family {f.family!r}), which model.pooled='input' needs; "
+            "write it with the model's family (e.g. sd3) or set --config.model.pooled=none")
+    if m.pooled == "input" and f.pooled_dim != m.pooled_dim:
+        bad(f"pooled embeddings of width {f.pooled_dim}, the model takes model.pooled_dim="
+            f"{m.pooled_dim}; set --config.model.pooled_dim={f.pooled_dim}")
     if not source.train_prompts:
         bad("has no training prompts (split 'train'); re-run python -m "
             "spotlight_jax.encode_prompts with them")
