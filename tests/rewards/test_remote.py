@@ -306,6 +306,7 @@ def test_serve_command_serves_logs_and_stops_cleanly(batch):
 WALL_CLOCK = {"time", "time_rollout", "time_train", "rl_time_s"}     # rl.jsonl's measured times
 
 
+@pytest.mark.e2e
 def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base):
     """Every rl.jsonl value but the wall-clock times is equal (the rewards bitwise: npy images
     are exact); a served evaluation reward lacks only the per-constraint accuracies that

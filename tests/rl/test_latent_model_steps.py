@@ -11,6 +11,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 
 from spotlight_jax.builders import create_model
 from spotlight_jax.diffusion import Sampler, SamplerConfig
@@ -64,6 +65,7 @@ def _close_after_adam(a, b, lr):
     assert float(d.mean()) <= 1e-4 * lr, float(d.mean())
 
 
+@pytest.mark.e2e
 def test_rollouts_and_train_steps_on_8_devices_equal_one_device():
     vae, cfg, graphdef, state, mesh, sp, tokens, mask = _setup()
     seeds = np.arange(8, dtype=np.uint32)

@@ -51,6 +51,7 @@ def test_a_folder_without_a_vae_is_a_config_error(tmp_path):
         image_decoder(config)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("objective", ["nft", "flow_grpo"])
 def test_post_training_a_diffusers_base_decodes_with_its_vae(tmp_path, objective):
     config = _config(tmp_path, objective)
