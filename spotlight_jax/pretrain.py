@@ -21,7 +21,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from spotlight_jax import world
-from spotlight_jax.diffusion import Sampler, SamplerConfig, from_image, sample_t
+from spotlight_jax.diffusion import Sampler, SamplerConfig, from_image, prompt, sample_t
 from spotlight_jax.evaluate import evaluate
 from spotlight_jax.metrics import MetricWriter
 
@@ -104,10 +104,11 @@ def flow_matching_loss(model, x0, tokens, mask, key, cfg: PretrainConfig):
     tb = t[:, None, None, None]
     xt = (1 - tb) * x0 + tb * noise
     keep = jax.random.uniform(k_d, (b,)) >= cfg.prompt_dropout
-    mask = mask & keep[:, None]
-    # dropped prompts become the sampler's null prompt (zero tokens or embeddings, no mask)
-    tokens = jnp.where(mask.reshape(mask.shape + (1,) * (tokens.ndim - mask.ndim)), tokens, 0)
-    v = model(xt, t, tokens, mask)
+    # dropped prompts become the sampler's guidance null prompt (diffusion.prompt.null_prompt:
+    # a prompt-embedding file's empty prompt, else zero tokens or embeddings with no mask)
+    tokens, mask = prompt.drop(tokens, mask, keep)
+    embeds, pooled = prompt.model_inputs(tokens)
+    v = model(xt, t, embeds, mask, pooled=pooled)
     return jnp.mean((v - (noise - x0)) ** 2)
 
 

@@ -179,8 +179,8 @@ def test_qwen_image_file_equals_the_pipelines_encode_prompt(tmp_path):
     assert not f.embeds[~f.mask].any()
     # a run's prompt source serves them padded to the model's text_len
     source = pe.EmbeddingPrompts(f)
-    e, m = source.tokenize([prompts[1]], f.text_len + 3)
-    np.testing.assert_allclose(e[0, :f.text_len], embeds[2], **TOL)
+    tokens, m = source.tokenize([prompts[1]], f.text_len + 3)
+    np.testing.assert_allclose(tokens["embeds"][0, :f.text_len], embeds[2], **TOL)
     assert not m[0, f.text_len:].any()
 
 

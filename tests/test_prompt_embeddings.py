@@ -168,11 +168,18 @@ def test_a_foreign_or_malformed_file_is_refused_at_read(tmp_path):
         pe.read(future)
 
 
-def test_pooled_files_are_refused_until_the_model_takes_a_pooled_input(tmp_path):
+def test_a_pooled_file_serves_each_prompt_with_its_pooled_vector_and_the_empty_prompt(tmp_path):
     path = tmp_path / "p.safetensors"
-    small_file(path, pooled=True)
-    with pytest.raises(pe.PromptEmbeddingError, match=r"holds pooled embeddings \(family 'sd3'"):
-        pe.EmbeddingPrompts(pe.read(path))
+    _, embeds, mask, pooled = small_file(path, pooled=True)
+    tokens, m = pe.EmbeddingPrompts(pe.read(path)).tokenize(["a green column", "a red bar"], 7)
+    np.testing.assert_array_equal(tokens["embeds"][:, :5], embeds[[3, 1]])
+    np.testing.assert_array_equal(m[:, :5], mask[[3, 1]])
+    np.testing.assert_array_equal(tokens["pooled"], pooled[[3, 1]])
+    null = tokens["null"]                 # row 0, the empty prompt, for every row
+    np.testing.assert_array_equal(null["embeds"][:, :5], embeds[[0, 0]])
+    np.testing.assert_array_equal(null["mask"][:, :5], mask[[0, 0]])
+    np.testing.assert_array_equal(null["pooled"], pooled[[0, 0]])
+    assert not null["mask"][:, 5:].any() and not null["embeds"][:, 5:].any()
 
 
 # -- the run's prompt source ------------------------------------------------------------------
@@ -200,13 +207,17 @@ def test_the_source_of_a_model_without_an_encoder_reads_the_file(tmp_path):
     assert source.train_prompts == world.train_prompts(WORLD16)
     assert source.val_prompts == world.val_prompts(WORLD16)
     ask = [source.val_prompts[3], source.train_prompts[0]]
-    e, m = source.tokenize(ask, TEXT_LEN)
+    tokens, m = source.tokenize(ask, TEXT_LEN)
+    e = tokens["embeds"]
+    assert set(tokens) == {"embeds", "null"}             # no pooled vector in this file
     rows = [prompts.index(p) for p in ask]
     assert e.shape == (2, TEXT_LEN, DIM) and e.dtype == np.float32
     np.testing.assert_array_equal(e[:, :embeds.shape[1]], embeds[rows])
     np.testing.assert_array_equal(m[:, :embeds.shape[1]], mask[rows])
     null_e, null_m = source.null_prompt(TEXT_LEN)
     assert not null_e.any() and not null_m.any()          # the fake encoder's empty prompt
+    np.testing.assert_array_equal(tokens["null"]["embeds"], np.broadcast_to(null_e, e.shape))
+    np.testing.assert_array_equal(tokens["null"]["mask"], np.broadcast_to(null_m, m.shape))
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -122,7 +122,8 @@ def as_state(abstract, pure):
 
 def prompt_batch(mcfg, batch: int):
     rng = np.random.default_rng(1)
-    (tshape, tdtype), (mshape, _), _ = input_specs(mcfg, batch)
+    t, m, _ = input_specs(mcfg, batch)
+    tshape, tdtype, mshape = t.shape, t.dtype, m.shape
     if np.issubdtype(np.dtype(tdtype), np.integer):
         tokens = rng.integers(0, mcfg.vocab_size, tshape).astype(tdtype)
     else:

@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from spotlight_jax import checkpoint
 from spotlight_jax.builders import abstract_model, build_mesh, make_trainer, model_config
 from spotlight_jax.cluster.distributed import broadcast_tree
+from spotlight_jax.diffusion import prompt
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.rl import trainer_class
 
@@ -103,7 +104,7 @@ class _Replica:
 
         t, op = self.trainer, _op(cmd)
         if op == "update":
-            batch = {k[2:]: v for k, v in cmd.items() if k.startswith("b/")}
+            batch = prompt.unflatten({k[2:]: v for k, v in cmd.items() if k.startswith("b/")})
             key = jax.random.wrap_key_data(cmd["key"])
             return t.update(batch, key, int(cmd["step"]))
         if op == "gather":
@@ -179,7 +180,8 @@ class TrainerJob:
             raise NotImplementedError(
                 "a multi-process trainer job trains on its own iteration's rollouts only; run "
                 "mode spotlight_pipelined in a single-process trainer")
-        arrays = {f"b/{k}": np.asarray(v) for k, v in batch.items()}
+        # flat names: tokens may be a pytree (a prompt's pooled embedding and null prompt)
+        arrays = {f"b/{k}": np.asarray(v) for k, v in prompt.flatten(batch).items()}
         metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
                              step=np.asarray(step, np.int64), **arrays)
         self._opt_stale = True
@@ -247,9 +249,10 @@ class TrainerJob:
 def update_from_files(config, base_dir: str, batch_path: str, out_path: str | None,
                       step: int = 0) -> dict:
     """One GRPO update of ``config``'s trainer on the batch saved at ``batch_path`` (read by
-    process 0, broadcast to all), over a mesh of every process's devices. Process 0 writes the
-    updated trainable parameters (``leaf_00000``... in ``jax.tree.leaves`` order) to
-    ``out_path``. Returns the metrics."""
+    process 0, broadcast to all; a pytree entry such as tokens with a pooled embedding is saved
+    under flat names, ``tokens/embeds``..., see ``diffusion.prompt.flatten``), over a mesh of
+    every process's devices. Process 0 writes the updated trainable parameters
+    (``leaf_00000``... in ``jax.tree.leaves`` order) to ``out_path``. Returns the metrics."""
 
     mesh = build_mesh(config, jax.devices())
     graphdef, abstract = abstract_model(model_config(config), config.seed)
@@ -263,7 +266,7 @@ def update_from_files(config, base_dir: str, batch_path: str, out_path: str | No
     if jax.process_index() == 0:
         with np.load(batch_path) as f:
             batch = {k: f[k] for k in f.files}
-    batch = broadcast_tree(batch)
+    batch = prompt.unflatten(broadcast_tree(batch))   # "tokens/embeds"... -> nested
     metrics = trainer.update(batch, jax.random.key(config.seed), step)
     leaves = [np.asarray(x) for x in jax.tree.leaves(trainer.trainable)]
     if jax.process_index() == 0 and out_path:   # in jax.tree.leaves order (LoRA or full)

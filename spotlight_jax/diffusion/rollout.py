@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from spotlight_jax.diffusion import prompt
 from spotlight_jax.diffusion.schedule import shifted_sigmas
 from spotlight_jax.diffusion.sde import block_project, cps_step, ode_step, sde_step
 from spotlight_jax.models import AttentionSpec
@@ -155,24 +156,28 @@ def step_noise(seeds, step, shape):
 def encode_prompt(model, tokens, mask, *, guidance: float = 1.0):
     """The prompt context `velocity` takes: the model's prompt encoding, of the conditional and
     the null prompt (stacked) when guidance is on. Loop-invariant: compute it once per rollout
-    or train step, not per denoising step or flow time."""
-    if guidance == 1.0:
-        return model.encode(tokens, mask)
-    return model.encode(jnp.concatenate([tokens, jnp.zeros_like(tokens)]),
-                        jnp.concatenate([mask, jnp.zeros_like(mask)]))
+    or train step, not per denoising step or flow time. ``tokens``: an array or the prompt
+    pytree of ``diffusion.prompt`` (its pooled embedding and null prompt are used here)."""
+    if guidance != 1.0:
+        tokens, mask = prompt.with_null(tokens, mask)
+    embeds, pooled = prompt.model_inputs(tokens)
+    return model.encode(embeds, mask, pooled)
 
 
 def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=AttentionSpec(),
              context=None):
-    """Model velocity with classifier-free guidance (the null prompt is the all-masked prompt).
-    ``context``: `encode_prompt` of the same prompts and guidance (None = encode here)."""
+    """Model velocity with classifier-free guidance against each row's null prompt
+    (``diffusion.prompt.null_prompt``: a prompt-embedding file's empty prompt, else the
+    all-masked zero prompt). ``context``: `encode_prompt` of the same prompts and guidance
+    (None = encode here). The one place a model call unpacks ``tokens``."""
     t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])
     if guidance == 1.0:
-        return model(x, t, tokens, mask, attn=attn, context=context)
-    tokens2 = jnp.concatenate([tokens, jnp.zeros_like(tokens)])
-    mask2 = jnp.concatenate([mask, jnp.zeros_like(mask)])
-    both = model(jnp.concatenate([x, x]), jnp.concatenate([t, t]), tokens2, mask2, attn=attn,
-                 context=context)
+        embeds, pooled = prompt.model_inputs(tokens)
+        return model(x, t, embeds, mask, pooled=pooled, attn=attn, context=context)
+    tokens2, mask2 = prompt.with_null(tokens, mask)
+    embeds2, pooled2 = prompt.model_inputs(tokens2)
+    both = model(jnp.concatenate([x, x]), jnp.concatenate([t, t]), embeds2, mask2,
+                 pooled=pooled2, attn=attn, context=context)
     cond, uncond = jnp.split(both, 2)
     return uncond + guidance * (cond - uncond)
 
@@ -270,7 +275,8 @@ class Sampler:
 
     ``rollout(state, tokens, mask, seeds)`` -> dict with ``latents [B, T+1, H, W, C]`` (x_T first),
     ``log_probs [B, T]``, ``images [B, H, W, 3]`` in [0, 1]. ``segment(state, x, start, tokens,
-    mask, seeds, num)`` continues a committed trajectory for ``num`` steps.
+    mask, seeds, num)`` continues a committed trajectory for ``num`` steps. ``tokens``: an array
+    or the prompt pytree of ``diffusion.prompt`` (pooled embedding, guidance null prompt).
 
     ``decoder``: for a latent model, the frozen VAE that turns the final latent into the image the
     reward sees, inside the same jitted program (an object with a pure

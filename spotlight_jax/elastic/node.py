@@ -45,6 +45,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spotlight_jax.diffusion import prompt
 from spotlight_jax.diffusion.rollout import SamplerConfig, rollout_body
 from spotlight_jax.elastic.exec_cache import (
     CacheMiss,
@@ -85,24 +86,39 @@ def rollout_fn(graphdef, image_shape, cfg: SamplerConfig, attn: AttentionSpec = 
     return rollout_body(graphdef, tuple(image_shape), cfg.validate(), attn)
 
 
-def input_specs(model_cfg: MMDiTConfig, batch_size: int):
-    """``(shape, dtype)`` of the prompt inputs ``tokens, mask, seeds`` for one batch."""
+def input_specs(model_cfg: MMDiTConfig, batch_size: int, tokens_like=None):
+    """``jax.ShapeDtypeStruct`` of the prompt inputs ``(tokens, mask, seeds)`` for one batch;
+    ``tokens`` is a pytree when the prompts are (``diffusion.prompt``).
+
+    ``tokens_like``: the run's prompt source's tokens of any batch (e.g. ``tokenize([], L)[0]``),
+    whose structure, dtypes and per-row shapes the programs take (its pooled embedding and
+    guidance null prompt included). None: what the model config implies (token ids with a
+    prompt encoder, else float embeddings, with a pooled embedding for ``pooled='input'``)."""
     b, n = batch_size, model_cfg.text_len
-    if model_cfg.text_width:
-        tokens = ((b, n), jnp.int32)
+    if tokens_like is not None:
+        tokens = jax.tree.map(lambda a: jax.ShapeDtypeStruct((b,) + np.shape(a)[1:],
+                                                             np.asarray(a).dtype), tokens_like)
+    elif model_cfg.text_width:
+        tokens = jax.ShapeDtypeStruct((b, n), jnp.int32)
     else:  # precomputed text-encoder embeddings
-        tokens = ((b, n, model_cfg.text_embed_dim), jnp.float32)
-    return tokens, ((b, n), jnp.bool_), ((b,), jnp.uint32)
+        tokens = jax.ShapeDtypeStruct((b, n, model_cfg.text_embed_dim), jnp.float32)
+        if model_cfg.pooled == "input":
+            tokens = {prompt.EMBEDS: tokens, prompt.POOLED: jax.ShapeDtypeStruct(
+                (b, model_cfg.pooled_dim), jnp.float32)}
+    return (tokens, jax.ShapeDtypeStruct((b, n), jnp.bool_),
+            jax.ShapeDtypeStruct((b,), jnp.uint32))
 
 
-def abstract_rollout_args(params, model_cfg: MMDiTConfig, mesh: Mesh, batch_size: int):
+def abstract_rollout_args(params, model_cfg: MMDiTConfig, mesh: Mesh, batch_size: int,
+                          tokens_like=None):
     """Abstract ``(params, tokens, mask, seeds)`` replicated over ``mesh`` (weights are replicated
-    on every device of a group; the activations are split by the attention inside)."""
+    on every device of a group; the activations are split by the attention inside).
+    ``tokens_like``: as in :func:`input_specs`."""
     rep = NamedSharding(mesh, P())
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
                             params)
-    inputs = tuple(jax.ShapeDtypeStruct(s, d, sharding=rep)
-                   for s, d in input_specs(model_cfg, batch_size))
+    inputs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep),
+                          input_specs(model_cfg, batch_size, tokens_like))
     return (abstract, *inputs)
 
 
@@ -181,6 +197,8 @@ class SpotNode:
       group_config: how groups are cut (default: one group over all alive devices, the model's head
         count, ring when heads do not divide).
       batch_sizes: rollout batch sizes to precompile.
+      tokens_like: the prompt source's tokens of any batch, whose structure the programs take
+        (see :func:`input_specs`; None: what ``model_cfg`` implies).
       coverage: which survivor sets to precompile for (see ``reachable_survivor_sets``).
       cache: an executable cache to share between nodes (default: a new one).
       precompile: compile every reachable group's programs now (else call :meth:`precompile`).
@@ -189,7 +207,8 @@ class SpotNode:
     def __init__(self, node: str, pool: DevicePool, graphdef, params, model_cfg: MMDiTConfig,
                  sampler_cfg: SamplerConfig, *, group_config: GroupConfig | None = None,
                  batch_sizes: Sequence[int] = (1,), coverage: str = "auto",
-                 cache: ExecutableCache | None = None, precompile: bool = True):
+                 cache: ExecutableCache | None = None, precompile: bool = True,
+                 tokens_like=None):
         pool.role(node)  # raises KeyError naming the pool's nodes
         self.node = node
         self.pool = pool
@@ -202,6 +221,10 @@ class SpotNode:
             raise ValueError(f"group_config.heads={self.group_config.heads} but the model has "
                              f"{model_cfg.num_heads} heads")
         self.batch_sizes = tuple(int(b) for b in batch_sizes)
+        # one row of the prompt structure (zero rows keep no data alive)
+        self.tokens_like = (None if tokens_like is None else
+                            jax.tree.map(lambda a: np.zeros((0,) + np.shape(a)[1:],
+                                                            np.asarray(a).dtype), tokens_like))
         self.coverage = coverage
         self.cache = cache if cache is not None else ExecutableCache()
         self.reports: list[NodeReport] = []
@@ -224,7 +247,8 @@ class SpotNode:
         return rollout_fn(self.graphdef, self.image_shape, self.sampler_cfg, attn)
 
     def _abstract_args(self, mesh: Mesh, batch_size: int):
-        return abstract_rollout_args(self._abstract, self.model_cfg, mesh, batch_size)
+        return abstract_rollout_args(self._abstract, self.model_cfg, mesh, batch_size,
+                                     self.tokens_like)
 
     def reachable_groups(self) -> tuple[SPGroup, ...]:
         """Every group this node can form by losing (and regaining) devices, under ``coverage``."""
@@ -306,9 +330,17 @@ class SpotNode:
             exe = self._lookup(gs.group, b)
             gs.executables[b] = exe
         rep = NamedSharding(gs.group.mesh, P())
-        inputs = [jax.device_put(np.asarray(x, dtype), rep) for x, (_, dtype) in
-                  zip((tokens, mask, seeds), input_specs(self.model_cfg, b))]
-        return exe(gs.params, *inputs)
+        specs = input_specs(self.model_cfg, b, self.tokens_like)
+        if jax.tree.structure(tokens) != jax.tree.structure(specs[0]):
+            raise ValueError(f"tokens of structure {jax.tree.structure(tokens)}: the node's "
+                             f"programs take {jax.tree.structure(specs[0])}; build the node "
+                             "with tokens_like=<the prompt source's tokens>")
+
+        def put(x, spec):
+            return jax.device_put(np.asarray(x, spec.dtype), rep)
+
+        return exe(gs.params, jax.tree.map(put, tokens, specs[0]), put(mask, specs[1]),
+                   put(seeds, specs[2]))
 
     def _lookup(self, group: SPGroup, batch_size: int) -> jax.stages.Compiled:
         n = self.cache.num_misses

@@ -18,7 +18,7 @@ import concurrent.futures
 import numpy as np
 
 from spotlight_jax import rewards, world
-from spotlight_jax.diffusion import Sampler
+from spotlight_jax.diffusion import Sampler, prompt
 
 
 class RolloutEngine:
@@ -43,10 +43,10 @@ class RolloutEngine:
             tokens, mask = self.tokenize(ps, self.text_len)
             out = self.sampler.rollout(state, tokens, mask, ss)
             out = {k: np.asarray(v)[:n] for k, v in out.items()}   # waits for this chunk only
-            out["tokens"], out["mask"] = tokens[:n], mask[:n]
+            out["tokens"], out["mask"] = prompt.take(tokens, slice(0, n)), mask[:n]
             futures.append(self.pool.submit(self.reward_fn, out["images"], ps[:n]))
             outs.append(out)
-        batch = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+        batch = prompt.concat(outs)            # tokens may be a pytree (diffusion.prompt)
         batch["rewards"] = np.concatenate([f.result() for f in futures]).astype(np.float32)
         return batch
 

@@ -77,10 +77,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def place_batch(x, mesh: Mesh | None):
-    """Puts a per-sample array on ``mesh``, split over its (data, fsdp) axes when they divide the
-    batch (else replicated), so replicated-parameter meshes run data-parallel, not redundantly."""
+    """Puts a per-sample array (or a pytree of them, e.g. a prompt with its pooled embedding) on
+    ``mesh``, each split over its (data, fsdp) axes when they divide the batch (else
+    replicated), so replicated-parameter meshes run data-parallel, not redundantly."""
     if mesh is None:
         return x
     n = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
-    spec = PartitionSpec(("data", "fsdp")) if x.shape[0] % n == 0 else PartitionSpec()
-    return jax.device_put(x, NamedSharding(mesh, spec))
+
+    def place(a):
+        spec = PartitionSpec(("data", "fsdp")) if a.shape[0] % n == 0 else PartitionSpec()
+        return jax.device_put(a, NamedSharding(mesh, spec))
+
+    return jax.tree.map(place, x)

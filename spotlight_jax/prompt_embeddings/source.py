@@ -9,7 +9,10 @@ take its ``tokenize``, so no call site decides between the two kinds:
 * :class:`WorldPrompts` (the model has a prompt encoder, ``model.text_width > 0``): the
   synthetic world's prompts and its word tokenizer, exactly ``world.tokenize``;
 * :class:`EmbeddingPrompts` (``model.text_width == 0``): a prompt-embedding file's prompts
-  (its ``train`` and ``val`` splits) and their precomputed embeddings ``[B, max_len, D]``.
+  (its ``train`` and ``val`` splits) and their precomputed embeddings, as the prompt pytree of
+  ``spotlight_jax.diffusion.prompt``: ``{"embeds": [B, max_len, D], "pooled": [B, P] (SD3),
+  "null": the file's empty prompt for each row}``, so classifier-free guidance and prompt
+  dropout use the real encoder's empty prompt, not zeros.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from typing import Protocol
 import numpy as np
 
 from spotlight_jax import world
-from spotlight_jax.prompt_embeddings.file import PromptEmbeddingError, PromptEmbeddings
+from spotlight_jax.diffusion import prompt
+from spotlight_jax.prompt_embeddings.file import PromptEmbeddings
 
 
 class PromptSource(Protocol):
@@ -32,9 +36,10 @@ class PromptSource(Protocol):
     @property
     def val_prompts(self) -> list[str]: ...
 
-    def tokenize(self, prompts: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(tokens [B, max_len] int or embeddings [B, max_len, D] float32, mask bool
-        [B, max_len])``."""
+    def tokenize(self, prompts: Sequence[str], max_len: int) -> tuple[object, np.ndarray]:
+        """``(tokens, mask bool [B, max_len])``: tokens are ids ``[B, max_len]`` int, or the
+        prompt pytree of ``spotlight_jax.diffusion.prompt`` (embeddings ``[B, max_len, D]``
+        float32, a pooled embedding, the guidance null prompt)."""
 
 
 class WorldPrompts:
@@ -60,17 +65,14 @@ class EmbeddingPrompts:
     """A prompt-embedding file's prompts and their precomputed embeddings, for a model without
     a prompt encoder (``text_width == 0``).
 
-    The training pool is the file's ``train`` split, the held-out pool its ``val`` split. Files
-    with a pooled embedding (SD3) are refused until the model takes one: passing only the
-    per-token embeddings would silently drop part of the conditioning.
+    The training pool is the file's ``train`` split, the held-out pool its ``val`` split.
+    ``tokenize`` returns the prompt pytree ``{"embeds", "pooled" (files that have it), "null"}``
+    of ``spotlight_jax.diffusion.prompt``, whose ``null`` is the file's empty prompt (row 0:
+    embeds, mask and pooled) repeated for every row: the guidance null prompt and the
+    pretraining dropout's, carried with each prompt wherever it goes.
     """
 
     def __init__(self, file: PromptEmbeddings):
-        if file.pooled is not None:
-            raise PromptEmbeddingError(
-                f"{file.path}: holds pooled embeddings (family {file.family!r}, width "
-                f"{file.pooled_dim}), which the MMDiT does not take as an input yet; use a "
-                "family without a pooled embedding (e.g. qwen_image)")
         self.file = file
 
     @property
@@ -82,8 +84,16 @@ class EmbeddingPrompts:
         return self.file.prompts("val")
 
     def tokenize(self, prompts, max_len):
-        embeds, mask, _ = self.file.lookup(prompts, max_len)
-        return embeds, mask
+        embeds, mask, pooled = self.file.lookup(prompts, max_len)
+        e0, m0, p0 = self.file.empty(max_len)
+        # the empty prompt broadcast to every row (a view: no copy until a batch is sliced)
+        null = {prompt.EMBEDS: np.broadcast_to(e0, embeds.shape),
+                prompt.MASK: np.broadcast_to(m0, mask.shape)}
+        tokens = {prompt.EMBEDS: embeds, prompt.NULL: null}
+        if pooled is not None:
+            tokens[prompt.POOLED] = pooled
+            null[prompt.POOLED] = np.broadcast_to(p0, pooled.shape)
+        return tokens, mask
 
     def null_prompt(self, max_len: int) -> tuple[np.ndarray, np.ndarray]:
         """The empty prompt's ``(embeds [max_len, D], mask [max_len])``: a real model's null

@@ -128,4 +128,5 @@ class PolicyTrainer:
                 raise FloatingPointError(f"{name} {k} is {metrics[k]} at iteration {step}; {fix}")
 
     def _place(self, x):
-        return jnp.asarray(x) if self.mesh is None else place_batch(x, self.mesh)
+        """A per-sample array or pytree (``tokens`` of a prompt-embedding file) on the mesh."""
+        return jax.tree.map(jnp.asarray, x) if self.mesh is None else place_batch(x, self.mesh)

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from spotlight_jax import rewards, world
-from spotlight_jax.diffusion import SamplerConfig
+from spotlight_jax.diffusion import SamplerConfig, prompt
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig
 from spotlight_jax.elastic.node import SpotFleet
 from spotlight_jax.explore.explorer import padded_chunks
@@ -69,7 +69,9 @@ class FleetExplorer:
         self.fleet = SpotFleet(self.pool, graphdef, params, model_cfg, sampler_cfg,
                                group_config=GroupConfig(heads=model_cfg.num_heads,
                                                         sp_degree=min(sp_degree, per_node)),
-                               batch_sizes=(self.chunk,), coverage="node")
+                               batch_sizes=(self.chunk,), coverage="node",
+                               # the programs take the source's prompt structure (pooled, null)
+                               tokens_like=tokenize([], model_cfg.text_len)[0])
         self.setup_s = time.perf_counter() - t0
         self._rewards = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                               thread_name_prefix="fleet-reward")
@@ -151,7 +153,7 @@ class FleetExplorer:
             out = node.rollout(tokens, mask, ss, group=g)   # asynchronous dispatch
             if self.decoder is not None:
                 out = {**out, "images": self.decoder.decode(np.asarray(out["latents"])[:, -1])}
-            calls.append((out, tokens[:n], mask[:n], ps[:n], n))
+            calls.append((out, prompt.take(tokens, slice(0, n)), mask[:n], ps[:n], n))
         futures = [self._rewards.submit(lambda im, ps, n: self.reward_fn(np.asarray(im)[:n], ps),
                                         out["images"], ps, n) for out, _, _, ps, n in calls]
         flat_r = np.concatenate([f.result() for f in futures]).astype(np.float32)
@@ -160,7 +162,7 @@ class FleetExplorer:
             return per_prompt
         batch = {key: np.concatenate([np.asarray(out[key])[:n] for out, *_, n in calls])
                  for key in ("latents", "log_probs", "images")}
-        batch["tokens"] = np.concatenate([t for _, t, _, _, _ in calls])
+        batch["tokens"] = prompt.concat([t for _, t, _, _, _ in calls])
         batch["mask"] = np.concatenate([m for _, _, m, _, _ in calls])
         batch["rewards"] = flat_r
         return per_prompt, batch
