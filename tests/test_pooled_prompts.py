@@ -99,6 +99,25 @@ def file_rows(w):
                        np.repeat(p0[None], b, 0))
 
 
+def test_a_batch_with_prompt_pytrees_slices_joins_and_round_trips_through_flat_names(sd35):
+    """What the explorers, the trainers, the pipelined mode's npz checkpoint and the cluster
+    trainer's broadcast do to a batch whose tokens are a pytree."""
+    w = sd35
+    batch = {"tokens": w["tokens"], "mask": w["mask"], "seeds": w["seeds"]}
+    flat = prompt.flatten(batch)
+    assert sorted(flat) == ["mask", "seeds", "tokens/embeds", "tokens/null/embeds",
+                            "tokens/null/mask", "tokens/null/pooled", "tokens/pooled"]
+    back = prompt.unflatten(flat)
+    assert jax.tree.structure(back) == jax.tree.structure(batch)
+    rows = np.array([2, 0])
+    two = prompt.concat([prompt.take(batch, rows), prompt.take(batch, slice(0, 1))])
+    for got, full in zip(jax.tree.leaves(two), jax.tree.leaves(batch)):
+        np.testing.assert_array_equal(got, np.asarray(full)[[2, 0, 0]])
+    assert prompt.batch_size(two) == 3
+    with pytest.raises(ValueError, match=r"key 'a/b': contains '/'"):
+        prompt.flatten({"a/b": np.zeros(1)})
+
+
 def test_a_rollout_is_conditioned_on_the_files_pooled_embedding(sd35):
     w = sd35
     (e, m, p), _ = file_rows(w)
@@ -236,6 +255,7 @@ def test_a_pooled_file_the_model_cannot_take_is_a_config_error(tmp_path, overrid
         prompt_source(pooled_config(path, **overrides))
 
 
+@pytest.mark.e2e      # ~40 s: pretraining, evaluation and one iteration compile their programs
 def test_a_run_of_an_sd35_architecture_model_trains_from_a_pooled_file(tmp_path):
     """Pretraining (dropout to the file's empty prompt), the held-out evaluation and one
     guided Flow-GRPO iteration, every prompt with its pooled vector: a pooled='input' model
