@@ -9,7 +9,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import micro_config
+from helpers import micro_config, world_prompt_file
 
 from spotlight_jax import prompt_embeddings as pe
 from spotlight_jax import safetensors_io, world
@@ -20,28 +20,9 @@ DIM, TEXT_LEN = 8, 12
 WORLD16 = world.WorldConfig(image_size=16)
 
 
-def fake_encode(prompts, dim=DIM):
-    """A deterministic stand-in for a text encoder: each word's fixed random vector plus a
-    sin-cos code of its position; one real token per word, the empty prompt has none."""
-    words = np.random.default_rng(7).normal(size=(world.VOCAB_SIZE, dim)).astype(np.float32)
-    pos = np.arange(world.DEFAULT_MAX_LEN)[:, None] / 10.0 ** (np.arange(dim // 2) / dim)
-    code = np.concatenate([np.sin(pos), np.cos(pos)], 1).astype(np.float32)
-    rows = []
-    for p in prompts:
-        ids = world.encode(p) if p else []
-        rows.append(words[ids] + code[:len(ids)] if ids else np.zeros((0, dim), np.float32))
-    return rows
-
-
 def world_file(path):
     """Every world prompt (16 px) with its world split, plus the empty prompt, fake-encoded."""
-    train, val = world.train_prompts(WORLD16), world.val_prompts(WORLD16)
-    prompts = ["", *train, *val]
-    embeds, mask = pe.pad_rows(fake_encode(prompts))
-    pe.write(path, prompts, embeds, mask, splits=["", *["train"] * len(train),
-                                                  *["val"] * len(val)],
-             family="synthetic", encoder="tests.fake_encode", info={"dim": DIM})
-    return prompts, embeds, mask
+    return world_prompt_file(path, DIM, WORLD16.image_size)
 
 
 def small_file(path, pooled=True, dtype=np.float32):
