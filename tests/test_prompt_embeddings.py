@@ -223,6 +223,7 @@ def test_a_file_the_model_cannot_use_is_a_config_error_naming_the_field(tmp_path
             validate(config, jax.devices())
 
 
+@pytest.mark.e2e
 def test_a_run_without_a_prompt_encoder_pretrains_and_trains_from_the_file(tmp_path):
     """Pretraining (a few steps), the held-out evaluation and one post-training iteration,
     every prompt from the file: a model without a prompt encoder cannot read token ids, so the
