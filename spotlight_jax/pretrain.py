@@ -108,7 +108,8 @@ def flow_matching_loss(model, x0, tokens, mask, key, cfg: PretrainConfig):
     # a prompt-embedding file's empty prompt, else zero tokens or embeddings with no mask)
     tokens, mask = prompt.drop(tokens, mask, keep)
     embeds, pooled = prompt.model_inputs(tokens)
-    v = model(xt, t, embeds, mask, pooled=pooled)
+    v = model(xt, t, embeds, mask) if pooled is None else model(xt, t, embeds, mask,
+                                                                 pooled=pooled)
     return jnp.mean((v - (noise - x0)) ** 2)
 
 
