@@ -186,6 +186,7 @@ def changed(before, after) -> float:
                for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
 
 
+@pytest.mark.e2e
 def test_one_grpo_update_with_guidance_recomputes_the_rollouts_log_probs(sd35):
     """The trainer's forward equals the rollout's (its log-probs to 1e-5, so the same pooled
     vector and null prompt), on minibatches sliced from the prompt pytree."""
@@ -201,6 +202,7 @@ def test_one_grpo_update_with_guidance_recomputes_the_rollouts_log_probs(sd35):
     assert np.isfinite(m["loss"]) and changed(before, trainer.trainable) > 0
 
 
+@pytest.mark.e2e
 def test_one_nft_update_trains_on_the_pooled_conditioning(sd35):
     w = sd35
     batch = rollout_batch(w, SDE)         # only x0 is read: the first test's program
