@@ -1,0 +1,22 @@
+"""builders.attention_spec: the trainer (and its samplers) lay attention out by
+``config.attention`` over the mesh's sp axis; dense without an sp axis or with 'dense'; and
+make_trainer hands that layout to the objective's trainer."""
+import jax
+from helpers import micro_config
+
+from spotlight_jax.builders import attention_spec, build_mesh, create_model, make_trainer
+from spotlight_jax.builders import model_config as mcfg
+from spotlight_jax.models import AttentionSpec
+
+
+def test_attention_spec_follows_the_config_and_the_mesh():
+    ring = micro_config(1, **{"attention": "ring", "mesh.sp": 2, "mesh.data": -1})
+    mesh = build_mesh(ring, jax.devices()[:4])
+    spec = attention_spec(ring, mesh)
+    assert (spec.strategy, spec.axis, spec.mesh) == ("ring", "sp", mesh)
+    assert attention_spec(micro_config(1, **{"mesh.sp": 2, "mesh.data": -1}),
+                          mesh) == AttentionSpec()                     # attention='dense'
+    flat = micro_config(1, attention="ring")
+    assert attention_spec(flat, build_mesh(flat, jax.devices()[:4])) == AttentionSpec()
+    graphdef, state = create_model(mcfg(ring))
+    assert make_trainer(ring, graphdef, state, mesh=mesh).attn == spec
