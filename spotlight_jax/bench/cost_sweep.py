@@ -1,0 +1,194 @@
+"""How the cost model's assumptions move each mode's emulated time per iteration.
+
+  python -m spotlight_jax.bench.cost_sweep [--config=configs/tiny.py] [--config.x=y ...]
+      [--sweep rl.nft.times=1,2,4,8 --sweep cost.cfg_passes=1,2] [--out DIR]
+
+A mode's speed-up over ``flow_grpo`` is (iterations to the target, measured by a run) x (emulated
+seconds per iteration, set by the cost model). This benchmark computes the second factor from the
+deployment and cost model alone, with no training: the critical-path seconds of one iteration's
+phases for ``flow_grpo`` (rollout, reward, update), ``spotlight`` (rollouts on the trainer and
+the spot groups, reward, update with exploration alongside, broadcast) and
+``spotlight_pipelined`` (reward, update with the next batch sampled alongside, broadcast), with
+every spot node alive. The phases are the ones the modes charge (``runner.modes``); the update
+and the spot groups' sampling run concurrently, so a phase lasts as long as the slower of them:
+when the spot groups cannot sample a batch (prompts x G) within one update, the pipelined
+iteration waits for them.
+
+Each ``--sweep KEY=V1,V2,...`` varies one assumption around the config (one at a time), then the
+two that move the pipelined ratio most are crossed into a table. Prints markdown; with ``--out``
+also writes ``cost_sweep.json``. ``iteration_phases`` and ``sweep`` are the same as functions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
+MODES = ("flow_grpo", "spotlight", "spotlight_pipelined")
+DEFAULT_SWEEPS = ("rl.nft.times=1,2,4,8", "cost.cfg_passes=1,2", "sampler.num_steps=10,20,40",
+                  "cost.lora_rank=0,32", "cost.reward_s_per_image=0.02,0.1,0.5",
+                  "deployment.spot_nodes=2,4,8")
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationCost:
+    """One mode's emulated critical path per iteration, by phase (seconds), and its dollars."""
+
+    mode: str
+    phases: dict
+    dollars: float
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.phases.values())
+
+
+def iteration_phases(config) -> dict[str, IterationCost]:
+    """Each of :data:`MODES`' critical-path seconds per iteration under ``config``'s deployment
+    and cost model, every spot node alive. Dollars: every device of the deployment (on-demand
+    and spot) held for that long, as the runs pay them (all modes hold the same hardware)."""
+    from spotlight_jax import builders  # noqa: PLC0415 - programs import JAX late
+
+    d = builders.make_deployment(config)
+    n = int(config.rl.prompts_per_iter) * int(config.rl.group_size)
+    d.alive_nodes = set(range(d.cfg.spot_nodes))
+    spot = d.cfg.spot_nodes * d.cfg.spot_devices_per_node
+    reward, train, broadcast = d.reward_s(n), d.train_s(n), d.cost.broadcast()
+    # the spot groups sample the next batch's candidates (prompts x G at least) during the update
+    sample_next = n * d.spot_seconds_per_candidate() / max(spot, 1)
+    rate = (d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand")
+            + spot * d.cost.price_per_hour("spot")) / 3600.0
+    phases = {
+        "flow_grpo": {"rollout": d.rollout_s(n, use_spot=False), "reward": reward,
+                      "train": train},
+        "spotlight": {"rollout": d.rollout_s(n, use_spot=True), "reward": reward,
+                      "train": max(train, sample_next), "broadcast": broadcast},
+        "spotlight_pipelined": {"rollout": 0.0, "reward": reward,
+                                "train": max(train, sample_next), "broadcast": broadcast},
+    }
+    return {m: IterationCost(m, p, sum(p.values()) * rate) for m, p in phases.items()}
+
+
+def ratios(config) -> dict[str, float]:
+    """flow_grpo's seconds per iteration / each mode's (> 1: the mode's iteration is cheaper)."""
+    it = iteration_phases(config)
+    return {m: it["flow_grpo"].seconds / c.seconds for m, c in it.items()}
+
+
+def _parse(spec: str) -> tuple[str, list]:
+    key, _, values = spec.partition("=")
+    if not key or not values:
+        raise app.UsageError(f"--sweep {spec!r}: write KEY=V1,V2,... (e.g. rl.nft.times=1,2,4)")
+    return key, [_number(v) for v in values.split(",")]
+
+
+def _number(v: str):
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
+def sweep(config_path: str, overrides: dict, sweeps: list[tuple[str, list]]) -> dict:
+    """One-at-a-time sweeps of ``sweeps`` around ``config_path`` + ``overrides``, then the two
+    keys whose range moves the pipelined ratio most, crossed. Returns a JSON-able dict."""
+    from spotlight_jax import builders  # noqa: PLC0415
+
+    def at(extra):
+        config = builders.load_config(config_path, {**overrides, **extra})
+        it = iteration_phases(config)
+        base = it["flow_grpo"].seconds
+        return {m: {"seconds": c.seconds, "ratio": base / c.seconds, "dollars": c.dollars,
+                    "phases": c.phases} for m, c in it.items()}
+
+    out = {"base": at({}), "one_at_a_time": {}, "crossed": None}
+    spread = {}
+    for key, values in sweeps:
+        rows = {str(v): at({key: v}) for v in values}
+        out["one_at_a_time"][key] = rows
+        r = [row["spotlight_pipelined"]["ratio"] for row in rows.values()]
+        spread[key] = max(r) - min(r)
+    top = sorted(spread, key=spread.get, reverse=True)[:2]
+    out["spread"] = spread
+    if len(top) == 2:
+        (k1, v1), (k2, v2) = [(k, dict(sweeps)[k]) for k in top]
+        out["crossed"] = {"keys": top, "rows": {
+            f"{a}|{b}": at({k1: a, k2: b}) for a, b in itertools.product(v1, v2)}}
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The sweep as markdown tables."""
+    lines = ["| assumption | value | flow_grpo s / it | spotlight s / it | pipelined s / it "
+             "| spotlight ratio | pipelined ratio |", "|---|---|---|---|---|---|---|"]
+
+    def row(name, value, r):
+        lines.append(f"| {name} | {value} | {r['flow_grpo']['seconds']:.1f} | "
+                     f"{r['spotlight']['seconds']:.1f} | "
+                     f"{r['spotlight_pipelined']['seconds']:.1f} | "
+                     f"{r['spotlight']['ratio']:.2f}x | {r['spotlight_pipelined']['ratio']:.2f}x |")
+
+    row("(config)", "", result["base"])
+    for key, rows in result["one_at_a_time"].items():
+        for value, r in rows.items():
+            row(f"`{key}`", value, r)
+    if result["crossed"]:
+        k1, k2 = result["crossed"]["keys"]
+        rows = result["crossed"]["rows"]
+        v1 = list(dict.fromkeys(k.split("|")[0] for k in rows))
+        v2 = list(dict.fromkeys(k.split("|")[1] for k in rows))
+        lines += ["", f"Pipelined per-iteration ratio, `{k1}` (rows) x `{k2}` (columns):", "",
+                  "| | " + " | ".join(v2) + " |", "|---" * (len(v2) + 1) + "|"]
+        for a in v1:
+            cells = [f"{rows[f'{a}|{b}']['spotlight_pipelined']['ratio']:.2f}x" for b in v2]
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    _setup.define_config_flag(flag_values)
+    flags.DEFINE_multi_string("sweep", list(DEFAULT_SWEEPS),
+                              "KEY=V1,V2,...: an assumption and its values (repeatable).",
+                              flag_values=flag_values)
+    flags.DEFINE_string("out", None, "Directory for cost_sweep.json (optional).",
+                        flag_values=flag_values)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from spotlight_jax import builders  # noqa: PLC0415
+
+    path = flags.FLAGS["config"].config_filename
+    base = builders.load_config(path)
+    overrides = {k: v for k, v in _flatten(FLAGS.config).items() if _flatten(base).get(k) != v}
+    result = sweep(path, overrides, [_parse(s) for s in FLAGS.sweep])
+    print(markdown(result))
+    if FLAGS.out:
+        os.makedirs(FLAGS.out, exist_ok=True)
+        with open(os.path.join(FLAGS.out, "cost_sweep.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _flatten(section, prefix="") -> dict:
+    out = {}
+    for k, v in section.items():
+        if hasattr(v, "items"):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,57 @@
+"""bench.cost_sweep: the per-iteration critical path it computes without training is what the
+modes really charge, and its sweep crosses the two assumptions that move the ratio most."""
+import pytest
+from helpers import mode_config
+
+from spotlight_jax import runner
+from spotlight_jax.bench import cost_sweep
+
+
+def _charged(r, k):
+    t0 = r.deploy.clock.now()
+    r.step(k)
+    return r.deploy.clock.now() - t0
+
+
+# pipelined among the longer checks (the default suite's 10-minute budget)
+@pytest.mark.parametrize("mode", ["flow_grpo",
+                                  pytest.param("spotlight_pipelined", marks=pytest.mark.e2e)])
+def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
+    graphdef, state = base
+    c = mode_config(mode, iterations=2, objective="nft")
+    c.trace.rate_per_node_hour = 0.0                 # every spot node stays alive
+    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    predicted = cost_sweep.iteration_phases(c)[mode]
+    _charged(r, 0)                                   # pipelined: nothing ready, rolls out
+    assert r.deploy.spot_devices == c.deployment.spot_nodes * c.deployment.spot_devices_per_node
+    if mode == "spotlight_pipelined":
+        assert r.mode.pending is not None
+    assert _charged(r, 1) == pytest.approx(predicted.seconds, rel=1e-9)
+    crit = {k: v["critical_s"] for k, v in r.deploy.clock.breakdown().items()}
+    assert crit["reward"] == pytest.approx(2 * predicted.phases["reward"], rel=1e-9)
+    r.close()
+
+
+def test_the_pipelined_update_waits_for_spot_groups_that_cannot_sample_a_batch_in_time():
+    from spotlight_jax.builders import load_config
+    c = load_config("tiny")
+    fast = cost_sweep.iteration_phases(c)["spotlight_pipelined"]
+    c.sampler.num_steps = 40                         # 4x the sampling, same update
+    slow = cost_sweep.iteration_phases(c)["spotlight_pipelined"]
+    assert slow.phases["train"] > fast.phases["train"]
+    assert slow.phases["rollout"] == 0.0 and slow.seconds > fast.seconds
+
+
+def test_sweep_crosses_the_two_assumptions_that_move_the_ratio_most():
+    sweeps = [("rl.nft.times", [1, 8]), ("deployment.spot_nodes", [2, 8]),
+              ("cost.reward_s_per_image", [0.02, 0.5])]
+    out = cost_sweep.sweep(cost_sweep._setup.TINY_CONFIG, {}, sweeps)
+    # spot nodes only change how fast candidates are sampled, which the update hides here
+    assert out["spread"]["deployment.spot_nodes"] == pytest.approx(0.0, abs=1e-12)
+    assert out["crossed"]["keys"] == ["rl.nft.times", "cost.reward_s_per_image"]
+    assert set(out["crossed"]["rows"]) == {"1|0.02", "1|0.5", "8|0.02", "8|0.5"}
+    base = out["base"]
+    assert base["flow_grpo"]["ratio"] == 1.0
+    assert base["spotlight_pipelined"]["ratio"] > base["spotlight"]["ratio"] > 1.0
+    table = cost_sweep.markdown(out)
+    assert "| `rl.nft.times` | 8 |" in table and "Pipelined per-iteration ratio" in table
