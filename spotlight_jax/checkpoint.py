@@ -168,8 +168,12 @@ class RunCheckpointer:
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
-    def steps(self) -> list[int]:
-        self.manager.reload()
+    def steps(self, reload: bool = True) -> list[int]:
+        """The saved steps; ``reload`` re-reads the directory (another process may have
+        written). Not while a save of this manager may be in flight: re-read then, the
+        manager forgets which old steps its retention already deleted and deletes them again."""
+        if reload:
+            self.manager.reload()
         return sorted(self.manager.all_steps())
 
     def restore(self, target):

@@ -202,7 +202,7 @@ class RunState:
             "objective": self.settings.objective,
             "next_seeds": self.next_seeds, "planner": self.planner.state_dict(),
             "deployment": self.deploy.state_dict(), "mode_extra": extra is not None})
-        keep = set(self.ckpt.steps()) | {self.iteration}
+        keep = set(self.ckpt.steps(reload=False)) | {self.iteration}
         for name in os.listdir(self.ckpt.directory):
             if name.startswith("mode_") and name.endswith(".npz") \
                     and name[5:-4].isdigit() and int(name[5:-4]) not in keep:
