@@ -1,17 +1,19 @@
 """Staleness study: do seed rankings under stale weights agree with the current weights'?
 
   python -m spotlight_jax.bench.staleness_study [--iterations 12] [--at 4,8,12] [--prompts 8]
-      [--seeds 32] [--lr LR] [--out DIR]
+      [--seeds 32] [--lr LR] [--objective flow_grpo|nft] [--out DIR]
 
-Runs a short ``flow_grpo`` post-training run of the config from its base checkpoint, keeping
-the policy after every iteration. At each iteration k of ``--at`` it scores the same
-``--prompts x --seeds`` (prompt, seed) candidates (prompts of that iteration, fresh candidate
-seeds) with θ_k and with θ_{k-1}, θ_{k-2}, θ_{k-4}, using the training SDE rollout as the scorer,
-and reports per-prompt Kendall tau-b, Spearman rho, the overlap of the selected max-variance
-G-subsets and the share of the achievable variance gain that stale selection retains
-(``spotlight_jax.explore.staleness``). At the last iteration it also measures cheaper scorers
-against the training rollout under θ_k (an ODE rollout from the seed's initial noise; an SDE
-rollout with half the steps). Prints a table, writes ``staleness.json`` and ``staleness.png``
+Runs a short post-training run (``mode=flow_grpo``, the objective of ``--objective``) of the
+config from its base checkpoint, keeping the sampling policy after every iteration (Flow-GRPO:
+θ; nft: the lagging θ_old that samples the batch). At each iteration k of ``--at`` it scores
+the same ``--prompts x --seeds`` (prompt, seed) candidates (prompts of that iteration, fresh
+candidate seeds) with the policy of k and of k-1, k-2, k-4, using the training rollout as the
+scorer (Flow-GRPO: SDE; nft: ODE, where a seed fixes the image), and reports per-prompt Kendall
+tau-b, Spearman rho, the overlap of the selected max-variance G-subsets and the share of the
+achievable variance gain that stale selection retains (``spotlight_jax.explore.staleness``).
+At the last iteration it also measures cheaper scorers against the training rollout (Flow-GRPO:
+an ODE rollout from the seed's initial noise and an SDE rollout with half the steps; nft: an
+ODE rollout with half the steps). Prints a table, writes ``staleness.json`` and ``staleness.png``
 to ``--out``. ``run_study`` is the same study as a function.
 """
 from __future__ import annotations
@@ -46,6 +48,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("seed", 0, "The run's seed (config.seed).", **fv)
     flags.DEFINE_float("lr", None, "Override rl.lr (a faster-moving policy makes rankings go "
                        "stale faster).", **fv)
+    flags.DEFINE_enum("objective", "flow_grpo", ["flow_grpo", "nft"],
+                      "rl.objective of the run whose sampling policies are compared.", **fv)
     flags.DEFINE_string("out", "staleness_out", "Directory for staleness.json and .png.", **fv)
 
 
@@ -57,11 +61,13 @@ def main(argv):
         raise app.UsageError(f"--at={FLAGS.at}: every k must satisfy {max(STALENESS)} <= k <= "
                              f"--iterations ({FLAGS.iterations})")
     run_study(FLAGS.config, iterations=FLAGS.iterations, at=at, num_prompts=FLAGS.prompts,
-              num_seeds=FLAGS.seeds, seed=FLAGS.seed, lr=FLAGS.lr, out=FLAGS.out)
+              num_seeds=FLAGS.seeds, seed=FLAGS.seed, lr=FLAGS.lr, objective=FLAGS.objective,
+              out=FLAGS.out)
 
 
 def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_seeds: int,
-              seed: int = 0, lr: float | None = None, out: str) -> dict:
+              seed: int = 0, lr: float | None = None, objective: str = "flow_grpo",
+              out: str) -> dict:
     """The study (see the module docstring; ``num_prompts``, ``num_seeds``: ``--prompts``,
     ``--seeds``); prints its table, writes ``out/staleness.json`` and ``out/staleness.png`` and
     returns what the json holds."""
@@ -77,7 +83,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     from spotlight_jax.runner import RunState
 
     config = load_config(config_path)
-    config.mode, config.seed = "flow_grpo", seed
+    config.mode, config.seed, config.rl.objective = "flow_grpo", seed, objective
     config.rl.eval_every = 0
     if lr is not None:
         config.rl.lr = lr
@@ -98,7 +104,8 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     def cands(k):
         return [candidate_seeds(seed, 10_000 + k, i, num_seeds) for i in range(num_prompts)]
 
-    results = {"config": config_path, "base": source, "lr": rl_config(config).lr, "group_size": G,
+    results = {"config": config_path, "base": source, "objective": objective,
+               "lr": rl_config(config).lr, "group_size": G,
                "seeds": num_seeds, "prompts": num_prompts, "iterations": iterations,
                "kl": kls,
                "train_s": train_s, "staleness": {}, "scorers": {}}
@@ -119,11 +126,13 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     fresh = run.explorer.score(snap[k], prompts, seeds)
     train_cfg = sampler_config(config)
     shape = (run.mcfg.image_size,) * 2 + (run.mcfg.channels,)
+    half = max(train_cfg.num_steps // 2, 1)
     variants = {
+        f"ODE, {half} steps": dataclasses.replace(train_cfg, num_steps=half, sde_window=None),
+    } if objective == "nft" else {
         "ODE from the seed's initial noise": dataclasses.replace(
             train_cfg, noise_level=0.0, sde_type="ode", sde_window=None),
-        f"SDE, {max(train_cfg.num_steps // 2, 1)} steps": dataclasses.replace(
-            train_cfg, num_steps=max(train_cfg.num_steps // 2, 1), sde_window=None),
+        f"SDE, {half} steps": dataclasses.replace(train_cfg, num_steps=half, sde_window=None),
     }
     for name, scfg in variants.items():
         engine = RolloutEngine(Sampler(graphdef, shape, scfg.validate(), mesh=run.mesh),
@@ -137,8 +146,9 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     print(f"\nStaleness of seed rankings ({num_prompts} prompts x {num_seeds} seeds, G={G}; "
           f"means over prompts with 95% bootstrap CIs; random-subset overlap = "
           f"{G / num_seeds:.2f}; base: {source})")
-    print(f"rl.lr {rl_config(config).lr}; policy KL to the base after {iterations} "
-          f"iterations: {kls[-1]:.2e}")
+    kl = f"; policy KL to the base after {iterations} iterations: {kls[-1]:.2e}" \
+        if objective == "flow_grpo" else ""
+    print(f"rl.objective {objective}; rl.lr {rl_config(config).lr}{kl}")
     print("| compared | Kendall tau-b | Spearman rho | subset overlap | variance gain kept |"
           " prompts skipped |")
     print("|---|---|---|---|---|---|")
