@@ -295,6 +295,7 @@ def add_spotlight_sections(c):
     #                                 $1.05/GPU-h, inside the public $0.8-2.5 spot range
 
     # compare mode's target validation reward: flow_grpo's start + target_gain when > 0, else
-    # its start + target_frac of flow_grpo's own best gain
-    c.compare = ml_collections.ConfigDict(dict(target_frac=0.8, target_gain=0.0))
+    # its start + target_frac of flow_grpo's own best gain; seeds: run the comparison once per
+    # config seed (workdir/seed_<s>) and report every ratio's mean and spread ('()' = c.seed)
+    c.compare = ml_collections.ConfigDict(dict(target_frac=0.8, target_gain=0.0, seeds=()))
     return c

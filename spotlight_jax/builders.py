@@ -614,6 +614,11 @@ def _check_run_settings(s) -> None:
     if not (math.isfinite(s.target_gain) and s.target_gain >= 0):
         bad("compare.target_gain", s.target_gain, "must be >= 0 (0 = use compare.target_frac; "
             "e.g. --config.compare.target_gain=0.08)")
+    seeds = s.compare_seeds
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        bad("compare.seeds", seeds, "must be distinct integers >= 0 (e.g. "
+            "--config.compare.seeds='(0,1,2)'; () = config.seed alone)")
 
 
 def validate(config, devices=None) -> None:
@@ -707,6 +712,7 @@ class RunSettings:
     ray_spot_resource: str
     target_frac: float          # compare mode's target share of the baseline's gain
     target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
+    compare_seeds: tuple = ()   # compare mode: one comparison per config seed (() = seed)
 
 
 def run_settings(config) -> RunSettings:
@@ -727,7 +733,8 @@ def run_settings(config) -> RunSettings:
         transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
         rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
         target_frac=float(config.compare.target_frac),
-        target_gain=float(config.compare.target_gain))
+        target_gain=float(config.compare.target_gain),
+        compare_seeds=tuple(config.compare.seeds or ()))
 
 
 def host_config(config) -> dict:

@@ -191,9 +191,98 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
     return path
 
 
+RATIOS = (("speed-up", "time_to_target_h"), ("cost ratio", "cost_to_target"),
+          ("iteration ratio", "iterations_to_target"),
+          ("per-iteration time ratio", "h_per_iteration"))
+
+
+def seed_ratios(reports: dict[int, dict]) -> dict[str, dict[str, dict]]:
+    """Each mode's ratios to flow_grpo (``RATIOS``) over config seeds: per mode and ratio, the
+    values by seed (None where the mode or flow_grpo missed the target) and their mean, min
+    and max over the seeds that have one. ``reports``: seed -> its ``compare.json``."""
+    modes = list(dict.fromkeys(m for r in reports.values() for m in r["modes"]))
+    out = {}
+    for m in modes:
+        out[m] = {}
+        for name, key in RATIOS:
+            by_seed = {}
+            for seed, r in reports.items():
+                rows = r["modes"]
+                by_seed[seed] = (_ratio(rows.get("flow_grpo", {}).get(key), rows[m].get(key))
+                                 if m in rows else None)
+            got = [v for v in by_seed.values() if v is not None]
+            out[m][name] = {"by_seed": by_seed, "n": len(got),
+                            "mean": sum(got) / len(got) if got else None,
+                            "min": min(got, default=None), "max": max(got, default=None)}
+    return out
+
+
+def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "") -> str:
+    """``report_seeds.md`` and ``compare_seeds.json`` in ``workdir`` from the comparisons of
+    several config seeds (``seed -> directory holding its compare.json``): every ratio's mean
+    and [min, max] over seeds, and each seed's target. Returns the report's path."""
+    reports = {}
+    for seed, d in seed_dirs.items():
+        path = os.path.join(d, "compare.json")
+        try:
+            with open(path) as f:
+                reports[seed] = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"seed {seed}: cannot read {path} ({type(e).__name__}: {e}); run "
+                             "that seed's comparison first") from e
+    ratios = seed_ratios(reports)
+    seeds = list(reports)
+    lines = ["# Mode comparison over config seeds", ""]
+    if header:
+        lines += [header, ""]
+    targets = ", ".join(f"seed {s}: " + _f(reports[s]["target"], ".3f") for s in seeds)
+    lines += [f"Seeds {', '.join(map(str, seeds))}; targets {targets}. Each cell: mean "
+              "[min, max] over the seeds where both the mode and flow_grpo reached the target "
+              "(n of them); > 1 means faster or cheaper than flow_grpo.", "",
+              "| mode | " + " | ".join(n for n, _ in RATIOS) + " |",
+              "|---|" + "---|" * len(RATIOS)]
+
+    def cell(c):
+        if c["mean"] is None:
+            return f"— (n=0/{len(seeds)})"
+        return f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] (n={c['n']}/{len(seeds)})"
+
+    for m, rs in ratios.items():
+        lines.append(f"| {m} | " + " | ".join(cell(rs[n]) for n, _ in RATIOS) + " |")
+    lines += ["", "Per seed (speed-up / cost ratio):", "", "| mode | " + " | ".join(
+        f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for m, rs in ratios.items():
+        lines.append(f"| {m} | " + " | ".join(
+            f"{_f(rs['speed-up']['by_seed'][s], '.2f')}x / "
+            f"{_f(rs['cost ratio']['by_seed'][s], '.2f')}x" for s in seeds) + " |")
+    lines += ["", "Each seed's report: " + ", ".join(
+        f"[seed {s}]({os.path.relpath(os.path.join(seed_dirs[s], 'report.md'), workdir)})"
+        for s in seeds), ""]
+    path = os.path.join(workdir, "report_seeds.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    with open(os.path.join(workdir, "compare_seeds.json"), "w") as f:
+        json.dump({"seeds": seeds, "targets": {s: reports[s]["target"] for s in seeds},
+                   "ratios": ratios}, f, indent=1)
+    return path
+
+
 def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
                 progress: bool = True) -> str:
-    """Runs every mode with the same seeds, prompts and trace; writes and returns the report."""
+    """Runs every mode with the same seeds, prompts and trace; writes and returns the report.
+    With ``compare.seeds`` set, once per config seed into ``workdir/seed_<s>``, then the
+    seeds' report (``report_seeds.md``: every ratio's mean and spread)."""
+    seeds = run_settings(config).compare_seeds
+    if seeds:
+        dirs = {}
+        for seed in seeds:
+            c = config.copy_and_resolve_references()
+            with c.unlocked():
+                c.seed, c.compare.seeds = seed, ()
+            dirs[seed] = os.path.join(workdir, f"seed_{seed}")
+            run_compare(c, dirs[seed], graphdef, base, base_source=base_source,
+                        progress=progress)
+        return write_seed_report(workdir, dirs, header=f"Base: {base_source}.")
     histories, phases, assumptions = {}, {}, None
     for mode in MODES:
         c = config.copy_and_resolve_references()

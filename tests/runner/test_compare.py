@@ -57,6 +57,32 @@ def test_a_fixed_target_gain_over_the_baselines_start():
     with pytest.raises(ValueError, match="target_gain"):
         compare.target_reward(hist, 0.8, gain=-0.1)
 
+def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
+    """Three config seeds' comparisons -> each ratio's mean [min, max] over the seeds where both
+    the mode and flow_grpo reached the target; a seed that missed it is counted out, not 0."""
+    seeds = {0: [(1, 10, 0.60)], 1: [(2, 20, 0.60)], 2: [(4, 40, 0.60)]}
+    spot = {0: [(0.25, 5, 0.59)], 1: [(1, 5, 0.59)], 2: [(4, 40, 0.50)]}   # seed 2: missed
+    dirs = {}
+    for s in seeds:
+        dirs[s] = str(tmp_path / f"seed_{s}")
+        os.makedirs(dirs[s])
+        compare.write_report(dirs[s], {"flow_grpo": _hist(seeds[s]),
+                                       "spotlight": _hist(spot[s])},
+                             target_frac=0.8, target_gain=0.08)
+    path = compare.write_seed_report(str(tmp_path), dirs)
+    r = json.loads((tmp_path / "compare_seeds.json").read_text())["ratios"]["spotlight"]
+    # flow_grpo 1 h / $10 and 2 h / $20 against spotlight 0.25 h / $5 and 1 h / $5
+    assert r["speed-up"]["by_seed"] == {"0": 4.0, "1": 2.0, "2": None}
+    assert r["speed-up"]["mean"] == pytest.approx(3.0) and r["speed-up"]["n"] == 2
+    assert (r["cost ratio"]["min"], r["cost ratio"]["max"]) == (2.0, 4.0)
+    text = open(path).read()
+    assert "| spotlight | 3.00x [2.00, 4.00] (n=2/3) | 3.00x [2.00, 4.00] (n=2/3) |" in text
+    assert "[seed 2](seed_2/report.md)" in text
+    os.remove(tmp_path / "seed_1" / "compare.json")
+    with pytest.raises(ValueError, match="seed 1: cannot read .*compare.json"):
+        compare.write_seed_report(str(tmp_path), dirs)
+
+
 
 @pytest.mark.e2e
 def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # noqa: F811
