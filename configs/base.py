@@ -129,7 +129,10 @@ def get_config():
     r.max_minutes = 12.0
     r.prompts_per_iter = 8
     r.group_size = 8
-    r.reward = "geneval_lite"       # training reward (geneval_lite_shaped: graded text credit)
+    # training reward; None = the objective's default (each the best measured for it:
+    # docs/objectives.md): nft geneval_lite_aspect (shape credit also slopes toward the asked
+    # elongation), flow_grpo geneval_lite; geneval_lite_shaped: graded text credit
+    r.reward = ml_collections.config_dict.placeholder(str)
     r.eval_reward = "geneval_lite"  # held-out measurement ('' = rl.reward)
     # LoRA lr; None = the objective's default: flow_grpo 5e-4, nft 1e-3 (each the best of the
     # measured settings: docs/flow_grpo.md, docs/objectives.md)

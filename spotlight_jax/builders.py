@@ -291,10 +291,23 @@ def make_trainer(config, graphdef, base, mesh=None):
 SHARED_INIT_BITS = 8
 
 
+# The objectives' default training rewards (measured: docs/objectives.md; Flow-GRPO with the
+# aspect-graded shape credit: docs/flow_grpo.md).
+GRPO_REWARD, NFT_REWARD = "geneval_lite", "geneval_lite_aspect"
+
+
+def train_reward(config) -> str:
+    """The training reward: ``rl.reward``, or with ``rl.reward=None`` the objective's default
+    (`NFT_REWARD`, `GRPO_REWARD`)."""
+    if config.rl.reward is not None:
+        return config.rl.reward
+    return NFT_REWARD if objective(config) == "nft" else GRPO_REWARD
+
+
 def eval_reward(config) -> str:
-    """The held-out measurement's reward: ``rl.eval_reward`` ('' = the training reward
-    ``rl.reward``), so a shaped training reward is still measured by the reward it shapes."""
-    return config.rl.eval_reward or config.rl.reward
+    """The held-out measurement's reward: ``rl.eval_reward`` ('' = the training reward), so a
+    shaped training reward is still measured by the reward it shapes."""
+    return config.rl.eval_reward or train_reward(config)
 
 
 REMOTE_REWARD = "remote"
@@ -312,7 +325,7 @@ def register_remote_reward(config) -> None:
     server's reward components for ``rl.advantage='decoupled'``: the runner, the explorer and
     the evaluation then find it by name like any shipped reward."""
     cfg = remote_reward_config(config)
-    if REMOTE_REWARD not in (config.rl.reward, eval_reward(config)):
+    if REMOTE_REWARD not in (train_reward(config), eval_reward(config)):
         return
     if not cfg.url:
         raise ConfigError("remote_reward.url='': rl.reward or rl.eval_reward is 'remote', which "
@@ -724,7 +737,7 @@ def run_settings(config) -> RunSettings:
         mode=config.mode, objective=objective(config), seed=int(config.seed),
         iterations=int(r.iterations), max_minutes=float(r.max_minutes),
         prompts_per_iter=int(r.prompts_per_iter), group_size=int(r.group_size),
-        reward=r.reward, eval_reward=eval_reward(config), eval_every=int(r.eval_every),
+        reward=train_reward(config), eval_reward=eval_reward(config), eval_every=int(r.eval_every),
         eval_prompts=int(r.eval_prompts), eval_seeds=int(r.eval_seeds),
         checkpoint_every=int(config.checkpoint.every),
         max_to_keep=int(config.checkpoint.max_to_keep),

@@ -29,6 +29,7 @@ BAD = {
     "rl.lr": -1.0, "rl.detail_beta": -1.0,               # float placeholders (None = default)
     "sampler.sde_window": (5, 2),
     "compare.seeds": (1, 1),                             # () = config.seed alone
+    "rl.reward": "no_such_reward",                       # str placeholder (None = default)
     "sampler.noise_patches": (0,) * 10,
     "model.rope_axes": (16, 56, 55),                     # must sum to head_dim, all even
     "model.dual_attention_layers": (99,),                # a block the model does not have

@@ -136,7 +136,8 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     }
     for name, scfg in variants.items():
         engine = RolloutEngine(Sampler(graphdef, shape, scfg.validate(), mesh=run.mesh),
-                               run.mcfg.text_len, config.rl.reward, chunk=run.engine.chunk)
+                               run.mcfg.text_len, run.settings.reward,
+                               chunk=run.engine.chunk)
         other = Explorer(engine).score(snap[k], prompts, seeds)
         s = summarize_agreement(ranking_agreement(fresh, other, G))
         results["scorers"][name] = {kk: (v._asdict() if hasattr(v, "_asdict") else v)

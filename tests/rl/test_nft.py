@@ -233,6 +233,13 @@ def test_builders_objective_sampler_and_errors():
     assert rl_config(load_config("tiny")).lr == NFT_LR          # rl.lr None: per objective
     assert rl_config(load_config("tiny", {"rl.objective": "flow_grpo"})).lr == GRPO_LR
     assert rl_config(load_config("tiny", {"rl.lr": 3e-4})).lr == 3e-4
+    # rl.reward None: the objective's training reward; held-out stays geneval_lite
+    from spotlight_jax.builders import run_settings
+    for over, train in (({}, "geneval_lite_aspect"),
+                        ({"rl.objective": "flow_grpo"}, "geneval_lite"),
+                        ({"rl.reward": "geneval_lite_shaped"}, "geneval_lite_shaped")):
+        st = run_settings(load_config("tiny", over))
+        assert (st.reward, st.eval_reward) == (train, "geneval_lite"), over
     c.rl.global_std = False
     assert rl_config(c).global_std is False
     with pytest.raises(ValueError, match="rl.objective='ppo'"):
