@@ -166,7 +166,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
                                 [x["lo"] for x in t], [x["hi"] for x in t])
     plot_curves(os.path.join(out, "staleness.png"), series, xlabel="staleness d (updates)",
                 ylabel="Kendall tau-b (θ_k vs θ_{k-d})",
-                title="Seed-ranking agreement under stale weights")
+                title=f"Seed-ranking agreement under stale weights ({objective})")
     print(f"wrote {out}/staleness.json and staleness.png")
     return results
 
