@@ -70,7 +70,12 @@ def load_config(name_or_path: str | os.PathLike, overrides: dict | None = None):
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.py")) if CONFIG_DIR.is_dir() else []
         raise FileNotFoundError(f"no config file {str(path)!r}; known configs: {known} "
                                 "(a config lives in the repository's configs/ folder)")
-    config = runpy.run_path(str(path))["get_config"]()
+    return apply_overrides(runpy.run_path(str(path))["get_config"](), overrides)
+
+
+def apply_overrides(config, overrides: dict | None):
+    """``config`` with dotted overrides set in place (``{"rl.lr": 1e-3}``); an unknown key
+    raises KeyError naming it. Returns ``config``."""
     for key, value in (overrides or {}).items():
         *parents, leaf = key.split(".")
         section = config

@@ -75,12 +75,6 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     return {m: IterationCost(m, p, sum(p.values()) * rate) for m, p in phases.items()}
 
 
-def ratios(config) -> dict[str, float]:
-    """flow_grpo's seconds per iteration / each mode's (> 1: the mode's iteration is cheaper)."""
-    it = iteration_phases(config)
-    return {m: it["flow_grpo"].seconds / c.seconds for m, c in it.items()}
-
-
 def _parse(spec: str) -> tuple[str, list]:
     key, _, values = spec.partition("=")
     if not key or not values:
@@ -97,14 +91,15 @@ def _number(v: str):
     return v
 
 
-def sweep(config_path: str, overrides: dict, sweeps: list[tuple[str, list]]) -> dict:
-    """One-at-a-time sweeps of ``sweeps`` around ``config_path`` + ``overrides``, then the two
-    keys whose range moves the pipelined ratio most, crossed. Returns a JSON-able dict."""
+def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
+    """One-at-a-time sweeps of ``sweeps`` around ``config``, then the two keys whose range
+    moves the pipelined ratio most, crossed. Returns a JSON-able dict."""
     from spotlight_jax import builders  # noqa: PLC0415
 
     def at(extra):
-        config = builders.load_config(config_path, {**overrides, **extra})
-        it = iteration_phases(config)
+        cfg = config.copy_and_resolve_references()
+        with cfg.unlocked():
+            it = iteration_phases(builders.apply_overrides(cfg, extra))
         base = it["flow_grpo"].seconds
         return {m: {"seconds": c.seconds, "ratio": base / c.seconds, "dollars": c.dollars,
                     "phases": c.phases} for m, c in it.items()}
@@ -166,27 +161,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from spotlight_jax import builders  # noqa: PLC0415
-
-    path = flags.FLAGS["config"].config_filename
-    base = builders.load_config(path)
-    overrides = {k: v for k, v in _flatten(FLAGS.config).items() if _flatten(base).get(k) != v}
-    result = sweep(path, overrides, [_parse(s) for s in FLAGS.sweep])
+    result = sweep(FLAGS.config, [_parse(s) for s in FLAGS.sweep])
     print(markdown(result))
     if FLAGS.out:
         os.makedirs(FLAGS.out, exist_ok=True)
         with open(os.path.join(FLAGS.out, "cost_sweep.json"), "w") as f:
             json.dump(result, f, indent=1)
-
-
-def _flatten(section, prefix="") -> dict:
-    out = {}
-    for k, v in section.items():
-        if hasattr(v, "items"):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 if __name__ == "__main__":

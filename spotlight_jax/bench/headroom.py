@@ -60,8 +60,8 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
         images = run.engine.run(state, flat, ids)["images"]
         return success_table(constraint_breakdown(images, flat, exact=True), len(prompts))
 
-    out = {"base": table(r := RunState(config, tempfile.mkdtemp(), graphdef, base),
-                         r.trainer.sampling_state()), "run": None}
+    fresh = RunState(config, tempfile.mkdtemp(), graphdef, base)
+    out = {"base": table(fresh, fresh.trainer.sampling_state()), "run": None}
     if workdir:
         r = RunState(config, workdir, graphdef, base)
         if not r.maybe_restore():

@@ -45,7 +45,8 @@ def test_the_pipelined_update_waits_for_spot_groups_that_cannot_sample_a_batch_i
 def test_sweep_crosses_the_two_assumptions_that_move_the_ratio_most():
     sweeps = [("rl.nft.times", [1, 8]), ("deployment.spot_nodes", [2, 8]),
               ("cost.reward_s_per_image", [0.02, 0.5])]
-    out = cost_sweep.sweep(cost_sweep._setup.TINY_CONFIG, {}, sweeps)
+    from spotlight_jax.builders import load_config
+    out = cost_sweep.sweep(load_config("tiny"), sweeps)
     # spot nodes only change how fast candidates are sampled, which the update hides here
     assert out["spread"]["deployment.spot_nodes"] == pytest.approx(0.0, abs=1e-12)
     assert out["crossed"]["keys"] == ["rl.nft.times", "cost.reward_s_per_image"]
