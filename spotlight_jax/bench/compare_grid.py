@@ -1,0 +1,226 @@
+"""The mode comparison over config seeds and spot traces, assembled from finished runs.
+
+  python -m spotlight_jax.bench.compare_grid archive --workdir=RUN --grid=DIR --trace=NAME --seed=S
+  python -m spotlight_jax.bench.compare_grid report --grid=DIR [--target_gain=0.08]
+
+The full comparison (every mode x config seeds x traces) is many hours of CPU, more than one
+sitting; its runs are kept as they finish. ``archive`` copies what the report needs out of each
+finished mode run in ``RUN/<mode>`` (the history's report columns, rounded, as
+``history.jsonl``, and the critical-path ``phases.json``: a few tens of KB, no checkpoints) into
+``DIR/<trace>/seed_<s>/<mode>``. Modes that never use a spot device (``flow_grpo``,
+``explore_sync``) do not depend on the trace (tested: ``tests/bench/test_compare_grid.py``), so
+they are archived once per seed under ``DIR/on_demand`` and every trace's report uses them.
+
+``report`` writes, for every trace and seed with a ``flow_grpo`` run, the comparison's
+``report.md``, ``compare.json`` and plots (``runner.compare.write_report``), then per trace the
+ratios' mean and [min, max] over seeds (``report_seeds.md``), and ``DIR/grid.md``: one table of
+every mode's speed-up, cost, iteration and per-iteration time ratios on every trace, and which
+runs are still missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from absl import app, flags
+
+from spotlight_jax.metrics import read_jsonl
+
+FLAGS = flags.FLAGS
+ON_DEMAND = "on_demand"
+TRACE_FREE_MODES = ("flow_grpo", "explore_sync")
+# history columns the report reads (runner.compare.mode_summary, the plots); the rest stays in
+# the run's own rl.jsonl
+KEEP = ("iteration", "vtime_s", "dollars", "reward_mean", "explore_candidates", "spot_alive",
+        "spot_util", "preemptions", "abrupt_losses", "joins", "regroups", "regroup_s",
+        "lost_work_s", "fleet_regroups", "fleet_regroup_max_s", "fleet_compiles", "pipelined")
+
+
+def modes() -> tuple[str, ...]:
+    from spotlight_jax.runner.modes import MODES  # noqa: PLC0415 - programs import JAX late
+
+    return tuple(MODES)
+
+
+def history_from_jsonl(path: str) -> list[dict]:
+    """A run's history as ``runner.run`` returns it, rebuilt from its ``rl.jsonl`` (``step`` is
+    the iteration; the start row has no clock columns, which are 0 there)."""
+    rows = read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path}: no rows; is it the rl.jsonl of a run that started?")
+    out = []
+    for r in rows:
+        h = {k: v for k, v in r.items() if k not in ("step", "time")}
+        h["iteration"] = int(r["step"])
+        if h["iteration"] == 0:
+            h.setdefault("vtime_s", 0.0)
+            h.setdefault("dollars", 0.0)
+        out.append(h)
+    return out
+
+
+def _compact(row: dict) -> dict:
+    keep = {k: v for k, v in row.items() if k in KEEP or k.startswith("val_")}
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in keep.items()}
+
+
+def mode_dir(grid: str, trace: str, seed: int, mode: str) -> str:
+    """Where a mode's archived run lives: per trace, or once per seed for a trace-free mode."""
+    where = ON_DEMAND if mode in TRACE_FREE_MODES else trace
+    return os.path.join(grid, where, f"seed_{seed}", mode)
+
+
+def archive(workdir: str, grid: str, trace: str, seed: int, iterations: int) -> list[str]:
+    """Copies every mode run under ``workdir`` that finished ``iterations`` into the grid;
+    returns the modes archived. A run that stopped early is refused (its time to the target
+    would be a different experiment's)."""
+    if not trace or trace == ON_DEMAND or os.sep in trace:
+        raise ValueError(f"--trace={trace!r}: give a plain name (e.g. synthetic, aws, gcp), not "
+                         f"{ON_DEMAND!r} or a path")
+    done = []
+    for mode in modes():
+        src = os.path.join(workdir, mode)
+        jsonl, phases = os.path.join(src, "rl.jsonl"), os.path.join(src, "phases.json")
+        if not os.path.exists(jsonl):
+            continue
+        hist = history_from_jsonl(jsonl)
+        if hist[-1]["iteration"] != iterations or not os.path.exists(phases):
+            raise ValueError(f"{src}: the run is at iteration {hist[-1]['iteration']} of "
+                             f"{iterations} (or has no phases.json); finish it (run the same "
+                             "command again: it resumes) before archiving")
+        dst = mode_dir(grid, trace, seed, mode)
+        rows = [_compact(h) for h in hist]
+        kept = os.path.join(dst, "history.jsonl")
+        if (mode in TRACE_FREE_MODES and os.path.exists(kept)
+                and read_jsonl(kept) != rows):
+            raise ValueError(f"{src}: {mode} never uses a spot device, yet its run differs from "
+                             f"the one archived for seed {seed} ({kept}); were the two run "
+                             "with different settings?")
+        os.makedirs(dst, exist_ok=True)
+        with open(kept, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        shutil.copyfile(phases, os.path.join(dst, "phases.json"))
+        done.append(mode)
+    if not done:
+        raise ValueError(f"--workdir={workdir}: no <mode>/rl.jsonl under it (modes: "
+                         f"{', '.join(modes())})")
+    return done
+
+
+def _load(path: str) -> tuple[list[dict], dict]:
+    with open(os.path.join(path, "phases.json")) as f:
+        info = json.load(f)
+    return read_jsonl(os.path.join(path, "history.jsonl")), info
+
+
+def grid_runs(grid: str) -> dict[str, dict[int, dict[str, str]]]:
+    """``trace -> seed -> mode -> archived run directory`` for every trace folder of the grid,
+    the trace-free modes taken from ``on_demand`` for each seed that has them."""
+    out = {}
+    traces = sorted(t for t in os.listdir(grid)
+                    if t != ON_DEMAND and os.path.isdir(os.path.join(grid, t)))
+    seeds = set()
+    for t in traces + [ON_DEMAND]:
+        d = os.path.join(grid, t)
+        if os.path.isdir(d):
+            seeds |= {int(s[5:]) for s in os.listdir(d) if s.startswith("seed_")}
+    for t in traces:
+        out[t] = {}
+        for s in sorted(seeds):
+            runs = {m: mode_dir(grid, t, s, m) for m in modes()}
+            runs = {m: p for m, p in runs.items()
+                    if os.path.exists(os.path.join(p, "history.jsonl"))}
+            if runs:
+                out[t][s] = runs
+    return out
+
+
+def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
+    """Every trace's and seed's report, each trace's seed summary, and ``grid.md``."""
+    from spotlight_jax.emulation.cost_models import Assumption  # noqa: PLC0415
+    from spotlight_jax.runner import compare  # noqa: PLC0415
+
+    runs = grid_runs(grid)
+    all_modes = modes()
+    lines = ["# Mode comparison: every trace and config seed", "",
+             f"Built by `python -m spotlight_jax.bench.compare_grid report --grid={grid} "
+             f"--target_gain={target_gain:g}` from the archived runs below it. Each cell: "
+             "mean [min, max] over the seeds where both the mode and flow_grpo reached the "
+             "target (n of the seeds run); > 1 means faster or cheaper than flow_grpo.", ""]
+    for trace, seeds in runs.items():
+        seed_dirs = {}
+        for seed, by_mode in seeds.items():
+            if "flow_grpo" not in by_mode:
+                continue
+            loaded = {m: _load(p) for m, p in by_mode.items()}
+            out = os.path.join(grid, trace, f"seed_{seed}")
+            os.makedirs(out, exist_ok=True)
+            assumptions = next(iter(loaded.values()))[1]["assumptions"]
+            compare.write_report(
+                out, {m: h for m, (h, _) in loaded.items()}, target_frac=target_frac,
+                target_gain=target_gain, phases={m: i["phases"] for m, (_, i) in loaded.items()},
+                assumptions=[Assumption(**a) for a in assumptions],
+                header=f"Config seed {seed}; trace: {trace}. Learning is real (tiny model); "
+                       "time and cost are emulated from the cost model below.")
+            seed_dirs[seed] = out
+        if not seed_dirs:
+            continue
+        compare.write_seed_report(os.path.join(grid, trace), seed_dirs,
+                                  header=f"Trace: {trace}.")
+        with open(os.path.join(grid, trace, "compare_seeds.json")) as f:
+            ratios = json.load(f)["ratios"]
+        lines += [f"## {trace}", "", f"Seeds: {', '.join(map(str, seed_dirs))} "
+                  f"([report]({trace}/report_seeds.md)).", "",
+                  "| mode | " + " | ".join(n for n, _ in compare.RATIOS) + " |",
+                  "|---|" + "---|" * len(compare.RATIOS)]
+        for m in all_modes:
+            if m not in ratios:
+                continue
+            cells = []
+            for name, _ in compare.RATIOS:
+                c = ratios[m][name]
+                cells.append("—" if c["mean"] is None else
+                             f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] "
+                             f"(n={c['n']}/{len(seed_dirs)})")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    missing = [f"{t} seed {s}: {', '.join(m for m in all_modes if m not in by_mode)}"
+               for t, seeds in runs.items() for s, by_mode in seeds.items()
+               if len(by_mode) < len(all_modes)]
+    lines += ["## Runs not archived yet", ""] + ([f"- {x}" for x in missing] or ["none"]) + [""]
+    path = os.path.join(grid, "grid.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This program's flags (defined only when it runs; see ``bench._setup``)."""
+    fv = {"flag_values": flag_values}
+    flags.DEFINE_string("workdir", None, "archive: a run directory holding <mode>/ folders", **fv)
+    flags.DEFINE_string("grid", None, "the grid directory (e.g. docs/compare_grid)", **fv)
+    flags.DEFINE_string("trace", "synthetic", "archive: the trace's name in the grid", **fv)
+    flags.DEFINE_integer("seed", 0, "archive: the runs' config seed", **fv)
+    flags.DEFINE_integer("iterations", 120, "archive: the iterations every run must have done",
+                         **fv)
+    flags.DEFINE_float("target_gain", 0.08, "report: target = flow_grpo's start + this", **fv)
+
+
+def main(argv):
+    if len(argv) != 2 or argv[1] not in ("archive", "report"):
+        raise app.UsageError("give one command: archive or report")
+    if not FLAGS.grid:
+        raise app.UsageError("--grid=DIR is required")
+    if argv[1] == "archive":
+        if not FLAGS.workdir:
+            raise app.UsageError("archive needs --workdir=RUN")
+        done = archive(FLAGS.workdir, FLAGS.grid, FLAGS.trace, FLAGS.seed, FLAGS.iterations)
+        print(f"archived {', '.join(done)} (trace {FLAGS.trace}, seed {FLAGS.seed})")
+    else:
+        print(open(write_grid(FLAGS.grid, FLAGS.target_gain)).read())
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

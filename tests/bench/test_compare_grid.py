@@ -1,0 +1,95 @@
+"""The comparison grid: modes that use no spot device do not depend on the trace (so the grid
+stores them once per seed), finished runs archive and rebuild their history, and the grid's
+ratios are each trace's mean and spread over seeds."""
+import json
+import os
+
+import pytest
+from helpers import mode_config
+
+from spotlight_jax import runner
+from spotlight_jax.bench import compare_grid
+from spotlight_jax.metrics import MetricWriter, read_jsonl
+
+CLOCK = ("iteration", "val_reward", "vtime_s", "dollars", "reward_mean")
+
+
+# explore_sync among the longer checks (the default suite's 10-minute budget)
+@pytest.mark.parametrize("mode", ["flow_grpo", pytest.param("explore_sync", marks=pytest.mark.e2e)])
+def test_trace_free_modes_learn_and_charge_the_same_on_any_trace(tmp_path, base, mode):
+    graphdef, state = base
+    busy = tmp_path / "trace.json"      # SkyPilot format: nodes lost and back within the run
+    busy.write_text(json.dumps({"metadata": {"gap_seconds": 30}, "data": [4, 1, 0, 3, 4, 2]}))
+    out = {}
+    for name, path in (("synthetic", ""), ("skypilot", str(busy))):
+        c = mode_config(mode)
+        c.rl.eval_every = 1
+        c.trace.path = path
+        c.trace.rate_per_node_hour = 60.0
+        h = runner.run(c, str(tmp_path / name), graphdef, state, progress=False)
+        out[name] = [{k: r.get(k) for k in CLOCK} for r in h]
+    assert len(out["synthetic"]) == 3 and out["synthetic"][-1]["vtime_s"] > 0
+    assert out["synthetic"] == out["skypilot"]
+
+
+def _history(rewards, s_per_it, dollars_per_it, start=0.5):
+    h = [{"iteration": 0, "vtime_s": 0.0, "dollars": 0.0, "val_reward": start}]
+    for i, r in enumerate(rewards, 1):
+        h.append({"iteration": i, "vtime_s": i * s_per_it, "dollars": i * dollars_per_it,
+                  "val_reward": r, "reward_mean": r, "explore_candidates": 3,
+                  "spot_util": 0.5, "preemptions": 1, "loss": 0.25})
+    return h
+
+
+def _fake_run(workdir, mode, hist):
+    """A finished mode run as the runner leaves it: rl.jsonl rows and phases.json."""
+    d = os.path.join(workdir, mode)
+    w = MetricWriter(d, "rl", tensorboard=False)
+    for row in hist:
+        w.write(row["iteration"], **{k: v for k, v in row.items()
+                                     if k != "iteration" and (row["iteration"] or
+                                                              k.startswith("val_"))})
+    with open(os.path.join(d, "phases.json"), "w") as f:
+        json.dump({"phases": {"train": {"critical_s": 10.0 * len(hist)}},
+                   "assumptions": [{"name": "x", "value": 1, "unit": "s", "source": "test"}]},
+                  f)
+
+
+def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_path):
+    grid = str(tmp_path / "grid")
+    # target = 0.5 + 0.1; flow_grpo reaches it at iteration 3 (300 s), the fast mode at
+    # iteration 1 on seed 0 (100 s: 3x) and 2 on seed 1 (1.5x): mean 2.25x [1.5, 3]
+    runs = {0: {"flow_grpo": _history([0.55, 0.58, 0.61], 100, 1.0),
+                "spotlight": _history([0.62, 0.63, 0.64], 100, 0.5)},
+            1: {"flow_grpo": _history([0.55, 0.58, 0.61], 100, 1.0),
+                "spotlight": _history([0.58, 0.65, 0.66], 100, 0.5)}}
+    for seed, by_mode in runs.items():
+        work = str(tmp_path / f"run_{seed}")
+        for mode, hist in by_mode.items():
+            _fake_run(work, mode, hist)
+        assert compare_grid.archive(work, grid, "aws", seed, 3) == ["flow_grpo", "spotlight"]
+    # the history the report reads is the run's, with only the report's columns
+    kept = read_jsonl(os.path.join(grid, "on_demand", "seed_0", "flow_grpo", "history.jsonl"))
+    assert kept == [{k: v for k, v in r.items() if k != "loss"} for r in runs[0]["flow_grpo"]]
+    assert os.path.exists(os.path.join(grid, "aws", "seed_1", "spotlight", "phases.json"))
+
+    text = open(compare_grid.write_grid(grid, target_gain=0.1)).read()
+    assert "| spotlight | 2.25x [1.50, 3.00] (n=2/2) | 4.50x [3.00, 6.00] (n=2/2) | " \
+           "2.25x [1.50, 3.00] (n=2/2) | 1.00x [1.00, 1.00] (n=2/2) |" in text
+    assert "aws seed 0: explore_sync, spot_rollout, spotlight_pipelined" in text
+    report = open(os.path.join(grid, "aws", "seed_1", "report.md")).read()
+    assert "Target validation reward: **0.600**" in report
+
+
+def test_archive_refuses_unfinished_runs_and_a_trace_free_run_that_differs(tmp_path):
+    grid, work = str(tmp_path / "grid"), str(tmp_path / "run")
+    _fake_run(work, "flow_grpo", _history([0.55, 0.58], 100, 1.0))
+    with pytest.raises(ValueError, match="at iteration 2 of 3"):
+        compare_grid.archive(work, grid, "aws", 0, 3)
+    compare_grid.archive(work, grid, "aws", 0, 2)
+    other = str(tmp_path / "other")
+    _fake_run(other, "flow_grpo", _history([0.55, 0.59], 100, 1.0))
+    with pytest.raises(ValueError, match="never uses a spot device"):
+        compare_grid.archive(other, grid, "gcp", 0, 2)
+    with pytest.raises(ValueError, match="--trace='on_demand'"):
+        compare_grid.archive(work, grid, "on_demand", 0, 2)
