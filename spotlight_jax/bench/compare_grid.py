@@ -71,15 +71,19 @@ def mode_dir(grid: str, trace: str, seed: int, mode: str) -> str:
     return os.path.join(grid, where, f"seed_{seed}", mode)
 
 
-def archive(workdir: str, grid: str, trace: str, seed: int, iterations: int) -> list[str]:
-    """Copies every mode run under ``workdir`` that finished ``iterations`` into the grid;
-    returns the modes archived. A run that stopped early is refused (its time to the target
-    would be a different experiment's)."""
+def archive(workdir: str, grid: str, trace: str, seed: int, iterations: int,
+            only: tuple[str, ...] = ()) -> list[str]:
+    """Copies every mode run under ``workdir`` (or those named in ``only``), each of which must
+    have finished ``iterations``, into the grid; returns the modes archived. A run that stopped
+    early is refused (its time to the target would be a different experiment's)."""
     if not trace or trace == ON_DEMAND or os.sep in trace:
         raise ValueError(f"--trace={trace!r}: give a plain name (e.g. synthetic, aws, gcp), not "
                          f"{ON_DEMAND!r} or a path")
+    unknown = sorted(set(only) - set(modes()))
+    if unknown:
+        raise ValueError(f"--modes: unknown {unknown}; the modes are {', '.join(modes())}")
     done = []
-    for mode in modes():
+    for mode in only or modes():
         src = os.path.join(workdir, mode)
         jsonl, phases = os.path.join(src, "rl.jsonl"), os.path.join(src, "phases.json")
         if not os.path.exists(jsonl):
@@ -202,6 +206,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("grid", None, "the grid directory (e.g. docs/compare_grid)", **fv)
     flags.DEFINE_string("trace", "synthetic", "archive: the trace's name in the grid", **fv)
     flags.DEFINE_integer("seed", 0, "archive: the runs' config seed", **fv)
+    flags.DEFINE_list("modes", [], "archive: only these modes (default: every one in workdir)",
+                      **fv)
     flags.DEFINE_integer("iterations", 120, "archive: the iterations every run must have done",
                          **fv)
     flags.DEFINE_float("target_gain", 0.08, "report: target = flow_grpo's start + this", **fv)
@@ -215,7 +221,8 @@ def main(argv):
     if argv[1] == "archive":
         if not FLAGS.workdir:
             raise app.UsageError("archive needs --workdir=RUN")
-        done = archive(FLAGS.workdir, FLAGS.grid, FLAGS.trace, FLAGS.seed, FLAGS.iterations)
+        done = archive(FLAGS.workdir, FLAGS.grid, FLAGS.trace, FLAGS.seed, FLAGS.iterations,
+                       tuple(FLAGS.modes))
         print(f"archived {', '.join(done)} (trace {FLAGS.trace}, seed {FLAGS.seed})")
     else:
         print(open(write_grid(FLAGS.grid, FLAGS.target_gain)).read())

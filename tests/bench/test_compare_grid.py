@@ -86,7 +86,10 @@ def test_archive_refuses_unfinished_runs_and_a_trace_free_run_that_differs(tmp_p
     _fake_run(work, "flow_grpo", _history([0.55, 0.58], 100, 1.0))
     with pytest.raises(ValueError, match="at iteration 2 of 3"):
         compare_grid.archive(work, grid, "aws", 0, 3)
-    compare_grid.archive(work, grid, "aws", 0, 2)
+    _fake_run(work, "spotlight", _history([0.55], 100, 1.0))     # still running
+    assert compare_grid.archive(work, grid, "aws", 0, 2, only=("flow_grpo",)) == ["flow_grpo"]
+    with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
+        compare_grid.archive(work, grid, "aws", 0, 2, only=("nope",))
     other = str(tmp_path / "other")
     _fake_run(other, "flow_grpo", _history([0.55, 0.59], 100, 1.0))
     with pytest.raises(ValueError, match="never uses a spot device"):
