@@ -32,9 +32,12 @@ ON_DEMAND = "on_demand"
 TRACE_FREE_MODES = ("flow_grpo", "explore_sync")
 # history columns the report reads (runner.compare.mode_summary, the plots); the rest stays in
 # the run's own rl.jsonl
-KEEP = ("iteration", "vtime_s", "dollars", "reward_mean", "explore_candidates", "spot_alive",
-        "spot_util", "preemptions", "abrupt_losses", "joins", "regroups", "regroup_s",
-        "lost_work_s", "fleet_regroups", "fleet_regroup_max_s", "fleet_compiles", "pipelined")
+# the trace's events, which every run counts; a trace-free mode's archive drops them (its
+# report row would otherwise show the events of whichever trace it happened to run on)
+TRACE_EVENTS = ("spot_alive", "preemptions", "abrupt_losses", "joins", "regroups", "regroup_s",
+                "lost_work_s")
+KEEP = ("iteration", "vtime_s", "dollars", "reward_mean", "explore_candidates", "spot_util",
+        "fleet_regroups", "fleet_regroup_max_s", "fleet_compiles", "pipelined") + TRACE_EVENTS
 
 
 def modes() -> tuple[str, ...]:
@@ -60,8 +63,11 @@ def history_from_jsonl(path: str) -> list[dict]:
     return out
 
 
-def _compact(row: dict) -> dict:
-    keep = {k: v for k, v in row.items() if k in KEEP or k.startswith("val_")}
+def compact(row: dict, mode: str) -> dict:
+    """The history row's report columns, floats rounded to 6 decimals."""
+    drop = TRACE_EVENTS if mode in TRACE_FREE_MODES else ()
+    keep = {k: v for k, v in row.items()
+            if (k in KEEP or k.startswith("val_")) and k not in drop}
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in keep.items()}
 
 
@@ -94,7 +100,7 @@ def archive(workdir: str, grid: str, trace: str, seed: int, iterations: int,
                              f"{iterations} (or has no phases.json); finish it (run the same "
                              "command again: it resumes) before archiving")
         dst = mode_dir(grid, trace, seed, mode)
-        rows = [_compact(h) for h in hist]
+        rows = [compact(h, mode) for h in hist]
         kept = os.path.join(dst, "history.jsonl")
         if (mode in TRACE_FREE_MODES and os.path.exists(kept)
                 and read_jsonl(kept) != rows):
