@@ -187,13 +187,9 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
         for m in all_modes:
             if m not in ratios:
                 continue
-            cells = []
-            for name, _ in compare.RATIOS:
-                c = ratios[m][name]
-                cells.append("—" if c["mean"] is None else
-                             f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] "
-                             f"(n={c['n']}/{len(seed_dirs)})")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append(f"| {m} | " + " | ".join(
+                compare.ratio_cell(ratios[m][name], len(seed_dirs))
+                for name, _ in compare.RATIOS) + " |")
         lines.append("")
     missing = [f"{t} seed {s}: {', '.join(m for m in all_modes if m not in by_mode)}"
                for t, seeds in runs.items() for s, by_mode in seeds.items()

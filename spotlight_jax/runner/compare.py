@@ -217,6 +217,13 @@ def seed_ratios(reports: dict[int, dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
+def ratio_cell(c: dict, seeds: int) -> str:
+    """One ratio over seeds (a :func:`seed_ratios` entry) as ``mean [min, max] (n=k/seeds)``."""
+    if c["mean"] is None:
+        return f"— (n=0/{seeds})"
+    return f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] (n={c['n']}/{seeds})"
+
+
 def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "") -> str:
     """``report_seeds.md`` and ``compare_seeds.json`` in ``workdir`` from the comparisons of
     several config seeds (``seed -> directory holding its compare.json``): every ratio's mean
@@ -242,13 +249,9 @@ def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "")
               "| mode | " + " | ".join(n for n, _ in RATIOS) + " |",
               "|---|" + "---|" * len(RATIOS)]
 
-    def cell(c):
-        if c["mean"] is None:
-            return f"— (n=0/{len(seeds)})"
-        return f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] (n={c['n']}/{len(seeds)})"
-
     for m, rs in ratios.items():
-        lines.append(f"| {m} | " + " | ".join(cell(rs[n]) for n, _ in RATIOS) + " |")
+        lines.append(f"| {m} | " + " | ".join(ratio_cell(rs[n], len(seeds))
+                                                for n, _ in RATIOS) + " |")
     lines += ["", "Per seed (speed-up / cost ratio):", "", "| mode | " + " | ".join(
         f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for m, rs in ratios.items():
