@@ -1,10 +1,14 @@
 """Rollout throughput vs the cost of the same number of bare model forwards.
 
-  python -m spotlight_jax.bench.sampler [--batch 64] [--steps 10] [--repeats 5]
+  python -m spotlight_jax.bench.sampler [--batch 64] [--steps 10] [--repeats 5] [--torch]
 
 A rollout is one jitted scan over denoising steps (noise from (seed, step), SDE step, log-prob),
 so its time should be close to ``steps`` forwards of the model: the printed overhead is
 ``rollout / (steps x forward) - 1`` (target <= 20%). Medians of ``--repeats`` runs.
+
+``--torch`` also times the same ODE rollout written the way a PyTorch user would, eagerly
+(``bench.torch_reference``: the same model and weights, the prompt encoded once), alternating
+with the jitted one in this process, and prints the ratio (needs ``pip install torch``).
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("batch", 64, "Rollouts per batch.", **fv)
     flags.DEFINE_integer("steps", 10, "Denoising steps.", **fv)
     flags.DEFINE_integer("repeats", 5, "Timed runs (median).", **fv)
+    flags.DEFINE_bool("torch", False, "Also time a PyTorch eager port of the ODE rollout "
+                      "(needs torch).", **fv)
 
 
 def main(argv):
@@ -77,6 +83,46 @@ def main(argv):
     print(f"{'sampler':<8}{'forward s':>11}{'rollout s':>11}{'images/s':>10}{'overhead':>10}")
     for mode, tf, tr, ips, ov in rows:
         print(f"{mode:<8}{tf:>11.3f}{tr:>11.3f}{ips:>10.1f}{ov:>+10.1%}")
+    if FLAGS.torch:
+        _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, FLAGS.steps,
+                            FLAGS.repeats)
+
+
+def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repeats):
+    """Times the jitted ODE rollout and the PyTorch eager port alternately (same process, same
+    weights and x_T); prints both and the ratio."""
+    import jax
+    import numpy as np
+    import torch
+    from flax import nnx
+
+    from spotlight_jax.bench.torch_reference import TorchMMDiT
+    from spotlight_jax.diffusion import Sampler, SamplerConfig
+    from spotlight_jax.diffusion.rollout import initial_noise
+
+    sc = SamplerConfig(num_steps=steps, noise_level=0.0, sde_type="ode")
+    sampler = Sampler(graphdef, (mcfg.image_size, mcfg.image_size, mcfg.channels), sc)
+    ref = TorchMMDiT(mcfg, nnx.to_pure_dict(state))
+    x_t = torch.from_numpy(np.array(initial_noise(seeds, sampler.image_shape)))
+    tok, msk = torch.from_numpy(np.array(tokens)), torch.from_numpy(np.array(mask))
+    runs = {"jax jit": lambda: jax.block_until_ready(sampler.rollout(state, tokens, mask,
+                                                                     seeds)),
+            "torch eager": lambda: ref.ode_rollout(x_t, sc.sigmas, tok, msk)}
+    times = {name: [] for name in runs}
+    for fn in runs.values():
+        fn()                                        # compile / warm up
+    for _ in range(repeats):                        # alternate: both see the same machine
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    n = len(seeds)
+    print(f"ODE rollout, {steps} steps, batch {n}, prompt encoded once; torch "
+          f"{torch.__version__} with {torch.get_num_threads()} threads")
+    for name, t in med.items():
+        print(f"{name:<12}{t:>8.3f} s{n / t:>8.1f} images/s")
+    print(f"jax jit / torch eager: {med['torch eager'] / med['jax jit']:.2f}x")
 
 
 if __name__ == "__main__":
