@@ -157,7 +157,9 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
              f"Built by `python -m spotlight_jax.bench.compare_grid report --grid={grid} "
              f"--target_gain={target_gain:g}` from the archived runs below it. Each cell: "
              "mean [min, max] over the seeds where both the mode and flow_grpo reached the "
-             "target (n of the seeds run); > 1 means faster or cheaper than flow_grpo.", ""]
+             "target (n of the seeds run), then the seeds where only one did, bounded by the "
+             "other's whole run ('> x': flow_grpo did not reach it, '< x': the mode did not); "
+             "> 1 means faster or cheaper than flow_grpo.", ""]
     for trace, seeds in runs.items():
         seed_dirs = {}
         for seed, by_mode in seeds.items():

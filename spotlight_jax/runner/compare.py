@@ -101,6 +101,39 @@ def _ratio(base, x):
     return None if base is None or x is None or x <= 0 else base / x
 
 
+# a run that never reached the target took longer than its whole run: its total bounds it
+_RUN_TOTALS = {"time_to_target_h": "hours", "cost_to_target": "dollars",
+               "iterations_to_target": "iterations"}
+
+
+def ratio_bound(base: dict, row: dict, key: str) -> tuple[str, float] | None:
+    """flow_grpo / mode for ``key`` of two :func:`mode_summary` rows, as ``(kind, value)``:
+    ``("=", r)`` when both reached the target (or ``key`` is not a to-target quantity);
+    ``(">", r)`` when only the mode did (flow_grpo's whole run over the mode's to-target value:
+    the ratio is at least that); ``("<", r)`` when only flow_grpo did; None when neither did."""
+    exact = _ratio(base.get(key), row.get(key))
+    if exact is not None:
+        return "=", exact
+    total = _RUN_TOTALS.get(key)
+    if total is None or base.get("iterations") is None:
+        return None
+    if base.get(key) is None and row.get(key) is not None:
+        bound = _ratio(base.get(total), row[key])
+        return None if bound is None else (">", bound)
+    if base.get(key) is not None and row.get(key) is None:
+        bound = _ratio(base[key], row.get(total))
+        return None if bound is None else ("<", bound)
+    return None
+
+
+def bound_cell(b: tuple[str, float] | None) -> str:
+    """A :func:`ratio_bound` as ``2.00x``, ``> 1.43x`` or ``< 0.80x`` (``—`` for None)."""
+    if b is None:
+        return "—"
+    kind, value = b
+    return f"{value:.2f}x" if kind == "=" else f"{kind} {value:.2f}x"
+
+
 def _f(x, fmt):
     return "—" if x is None else format(x, fmt)
 
@@ -127,7 +160,9 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
         lines += [f"Target validation reward: **{target:.3f}** ({how}). Ratios are flow_grpo / "
                   "mode: > 1 means faster or cheaper. The speed-up is about the product of the "
                   "iteration ratio (fewer iterations to the target) and the per-iteration time "
-                  "ratio (a cheaper critical path; mean over the whole run).", ""]
+                  "ratio (a cheaper critical path; mean over the whole run). Where only one of "
+                  "the two runs reached the target, the other's whole run bounds the ratio: "
+                  "'> 1.4x' (flow_grpo did not reach it) or '< 0.8x' (the mode did not).", ""]
     lines += ["| mode | iterations | reward start → final (best) | emulated h | $ | "
               "h to target | $ to target | speed-up | cost ratio | iterations to target | "
               "iteration ratio | per-iteration time ratio |",
@@ -139,10 +174,10 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
             f"{_f(r['final_reward'], '.3f')} ({_f(r['best_reward'], '.3f')}) | "
             f"{r['hours']:.2f} | {r['dollars']:.2f} | {_f(r['time_to_target_h'], '.2f')} | "
             f"{_f(r['cost_to_target'], '.2f')} | "
-            f"{_f(_ratio(base.get('time_to_target_h'), r['time_to_target_h']), '.2f')}x | "
-            f"{_f(_ratio(base.get('cost_to_target'), r['cost_to_target']), '.2f')}x | "
+            f"{bound_cell(ratio_bound(base, r, 'time_to_target_h'))} | "
+            f"{bound_cell(ratio_bound(base, r, 'cost_to_target'))} | "
             f"{'—' if its is None else int(its)} | "
-            f"{_f(_ratio(base.get('iterations_to_target'), its), '.2f')}x | "
+            f"{bound_cell(ratio_bound(base, r, 'iterations_to_target'))} | "
             f"{_f(_ratio(base.get('h_per_iteration'), r['h_per_iteration']), '.2f')}x |")
     lines += ["", "## Spot devices", "",
               "| mode | spot utilisation | exploration rollouts / iter | preemptions (abrupt) | "
@@ -198,30 +233,44 @@ RATIOS = (("speed-up", "time_to_target_h"), ("cost ratio", "cost_to_target"),
 
 def seed_ratios(reports: dict[int, dict]) -> dict[str, dict[str, dict]]:
     """Each mode's ratios to flow_grpo (``RATIOS``) over config seeds: per mode and ratio, the
-    values by seed (None where the mode or flow_grpo missed the target) and their mean, min
-    and max over the seeds that have one. ``reports``: seed -> its ``compare.json``."""
+    values by seed (None where the mode or flow_grpo missed the target), their mean, min and
+    max over the seeds that have one, and ``bounds``: seed -> ``[">" or "<", value]`` where
+    only one of the two reached it (:func:`ratio_bound`). ``reports``: seed -> its
+    ``compare.json``."""
     modes = list(dict.fromkeys(m for r in reports.values() for m in r["modes"]))
     out = {}
     for m in modes:
         out[m] = {}
         for name, key in RATIOS:
-            by_seed = {}
+            by_seed, bounds = {}, {}
             for seed, r in reports.items():
                 rows = r["modes"]
-                by_seed[seed] = (_ratio(rows.get("flow_grpo", {}).get(key), rows[m].get(key))
-                                 if m in rows else None)
+                b = ratio_bound(rows.get("flow_grpo", {}), rows[m], key) if m in rows else None
+                by_seed[seed] = b[1] if b is not None and b[0] == "=" else None
+                if b is not None and b[0] != "=":
+                    bounds[seed] = list(b)
             got = [v for v in by_seed.values() if v is not None]
-            out[m][name] = {"by_seed": by_seed, "n": len(got),
+            out[m][name] = {"by_seed": by_seed, "n": len(got), "bounds": bounds,
                             "mean": sum(got) / len(got) if got else None,
                             "min": min(got, default=None), "max": max(got, default=None)}
     return out
 
 
 def ratio_cell(c: dict, seeds: int) -> str:
-    """One ratio over seeds (a :func:`seed_ratios` entry) as ``mean [min, max] (n=k/seeds)``."""
-    if c["mean"] is None:
-        return f"— (n=0/{seeds})"
-    return f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] (n={c['n']}/{seeds})"
+    """One ratio over seeds (a :func:`seed_ratios` entry) as ``mean [min, max] (n=k/seeds)``,
+    then the seeds where only one run reached the target, e.g. ``; seed 1: > 1.43x``."""
+    cell = (f"— (n=0/{seeds})" if c["mean"] is None else
+            f"{c['mean']:.2f}x [{c['min']:.2f}, {c['max']:.2f}] (n={c['n']}/{seeds})")
+    for seed, b in c.get("bounds", {}).items():
+        cell += f"; seed {seed}: {bound_cell(tuple(b))}"
+    return cell
+
+
+def _seed_cell(c: dict, seed) -> str:
+    if c["by_seed"].get(seed) is not None:
+        return f"{c['by_seed'][seed]:.2f}x"
+    b = c.get("bounds", {}).get(seed)
+    return bound_cell(None if b is None else tuple(b))
 
 
 def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "") -> str:
@@ -245,7 +294,9 @@ def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "")
     targets = ", ".join(f"seed {s}: " + _f(reports[s]["target"], ".3f") for s in seeds)
     lines += [f"Seeds {', '.join(map(str, seeds))}; targets {targets}. Each cell: mean "
               "[min, max] over the seeds where both the mode and flow_grpo reached the target "
-              "(n of them); > 1 means faster or cheaper than flow_grpo.", "",
+              "(n of them), then the seeds where only one did, bounded by the other's whole run "
+              "('> x': flow_grpo did not reach it); > 1 means faster or cheaper than "
+              "flow_grpo.", "",
               "| mode | " + " | ".join(n for n, _ in RATIOS) + " |",
               "|---|" + "---|" * len(RATIOS)]
 
@@ -256,8 +307,8 @@ def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "")
         f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for m, rs in ratios.items():
         lines.append(f"| {m} | " + " | ".join(
-            f"{_f(rs['speed-up']['by_seed'][s], '.2f')}x / "
-            f"{_f(rs['cost ratio']['by_seed'][s], '.2f')}x" for s in seeds) + " |")
+            f"{_seed_cell(rs['speed-up'], s)} / {_seed_cell(rs['cost ratio'], s)}"
+            for s in seeds) + " |")
     lines += ["", "Each seed's report: " + ", ".join(
         f"[seed {s}]({os.path.relpath(os.path.join(seed_dirs[s], 'report.md'), workdir)})"
         for s in seeds), ""]

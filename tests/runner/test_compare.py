@@ -57,6 +57,25 @@ def test_a_fixed_target_gain_over_the_baselines_start():
     with pytest.raises(ValueError, match="target_gain"):
         compare.target_reward(hist, 0.8, gain=-0.1)
 
+
+def test_a_target_only_one_run_reached_bounds_the_ratio(tmp_path):
+    """flow_grpo never reaches the target in its 2 h / $20 / 2 iterations, spotlight does at
+    0.5 h / $5 / iteration 1: the ratios are at least 4x / 4x / 2x; the other way round, a
+    mode that never reached it is at most flow_grpo's to-target over its whole run."""
+    hist = {"flow_grpo": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
+            "spotlight": _hist([(0.5, 5, 0.59)]),
+            "spot_rollout": _hist([(1, 4, 0.51)])}
+    text = open(compare.write_report(str(tmp_path), hist, target_frac=1.0,
+                                     target_gain=0.08)).read()
+    assert "| 0.50 | 5.00 | > 4.00x | > 4.00x | 1 | > 2.00x | 2.00x |" in text
+    rows = json.loads((tmp_path / "compare.json").read_text())["modes"]
+    assert compare.ratio_bound(rows["flow_grpo"], rows["spotlight"], "cost_to_target") == \
+        (">", 4.0)
+    assert compare.ratio_bound(rows["flow_grpo"], rows["spot_rollout"], "cost_to_target") is None
+    reached = {**rows["flow_grpo"], "cost_to_target": 8.0}       # flow_grpo: $8 to target
+    assert compare.ratio_bound(reached, rows["spot_rollout"], "cost_to_target") == ("<", 2.0)
+    assert compare.ratio_bound(reached, rows["spotlight"], "cost_to_target") == ("=", 1.6)
+
 def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     """Three config seeds' comparisons -> each ratio's mean [min, max] over the seeds where both
     the mode and flow_grpo reached the target; a seed that missed it is counted out, not 0."""
@@ -76,7 +95,11 @@ def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     assert r["speed-up"]["mean"] == pytest.approx(3.0) and r["speed-up"]["n"] == 2
     assert (r["cost ratio"]["min"], r["cost ratio"]["max"]) == (2.0, 4.0)
     text = open(path).read()
-    assert "| spotlight | 3.00x [2.00, 4.00] (n=2/3) | 3.00x [2.00, 4.00] (n=2/3) |" in text
+    # seed 2: flow_grpo reached it at 4 h, spotlight not in its whole 4 h: at most 1x
+    assert r["speed-up"]["bounds"] == {"2": ["<", 1.0]}
+    assert ("| spotlight | 3.00x [2.00, 4.00] (n=2/3); seed 2: < 1.00x | "
+            "3.00x [2.00, 4.00] (n=2/3); seed 2: < 1.00x |") in text
+    assert "| spotlight | 4.00x / 2.00x | 2.00x / 4.00x | < 1.00x / < 1.00x |" in text
     assert "[seed 2](seed_2/report.md)" in text
     os.remove(tmp_path / "seed_1" / "compare.json")
     with pytest.raises(ValueError, match="seed 1: cannot read .*compare.json"):
