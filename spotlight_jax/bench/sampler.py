@@ -7,7 +7,7 @@ so its time should be close to ``steps`` forwards of the model: the printed over
 ``rollout / (steps x forward) - 1`` (target <= 20%). Medians of ``--repeats`` runs.
 
 ``--torch`` also times the same ODE rollout written the way a PyTorch user would, eagerly
-(``bench.torch_reference``: the same model and weights, the prompt encoded once), alternating
+(``bench._torch_reference``: the same model and weights, the prompt encoded once), alternating
 with the jitted one in this process, and prints the ratio (needs ``pip install torch``).
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repea
     import torch
     from flax import nnx
 
-    from spotlight_jax.bench.torch_reference import TorchMMDiT
+    from spotlight_jax.bench._torch_reference import TorchMMDiT
     from spotlight_jax.diffusion import Sampler, SamplerConfig
     from spotlight_jax.diffusion.rollout import initial_noise
 

@@ -15,7 +15,7 @@ from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.diffusion.rollout import initial_noise
 
 torch = pytest.importorskip("torch")
-from spotlight_jax.bench.torch_reference import TorchMMDiT  # noqa: E402
+from spotlight_jax.bench._torch_reference import TorchMMDiT  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ Only the project's own configuration is ported (sin-cos positions, text-mean poo
 synthetic prompt encoder, optional 3x3 conv stem and head, QK-norm); anything else raises.
 It is written from the model's definition in ``spotlight_jax.models.mmdit``, not translated from
 another code base, and ``tests/bench/test_torch_reference.py`` checks it against the JAX model
-on random weights. Needs ``torch`` (``pip install torch``); nothing else in the project does.
+on random weights. Needs ``torch`` (``pip install torch``), which the default install lacks.
 """
 from __future__ import annotations
 
