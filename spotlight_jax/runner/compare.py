@@ -115,7 +115,7 @@ def ratio_bound(base: dict, row: dict, key: str) -> tuple[str, float] | None:
     if exact is not None:
         return "=", exact
     total = _RUN_TOTALS.get(key)
-    if total is None or base.get("iterations") is None:
+    if total is None or not base:       # not a to-target quantity, or no flow_grpo run
         return None
     if base.get(key) is None and row.get(key) is not None:
         bound = _ratio(base.get(total), row[key])
