@@ -56,6 +56,7 @@ def main(argv):
     from spotlight_jax import world
     from spotlight_jax.builders import create_model, load_config, model_config
     from spotlight_jax.diffusion import Sampler, SamplerConfig
+    from spotlight_jax.diffusion.rollout import sampling_compiler_options
 
     config = load_config(FLAGS.config)
     mcfg = model_config(config)
@@ -67,7 +68,8 @@ def main(argv):
     shape = (FLAGS.batch, mcfg.image_size, mcfg.image_size, mcfg.channels)
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
     t = jnp.full((FLAGS.batch,), 0.5)
-    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, t, tokens, mask))
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, t, tokens, mask),
+                      compiler_options=sampling_compiler_options())  # as the rollout's
     rows = []
     for mode, sc in [("sde", SamplerConfig(num_steps=FLAGS.steps)),
                      ("ode", SamplerConfig(num_steps=FLAGS.steps, noise_level=0.0,

@@ -324,11 +324,28 @@ class Sampler:
                              p(jnp.asarray(seeds, jnp.uint32)), int(num))
 
 
+def sampling_compiler_options() -> dict[str, str] | None:
+    """XLA options for the forward-only sampling programs (rollouts, segments), or None.
+
+    On CPU, XLA's YNNPACK fusions pass every scalar constant of a fused elementwise chain (the
+    tanh GELU's four) to the fused dot as a materialised full-size array, rebuilt at every
+    denoising step; without those fusions the constants stay inside ordinary loop fusions and a
+    rollout of the tiny model runs ~1.2x faster (docs/performance.md). Training steps keep the
+    default: their backward pass is faster with the fusions. The same options compile every
+    copy of the rollout (the trainer's sampler and the spot groups' programs), so a seed's image
+    does not depend on which of them drew it beyond what the device layout itself changes.
+    """
+    if jax.default_backend() != "cpu":
+        return None
+    return {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
 # Compiled programs are shared by every Sampler of the same (hashable) graph, shape, sampler
 # config and attention layout: a new Sampler (another run, mode or test) reuses executables.
 @functools.lru_cache(maxsize=64)
 def _rollout_program(graphdef, image_shape, cfg: SamplerConfig, attn, decode=None):
-    return jax.jit(rollout_body(graphdef, image_shape, cfg, attn, decode))
+    return jax.jit(rollout_body(graphdef, image_shape, cfg, attn, decode),
+                   compiler_options=sampling_compiler_options())
 
 
 def rollout_body(graphdef, image_shape, cfg: SamplerConfig, attn, decode=None) -> Callable:
@@ -352,4 +369,4 @@ def _segment_program(graphdef, cfg: SamplerConfig, attn):
         model = nnx.merge(graphdef, state)
         x_end, xs, logps = denoise(model, x, start, num, seeds, tokens, mask, cfg, attn)
         return {"x": x_end, "latents": xs.swapaxes(0, 1), "log_probs": logps.T}
-    return jax.jit(run, static_argnums=(6,))
+    return jax.jit(run, static_argnums=(6,), compiler_options=sampling_compiler_options())

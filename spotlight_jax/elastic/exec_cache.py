@@ -66,6 +66,7 @@ class _Program:
     abstract_args_fn: Callable
     out_specs: object
     per_mesh: bool = False
+    compiler_options: dict | None = None
 
 
 class ExecutableCache:
@@ -77,7 +78,7 @@ class ExecutableCache:
     (a pytree of PartitionSpec, or a function of the mesh returning one) become ``out_shardings``;
     None lets the compiler choose. With ``per_mesh=True``, ``fn(mesh)`` returns the function to
     compile (for programs that close over their mesh, e.g. a model whose SP attention runs
-    ``shard_map`` over the group's mesh).
+    ``shard_map`` over the group's mesh). ``compiler_options`` go to ``jax.jit`` unchanged.
     """
 
     def __init__(self):
@@ -89,18 +90,22 @@ class ExecutableCache:
 
     # ---- filling ---------------------------------------------------------------------------
     def register(self, name: str, fn: Callable, abstract_args_fn: Callable, *,
-                 out_specs=None, per_mesh: bool = False) -> None:
+                 out_specs=None, per_mesh: bool = False,
+                 compiler_options: dict | None = None) -> None:
         """Remembers how to build program ``name`` (used by :meth:`precompile` and on a miss)."""
-        self._programs[name] = _Program(fn, abstract_args_fn, out_specs, per_mesh)
+        self._programs[name] = _Program(fn, abstract_args_fn, out_specs, per_mesh,
+                                        compiler_options)
 
     def precompile(self, name: str, fn: Callable, abstract_args_fn: Callable,
                    meshes: Iterable[Mesh | SPGroup], *, batch_sizes: Sequence[int | None] = (None,),
-                   out_specs=None, per_mesh: bool = False) -> float:
+                   out_specs=None, per_mesh: bool = False,
+                   compiler_options: dict | None = None) -> float:
         """Compiles ``fn`` for every mesh (or group) and batch size ahead of time; returns seconds.
 
         Already-cached keys are skipped, so precompiling after a join only compiles what is new.
         """
-        self.register(name, fn, abstract_args_fn, out_specs=out_specs, per_mesh=per_mesh)
+        self.register(name, fn, abstract_args_fn, out_specs=out_specs, per_mesh=per_mesh,
+                      compiler_options=compiler_options)
         t0 = time.perf_counter()
         n = 0
         for m in meshes:
@@ -168,7 +173,7 @@ class ExecutableCache:
 
         in_shardings = jax.tree.map(sharding_of, args)
         out_specs = prog.out_specs(mesh) if callable(prog.out_specs) else prog.out_specs
-        kwargs = {"in_shardings": in_shardings}
+        kwargs = {"in_shardings": in_shardings, "compiler_options": prog.compiler_options}
         if out_specs is not None:
             kwargs["out_shardings"] = jax.tree.map(lambda s: NamedSharding(mesh, s), out_specs)
         fn = prog.fn(mesh) if prog.per_mesh else prog.fn

@@ -46,7 +46,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spotlight_jax.diffusion import prompt
-from spotlight_jax.diffusion.rollout import SamplerConfig, rollout_body
+from spotlight_jax.diffusion.rollout import (
+    SamplerConfig,
+    rollout_body,
+    sampling_compiler_options,
+)
 from spotlight_jax.elastic.exec_cache import (
     CacheMiss,
     ExecutableCache,
@@ -236,7 +240,8 @@ class SpotNode:
             placed = jax.device_put(params, NamedSharding(g.mesh, P()))
             jax.block_until_ready(placed)
             self._groups.append(GroupState(g, placed, shard_views(placed), {}))
-        self.cache.register(PROGRAM, self._program_for, self._abstract_args, per_mesh=True)
+        self.cache.register(PROGRAM, self._program_for, self._abstract_args, per_mesh=True,
+                            compiler_options=sampling_compiler_options())
         self.precompile_s = 0.0
         if precompile:
             self.precompile()
@@ -261,7 +266,8 @@ class SpotNode:
         returns seconds."""
         groups = self.reachable_groups() if groups is None else groups
         dt = self.cache.precompile(PROGRAM, self._program_for, self._abstract_args, groups,
-                                   batch_sizes=self.batch_sizes, per_mesh=True)
+                                   batch_sizes=self.batch_sizes, per_mesh=True,
+                                   compiler_options=sampling_compiler_options())
         self.precompile_s += dt
         for gs in self._groups:
             gs.executables = {b: self.cache.get(PROGRAM, gs.group, b) for b in self.batch_sizes}

@@ -20,6 +20,7 @@ from spotlight_jax.diffusion import (
     shifted_sigmas,
     step_noise,
 )
+from spotlight_jax.diffusion.rollout import rollout_body, sampling_compiler_options
 
 
 def ref_sde(x, v, sigma, sigma_next, a, eps, sigma_max):
@@ -184,6 +185,18 @@ def test_rollout_shapes_and_logprobs(micro_sampler):
     assert np.isfinite(np.asarray(out["log_probs"])).all()
     x_t = initial_noise(jnp.asarray(seeds), (16, 16, 3))
     np.testing.assert_array_equal(out["latents"][:, 0], x_t)
+
+
+def test_sampling_options_keep_the_rollout_of_the_default_compilation(micro_sampler):
+    """The sampler's own XLA options (CPU) change only float rounding: the same rollout
+    compiled with the defaults agrees to float32 noise."""
+    sampler, state, tokens, mask, seeds = micro_sampler
+    assert sampling_compiler_options() == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    plain = jax.jit(rollout_body(sampler.graphdef, sampler.image_shape, sampler.cfg,
+                                 sampler.attn))(state, tokens, mask, seeds)
+    out = sampler.rollout(state, tokens, mask, seeds)
+    np.testing.assert_allclose(out["latents"], plain["latents"], atol=1e-4)
+    np.testing.assert_allclose(out["log_probs"], plain["log_probs"], atol=1e-4)
 
 
 @pytest.mark.parametrize("cut", [1, 3, 5])

@@ -160,6 +160,23 @@ def test_cache_hits_and_same_result_as_fresh_jit(caplog):
         cache.get("other", mesh, 2)
 
 
+def test_cache_compiles_with_the_registered_compiler_options():
+    """A program's compiler options reach its compilation: an invalid value fails to compile,
+    a valid one compiles the same function."""
+    mesh = form_node_groups("n", jax.devices()[:1], GroupConfig(heads=HEADS))[0].mesh
+    cache = ExecutableCache()
+    cache.register("bad", step, abstract_args,
+                   compiler_options={"xla_cpu_experimental_ynn_fusion_type": "no_such_fusion"})
+    with pytest.raises(Exception, match="no_such_fusion"):
+        cache.get("bad", mesh, 2)
+    cache.precompile("good", step, abstract_args, [mesh], batch_sizes=(2,),
+                     compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""})
+    params = jax.device_put(host_params(), NamedSharding(mesh, P()))
+    out = cache.get("good", mesh, 2)(params, put_x(mesh, X[:2]))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(step)(host_params(), X[:2])),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_regroup_8_6_8_with_deleted_buffers_compiles_nothing():
     """Precompile for the groups the node can reach, then lose 2 devices (their buffers deleted for
     real), regroup, move state, run; rejoin, move, run: no compile, results match a fresh jit and
