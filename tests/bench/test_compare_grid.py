@@ -14,8 +14,9 @@ from spotlight_jax.metrics import MetricWriter, read_jsonl
 CLOCK = ("iteration", "val_reward", "vtime_s", "dollars", "reward_mean")
 
 
-# explore_sync among the longer checks (the default suite's 10-minute budget)
-@pytest.mark.parametrize("mode", ["flow_grpo", pytest.param("explore_sync", marks=pytest.mark.e2e)])
+# among the longer checks (~15 s each; the default suite's 10-minute budget)
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["flow_grpo", "explore_sync"])
 def test_trace_free_modes_learn_and_charge_the_same_on_any_trace(tmp_path, base, mode):
     graphdef, state = base
     busy = tmp_path / "trace.json"      # SkyPilot format: nodes lost and back within the run

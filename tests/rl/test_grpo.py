@@ -209,6 +209,7 @@ def test_cps_last_step_is_deterministic_and_its_kl_is_zero_not_nan():
     assert np.isfinite(float(m["kl"])) and float(m["kl"]) > 0.0
 
 
+@pytest.mark.e2e   # ~15 s: a Flow-GRPO ablation option, kept out of the 10-minute default suite
 def test_block_noise_kl_splits_into_subspace_and_detail_terms(rollout_batch):
     """With block noise the KL term splits orthogonally: its on-subspace and within-block
     (detail) parts add up to the whole mean difference's term, detail_beta weighs the second
@@ -296,6 +297,7 @@ def test_score_scales_are_the_sde_steps_score_factor():
         step_weights(SamplerConfig(num_steps=4, sde_type="cps", noise_level=0.7), "score")
 
 
+@pytest.mark.e2e   # ~20 s: a Flow-GRPO ablation option, kept out of the 10-minute default suite
 def test_score_step_weight_scales_each_steps_gradient(rollout_batch):
     """The loss over all steps with step_weight='score' has the gradient of the weighted mean
     of the single-step losses' gradients (no KL: the loss is linear in the steps' terms)."""

@@ -32,6 +32,7 @@ def test_shipped_checkpoint_loads_and_scores_as_recorded(tmp_path):
     assert abs(res["reward"] - rec["result"]["reward"]) <= 0.02, (res, rec["result"])
 
 
+@pytest.mark.e2e   # ~15 s of pretraining steps, kept out of the 10-minute default suite
 def test_short_pretraining_lowers_loss(tmp_path):
     from helpers import MICRO
 
