@@ -13,9 +13,10 @@ from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
 
 
 # spotlight_pipelined with nft: test_pipelined_trains_on_the_batch_its_spot_devices_sampled;
-# with flow_grpo here, among the longer checks (the default suite's 10-minute budget)
+# spotlight with nft below; their flow_grpo runs here are among the longer checks (the default
+# suite's 10-minute budget)
 @pytest.mark.parametrize("mode,objective", [
-    pytest.param(m, "flow_grpo", marks=pytest.mark.e2e) if m == "spotlight_pipelined"
+    pytest.param(m, "flow_grpo", marks=pytest.mark.e2e) if m in ("spotlight", "spotlight_pipelined")
     else (m, "flow_grpo") for m in runner.MODES] + [("flow_grpo", "nft"), ("spotlight", "nft")])
 def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
