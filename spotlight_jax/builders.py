@@ -442,13 +442,16 @@ def process_config(config) -> ProcessConfig:
 
 def cpu_device_count(config) -> int:
     """Emulated CPU devices this run needs (0 = leave the backend's default): the deployment's
-    ``num_cpu_devices`` for the modes with spot devices; none for ``flow_grpo`` and
-    ``explore_sync``, which run on the trainer's device alone (idle emulated devices slow every
-    program on the shared cores: measured ~25% on the tiny update, docs/performance.md)."""
+    ``num_cpu_devices`` for the modes with spot devices; for ``flow_grpo`` and ``explore_sync``,
+    which run on the trainer's devices alone, exactly ``trainer_devices`` when it asks for more
+    than one, else none (idle emulated devices slow every program on the shared cores: measured
+    ~25% on the tiny update, docs/performance.md)."""
     n = int(config.num_cpu_devices)
     if n < 0:
         raise ConfigError(f"num_cpu_devices={n}: must be >= 0 (0 = the backend's default)")
-    return n if config.mode in SPOT_MODES else 0
+    if config.mode in SPOT_MODES:
+        return n
+    return max(int(config.trainer_devices), 0) if int(config.trainer_devices) > 1 else 0
 
 
 def build_mesh(config, devices=None) -> Mesh:

@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from spotlight_jax.builders import ConfigError, load_config, validate
+from spotlight_jax.builders import ConfigError, cpu_device_count, load_config, validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
@@ -96,6 +96,15 @@ def test_more_trainer_devices_than_present_names_the_device_count():
     validate(config)                    # nothing wrong without the devices
     with pytest.raises(ConfigError, match=r"trainer_devices=64: only 8 devices are present"):
         validate(config, jax.devices())
+
+
+@pytest.mark.parametrize("mode,trainer_devices,want", [
+    ("flow_grpo", 1, 0), ("flow_grpo", 0, 0), ("flow_grpo", 2, 2), ("explore_sync", 4, 4),
+    ("spotlight", 2, 12), ("spot_rollout", 1, 12)])
+def test_emulated_cpu_devices_follow_the_mode_and_the_trainer(mode, trainer_devices, want):
+    # trace-free modes get exactly the trainer's devices (none for one); spot modes the fleet's
+    config = load_config("tiny", {"mode": mode, "trainer_devices": trainer_devices})
+    assert cpu_device_count(config) == want
 
 
 @pytest.mark.parametrize("overrides", [

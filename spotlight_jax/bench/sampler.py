@@ -1,6 +1,7 @@
 """Rollout throughput vs the cost of the same number of bare model forwards.
 
   python -m spotlight_jax.bench.sampler [--batch 64] [--steps 10] [--repeats 5] [--torch]
+                                        [--devices 2]
 
 A rollout is one jitted scan over denoising steps (noise from (seed, step), SDE step, log-prob),
 so its time should be close to ``steps`` forwards of the model: the printed overhead is
@@ -9,6 +10,10 @@ so its time should be close to ``steps`` forwards of the model: the printed over
 ``--torch`` also times the same ODE rollout written the way a PyTorch user would, eagerly
 (``bench._torch_reference``: the same model and weights, the prompt encoded once), alternating
 with the jitted one in this process, and prints the ratio (needs ``pip install torch``).
+``--devices N`` (N > 1) gives JAX N emulated host devices and adds a third contender to that
+comparison: the same jitted rollout with its batch split over a data mesh of the N devices (the
+weights replicated), which is how a JAX program uses several CPU cores beyond XLA's intra-op
+threads; the other rows stay on one device.
 """
 from __future__ import annotations
 
@@ -43,11 +48,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("repeats", 5, "Timed runs (median).", **fv)
     flags.DEFINE_bool("torch", False, "Also time a PyTorch eager port of the ODE rollout "
                       "(needs torch).", **fv)
+    flags.DEFINE_integer("devices", 1, "Emulated host devices; > 1 adds the ODE rollout with "
+                         "its batch split over all of them to the --torch comparison.", **fv)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.devices < 1 or FLAGS.batch % FLAGS.devices:
+        raise app.UsageError(f"--devices={FLAGS.devices}: must be >= 1 and divide --batch="
+                             f"{FLAGS.batch}")
+    _setup.emulate_devices(FLAGS.devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -68,6 +79,8 @@ def main(argv):
     shape = (FLAGS.batch, mcfg.image_size, mcfg.image_size, mcfg.channels)
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
     t = jnp.full((FLAGS.batch,), 0.5)
+    one = jax.devices()[:1]          # every row but the data-parallel one runs on one device
+    state, tokens, mask = jax.device_put((state, tokens, mask), one[0])
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, t, tokens, mask),
                       compiler_options=sampling_compiler_options())  # as the rollout's
     rows = []
@@ -80,7 +93,7 @@ def main(argv):
             sampler.rollout(state, tokens, mask, seeds)), FLAGS.repeats)
         rows.append((mode, t_fwd, t_roll, FLAGS.batch / t_roll, t_roll / (FLAGS.steps * t_fwd) - 1))
     print(f"config={Path(FLAGS.config).name} batch={FLAGS.batch} steps={FLAGS.steps} "
-          f"devices={jax.device_count()} ({jax.devices()[0].platform}); medians of "
+          f"devices=1 of {jax.device_count()} ({jax.devices()[0].platform}); medians of "
           f"{FLAGS.repeats}")
     print(f"{'sampler':<8}{'forward s':>11}{'rollout s':>11}{'images/s':>10}{'overhead':>10}")
     for mode, tf, tr, ips, ov in rows:
@@ -91,8 +104,9 @@ def main(argv):
 
 
 def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repeats):
-    """Times the jitted ODE rollout and the PyTorch eager port alternately (same process, same
-    weights and x_T); prints both and the ratio."""
+    """Times the jitted ODE rollout (on one device, and with more than one device present also
+    with its batch split over all of them) and the PyTorch eager port alternately (same process,
+    same weights and x_T); prints each and its ratio to the eager port."""
     import jax
     import numpy as np
     import torch
@@ -101,6 +115,7 @@ def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repea
     from spotlight_jax.bench._torch_reference import TorchMMDiT
     from spotlight_jax.diffusion import Sampler, SamplerConfig
     from spotlight_jax.diffusion.rollout import initial_noise
+    from spotlight_jax.parallel.mesh import make_mesh, replicated
 
     sc = SamplerConfig(num_steps=steps, noise_level=0.0, sde_type="ode")
     sampler = Sampler(graphdef, (mcfg.image_size, mcfg.image_size, mcfg.channels), sc)
@@ -110,6 +125,16 @@ def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repea
     runs = {"jax jit": lambda: jax.block_until_ready(sampler.rollout(state, tokens, mask,
                                                                      seeds)),
             "torch eager": lambda: ref.ode_rollout(x_t, sc.sigmas, tok, msk)}
+    n_dev = jax.device_count()
+    if n_dev > 1:                                   # the batch over a data mesh of every device
+        mesh = make_mesh()
+        sharded = Sampler(graphdef, sampler.image_shape, sc, mesh=mesh)
+        state_r = jax.device_put(state, replicated(mesh))
+        runs[f"jax jit x{n_dev}"] = lambda: jax.block_until_ready(
+            sharded.rollout(state_r, tokens, mask, seeds))
+        gap = np.abs(np.asarray(sharded.rollout(state_r, tokens, mask, seeds)["images"])
+                     - np.asarray(sampler.rollout(state, tokens, mask, seeds)["images"])).max()
+        print(f"batch over {n_dev} devices: images within {gap:.1e} of one device's")
     times = {name: [] for name in runs}
     for fn in runs.values():
         fn()                                        # compile / warm up
@@ -123,8 +148,10 @@ def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repea
     print(f"ODE rollout, {steps} steps, batch {n}, prompt encoded once; torch "
           f"{torch.__version__} with {torch.get_num_threads()} threads")
     for name, t in med.items():
-        print(f"{name:<12}{t:>8.3f} s{n / t:>8.1f} images/s")
-    print(f"jax jit / torch eager: {med['torch eager'] / med['jax jit']:.2f}x")
+        print(f"{name:<14}{t:>8.3f} s{n / t:>8.1f} images/s")
+    for name in med:
+        if name.startswith("jax"):
+            print(f"{name} / torch eager: {med['torch eager'] / med[name]:.2f}x")
 
 
 if __name__ == "__main__":
