@@ -15,8 +15,9 @@ def get_config():
     # explore_sync use one, builders.cpu_device_count): the deployment below (4 on-demand
     # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
     c.num_cpu_devices = 12
-    # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores, so
-    # a data-parallel update over several of them is slower than on one (docs/performance.md).
+    # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores: a
+    # data-parallel update over 8 is far slower than on one, over 2 (one per core, flow_grpo and
+    # explore_sync modes) an iteration is a little faster (docs/performance.md).
     c.trainer_devices = 1
     # JAX persistent compilation cache: restarted processes and rejoining nodes load compiled
     # programs instead of compiling them ("" = off).
