@@ -46,6 +46,30 @@ def test_resume_is_bitwise_identical(tmp_path, base, objective):
         [h["reward_mean"] for h in h2 if "reward_mean" in h]
 
 
+@pytest.mark.e2e  # ~30 s
+def test_resume_on_a_two_device_trainer_is_bitwise_identical(tmp_path, base):
+    # trainer_devices=2 on CPU (one device per core): the batch and θ_old are split/replicated
+    # over a 2-device mesh, and a resumed run still redoes nothing differently
+    graphdef, state = base
+    two = jax.devices()[:2]
+    o = {"rl.objective": "nft", "rl.nft.times": 2, "rl.nft.eta_rate": 0.25}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    h1 = runner.run(micro_config(3, **o), str(straight), graphdef, state, progress=False,
+                    devices=two)
+    runner.run(micro_config(2, **o), str(resumed), graphdef, state, progress=False, devices=two)
+    h2 = runner.run(micro_config(3, **o), str(resumed), graphdef, state, progress=False,
+                    devices=two)
+    ra = params_of(straight, micro_config(3, **o), two)
+    rb = params_of(resumed, micro_config(3, **o), two)
+    assert len(jax.tree.leaves(ra.trainer.trainable)[0].sharding.device_set) == 2
+    for part in ra.trainer.state_parts:
+        for x, y in zip(jax.tree.leaves(getattr(ra.trainer, part)),
+                        jax.tree.leaves(getattr(rb.trainer, part))):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert [h["reward_mean"] for h in h1 if "reward_mean" in h] == \
+        [h["reward_mean"] for h in h2 if "reward_mean" in h]
+
+
 @pytest.mark.slow  # ~70 s: an update over 8 emulated devices on 2 cores
 def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
     graphdef, state = base
