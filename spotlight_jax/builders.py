@@ -451,7 +451,8 @@ def cpu_device_count(config) -> int:
         raise ConfigError(f"num_cpu_devices={n}: must be >= 0 (0 = the backend's default)")
     if config.mode in SPOT_MODES:
         return n
-    return max(int(config.trainer_devices), 0) if int(config.trainer_devices) > 1 else 0
+    trainer = int(config.trainer_devices)
+    return trainer if trainer > 1 else 0
 
 
 def build_mesh(config, devices=None) -> Mesh:

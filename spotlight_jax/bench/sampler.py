@@ -79,8 +79,8 @@ def main(argv):
     shape = (FLAGS.batch, mcfg.image_size, mcfg.image_size, mcfg.channels)
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
     t = jnp.full((FLAGS.batch,), 0.5)
-    one = jax.devices()[:1]          # every row but the data-parallel one runs on one device
-    state, tokens, mask = jax.device_put((state, tokens, mask), one[0])
+    # every row but --torch's data-parallel one runs on the first device
+    state, tokens, mask = jax.device_put((state, tokens, mask), jax.devices()[0])
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x, t, tokens, mask),
                       compiler_options=sampling_compiler_options())  # as the rollout's
     rows = []
