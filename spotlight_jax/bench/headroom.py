@@ -44,11 +44,12 @@ def success_table(breakdown: dict, num_prompts: int) -> dict[str, dict]:
 
 def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> dict:
     """``{"base": table, "run": table or None}`` (:func:`success_table`) over the held-out
-    prompts of ``config``'s world."""
+    prompts of ``config``'s world, and ``{"base_binding": ..., "run_binding": ... or None}``
+    (``rewards.shape_binding``) of the same samples."""
     import numpy as np
 
     from spotlight_jax import train, world
-    from spotlight_jax.rewards.geneval import constraint_breakdown
+    from spotlight_jax.rewards.geneval import constraint_breakdown, shape_binding
     from spotlight_jax.runner import RunState
 
     graphdef, base, _ = train.load_or_pretrain_base(config, tempfile.mkdtemp())
@@ -56,18 +57,20 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
     flat = [p for p in prompts for _ in range(seeds)]
     ids = np.arange(len(flat), dtype=np.uint32) + 1000       # not the training seeds
 
-    def table(run, state):
+    def tables(run, state):
         images = run.engine.run(state, flat, ids)["images"]
-        return success_table(constraint_breakdown(images, flat, exact=True), len(prompts))
+        return (success_table(constraint_breakdown(images, flat, exact=True), len(prompts)),
+                shape_binding(images, flat))
 
     fresh = RunState(config, tempfile.mkdtemp(), graphdef, base)
-    out = {"base": table(fresh, fresh.trainer.sampling_state()), "run": None}
+    out = {"run": None, "run_binding": None}
+    out["base"], out["base_binding"] = tables(fresh, fresh.trainer.sampling_state())
     if workdir:
         r = RunState(config, workdir, graphdef, base)
         if not r.maybe_restore():
             raise FileNotFoundError(f"--workdir={workdir}: no checkpoint to restore; give a "
                                     "run's workdir")
-        out["run"] = table(r, r.trainer.eval_state())
+        out["run"], out["run_binding"] = tables(r, r.trainer.eval_state())
     return out
 
 
@@ -82,6 +85,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from spotlight_jax.rewards.geneval import BINDING_OUTCOMES
+
     config = FLAGS.config
     with config.unlocked():
         config.mode = "flow_grpo"            # one trainer device, no spot fleet to build
@@ -96,6 +101,15 @@ def main(argv):
         cells = [f"{res[c][k]['rate']:.3f} / {res[c][k]['any']:.2f} / {res[c][k]['half']:.2f}"
                  for c in cols]
         print(f"| {k} | {b['prompts']} | " + " | ".join(cells) + " |")
+    n = res["base_binding"]["prompts"]
+    print(f"\nShape binding: two-object prompts asking two different elongations x seeds ({n} "
+          "images); each color's largest component has its own asked elongation (both), the "
+          "other's (swapped), one right, neither, or a color is missing")
+    print("| policy | " + " | ".join(BINDING_OUTCOMES) + " |")
+    print("|---|" + "---|" * len(BINDING_OUTCOMES))
+    for c in cols:
+        b = res[f"{c}_binding"]
+        print(f"| {c} | " + " | ".join(f"{b[k]:.2f}" for k in BINDING_OUTCOMES) + " |")
 
 
 if __name__ == "__main__":

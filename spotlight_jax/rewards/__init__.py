@@ -35,6 +35,7 @@ from spotlight_jax.rewards.geneval import (
     geneval_lite_shaped,
     make_geneval_lite,
     missing_credit,
+    shape_binding,
     shaped_breakdown,
 )
 from spotlight_jax.rewards.jpeg import jpeg_compressibility
@@ -156,5 +157,6 @@ __all__ = [
     "ocr_lite",
     "ocr_score",
     "register",
+    "shape_binding",
     "unregister",
 ]

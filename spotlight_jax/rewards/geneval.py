@@ -166,6 +166,64 @@ def missing_credit(breakdown: dict[str, np.ndarray]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(CONSTRAINTS, lost)}
 
 
+BINDING_OUTCOMES = ("both", "swapped", "one", "neither", "missing")
+
+
+def _elongation(shape: str) -> str:
+    return {"bar": "wide", "column": "tall"}.get(shape, "compact")
+
+
+def shape_binding(images, prompts: Sequence[str], cfg: WorldConfig | None = None) -> dict:
+    """Does each object get its own shape? Over the two-object prompts (``two_object`` and
+    ``position`` kinds) whose objects ask for different elongations (wide bar, tall column,
+    compact otherwise), the share of images whose largest component of each asked color has:
+    ``both`` objects' asked elongations, the two ``swapped``, ``one`` of them right, ``neither``,
+    or a color ``missing``; ``prompts`` counts the images scored. Elongation is the box's:
+    wide at width / height >= ``cfg.shape_max_aspect``, tall at its inverse, compact between.
+
+    Exact shape credit needs every object's template right, so a model that draws the asked
+    shapes but attaches them to the wrong colors ("swapped" as often as "both") holds little
+    shape credit in these prompts however well it draws single objects: that is binding, and
+    regression onto a group's good samples can only sharpen it as far as the sampler draws it.
+    """
+    x = as_images(images)
+    cfg = cfg if cfg is not None else DEFAULT.at_size(x.shape[1])
+    if isinstance(prompts, str) or len(prompts) != x.shape[0]:
+        n = "a single str" if isinstance(prompts, str) else len(prompts)
+        raise ValueError(f"{x.shape[0]} images but {n} prompts")
+    dets = detect(x, cfg)
+    counts = dict.fromkeys(BINDING_OUTCOMES, 0)
+    for i, p in enumerate(prompts):
+        spec = parse(p, cfg)
+        if spec.kind not in ("two_object", "position"):
+            continue
+        asked = [_elongation(g.shape) for g in spec.groups]
+        if asked[0] == asked[1]:
+            continue
+        comps = dets.of_image(i)
+        got = []
+        for g in spec.groups:
+            mine = comps[dets.cls[comps] == cfg.colors.index(g.color) + 1]
+            if mine.size == 0:
+                break
+            c = mine[np.argmax(dets.area[mine])]
+            aspect = (dets.x1[c] - dets.x0[c] + 1) / (dets.y1[c] - dets.y0[c] + 1)
+            got.append("wide" if aspect >= cfg.shape_max_aspect else
+                       "tall" if 1.0 / aspect >= cfg.shape_max_aspect else "compact")
+        if len(got) < 2:
+            counts["missing"] += 1
+        elif got == asked:
+            counts["both"] += 1
+        elif got == asked[::-1]:
+            counts["swapped"] += 1
+        elif got[0] == asked[0] or got[1] == asked[1]:
+            counts["one"] += 1
+        else:
+            counts["neither"] += 1
+    n = sum(counts.values())
+    return {"prompts": n, **{k: (v / n if n else float("nan")) for k, v in counts.items()}}
+
+
 def _mean_of_parts(bd: dict[str, np.ndarray]) -> np.ndarray:
     stack = np.stack([bd[k] for k in CONSTRAINTS], axis=1)
     n = (~np.isnan(stack)).sum(1)

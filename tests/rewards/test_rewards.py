@@ -58,6 +58,44 @@ def test_missing_credit_shares_sum_to_the_reward_shortfall(renders):
     np.testing.assert_allclose(R.missing_credit(only_text)["text"], (kinds == "text").mean())
 
 
+def _with_shapes(prompt: str, shapes) -> str:
+    """The two-object prompt with its objects' shapes replaced, colors and relation kept."""
+    spec = W.parse(prompt)
+    a, b = (f"a {g.color} {s}" for g, s in zip(spec.groups, shapes))
+    return prompt.replace(f"a {spec.groups[0].color} {spec.groups[0].shape}", a, 1).replace(
+        f"a {spec.groups[1].color} {spec.groups[1].shape}", b, 1)
+
+
+def test_shape_binding_counts_each_outcome_on_rendered_images():
+    elong = {"bar": "wide", "column": "tall", "square": "compact"}
+    two = [p for p in W.train_prompts() if W.parse(p).kind in ("two_object", "position")]
+    differ = [p for p in two if len({elong[g.shape] for g in W.parse(p).groups}) == 2]
+    same = [p for p in two if p not in differ]
+    others = [p for p in W.train_prompts() if W.parse(p).kind in ("single", "text")][:20]
+    assert differ and same
+    images = W.sample_batch(differ, np.random.default_rng(3))
+    # the renderer binds every shape: all "both"; prompts asking one elongation twice, single
+    # objects and text are not scored
+    b = R.shape_binding(np.concatenate([images, W.sample_batch(same + others,
+                                                               np.random.default_rng(4))]),
+                        differ + same + others)
+    assert b["prompts"] == len(differ) and b["both"] == 1.0
+    assert b["swapped"] == b["one"] == b["neither"] == b["missing"] == 0.0
+    # the same images scored against each prompt with its two shapes exchanged: all "swapped"
+    swapped = [_with_shapes(p, [g.shape for g in W.parse(p).groups][::-1]) for p in differ]
+    assert R.shape_binding(images, swapped)["swapped"] == 1.0
+    # the first object's shape replaced by the third elongation: exactly one right
+    third = {frozenset(("wide", "tall")): "square", frozenset(("wide", "compact")): "column",
+             frozenset(("tall", "compact")): "bar"}
+    one = [_with_shapes(p, (third[frozenset(elong[g.shape] for g in W.parse(p).groups)],
+                            W.parse(p).groups[1].shape)) for p in differ]
+    assert R.shape_binding(images, one)["one"] == 1.0
+    # a black image has no asked color
+    assert R.shape_binding(np.zeros((2, 32, 32, 3), np.float32), differ[:2])["missing"] == 1.0
+    with pytest.raises(ValueError, match="3 images but 2 prompts"):
+        R.shape_binding(np.zeros((3, 32, 32, 3), np.float32), differ[:2])
+
+
 def test_geneval_scores_mismatched_prompts_low(renders):
     prompts, images = renders
     g = R.get("geneval_lite")
