@@ -117,7 +117,8 @@ def get_config():
     # e.g. (4, 4, 4, 2, 2, 2, 2, 2, 2, 2): coarse blocks where the layout forms, finer later.
     s.noise_patches = ml_collections.config_dict.placeholder(tuple)
     s.eval_steps = 20
-    s.eval_guidance = 1.0           # evaluate with the training rollouts' guidance
+    s.eval_guidance = 1.0           # the held-out sampler's CFG scale (1 = none), whatever
+    #                                 sampler.guidance the training rollouts use
 
     # RL post-training. rl.objective: 'flow_grpo' (spotlight_jax.rl.GRPOConfig: SDE rollouts,
     # score-function gradient) | 'nft' (spotlight_jax.rl.nft.NFTConfig: ODE rollouts from a
