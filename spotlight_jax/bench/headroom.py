@@ -102,14 +102,17 @@ def main(argv):
                  for c in cols]
         print(f"| {k} | {b['prompts']} | " + " | ".join(cells) + " |")
     n = res["base_binding"]["prompts"]
+    m = res["base_binding"]["single_prompts"]
     print(f"\nShape binding: two-object prompts asking two different elongations x seeds ({n} "
           "images); each color's largest component has its own asked elongation (both), the "
-          "other's (swapped), one right, neither, or a color is missing")
-    print("| policy | " + " | ".join(BINDING_OUTCOMES) + " |")
-    print("|---|" + "---|" * len(BINDING_OUTCOMES))
+          "other's (swapped), one right, neither, or a color is missing; alone: single-object "
+          f"prompts x seeds ({m} images) drawn with the asked elongation")
+    print("| policy | " + " | ".join(BINDING_OUTCOMES) + " | alone |")
+    print("|---|" + "---|" * (len(BINDING_OUTCOMES) + 1))
     for c in cols:
         b = res[f"{c}_binding"]
-        print(f"| {c} | " + " | ".join(f"{b[k]:.2f}" for k in BINDING_OUTCOMES) + " |")
+        print(f"| {c} | " + " | ".join(f"{b[k]:.2f}" for k in BINDING_OUTCOMES + ("alone",))
+              + " |")
 
 
 if __name__ == "__main__":

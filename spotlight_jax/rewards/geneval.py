@@ -178,8 +178,10 @@ def shape_binding(images, prompts: Sequence[str], cfg: WorldConfig | None = None
     ``position`` kinds) whose objects ask for different elongations (wide bar, tall column,
     compact otherwise), the share of images whose largest component of each asked color has:
     ``both`` objects' asked elongations, the two ``swapped``, ``one`` of them right, ``neither``,
-    or a color ``missing``; ``prompts`` counts the images scored. Elongation is the box's:
-    wide at width / height >= ``cfg.shape_max_aspect``, tall at its inverse, compact between.
+    or a color ``missing``; ``prompts`` counts the images scored. For comparison, ``alone`` is
+    the share of the single-object prompts' images (``single_prompts`` of them) whose largest
+    component of the asked color has the asked elongation. Elongation is the box's: wide at
+    width / height >= ``cfg.shape_max_aspect``, tall at its inverse, compact between.
 
     Exact shape credit needs every object's template right, so a model that draws the asked
     shapes but attaches them to the wrong colors ("swapped" as often as "both") holds little
@@ -193,12 +195,13 @@ def shape_binding(images, prompts: Sequence[str], cfg: WorldConfig | None = None
         raise ValueError(f"{x.shape[0]} images but {n} prompts")
     dets = detect(x, cfg)
     counts = dict.fromkeys(BINDING_OUTCOMES, 0)
+    alone = []
     for i, p in enumerate(prompts):
         spec = parse(p, cfg)
-        if spec.kind not in ("two_object", "position"):
+        if spec.kind not in ("single", "two_object", "position"):
             continue
         asked = [_elongation(g.shape) for g in spec.groups]
-        if asked[0] == asked[1]:
+        if spec.kind != "single" and asked[0] == asked[1]:
             continue
         comps = dets.of_image(i)
         got = []
@@ -210,7 +213,9 @@ def shape_binding(images, prompts: Sequence[str], cfg: WorldConfig | None = None
             aspect = (dets.x1[c] - dets.x0[c] + 1) / (dets.y1[c] - dets.y0[c] + 1)
             got.append("wide" if aspect >= cfg.shape_max_aspect else
                        "tall" if 1.0 / aspect >= cfg.shape_max_aspect else "compact")
-        if len(got) < 2:
+        if spec.kind == "single":
+            alone.append(got == asked)
+        elif len(got) < 2:
             counts["missing"] += 1
         elif got == asked:
             counts["both"] += 1
@@ -221,7 +226,8 @@ def shape_binding(images, prompts: Sequence[str], cfg: WorldConfig | None = None
         else:
             counts["neither"] += 1
     n = sum(counts.values())
-    return {"prompts": n, **{k: (v / n if n else float("nan")) for k, v in counts.items()}}
+    return {"prompts": n, **{k: (v / n if n else float("nan")) for k, v in counts.items()},
+            "single_prompts": len(alone), "alone": float(np.mean(alone)) if alone else float("nan")}
 
 
 def _mean_of_parts(bd: dict[str, np.ndarray]) -> np.ndarray:

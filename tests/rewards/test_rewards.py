@@ -81,6 +81,13 @@ def test_shape_binding_counts_each_outcome_on_rendered_images():
                         differ + same + others)
     assert b["prompts"] == len(differ) and b["both"] == 1.0
     assert b["swapped"] == b["one"] == b["neither"] == b["missing"] == 0.0
+    singles = [p for p in others if W.parse(p).kind == "single"]
+    assert b["single_prompts"] == len(singles) > 0 and b["alone"] == 1.0
+    # a single object scored against another elongation is not drawn as asked
+    wrong = {"bar": "column", "column": "square", "square": "bar"}
+    moved = [p.replace(W.parse(p).groups[0].shape, wrong[W.parse(p).groups[0].shape])
+             for p in singles]
+    assert R.shape_binding(W.sample_batch(singles, np.random.default_rng(5)), moved)["alone"] == 0.0
     # the same images scored against each prompt with its two shapes exchanged: all "swapped"
     swapped = [_with_shapes(p, [g.shape for g in W.parse(p).groups][::-1]) for p in differ]
     assert R.shape_binding(images, swapped)["swapped"] == 1.0
