@@ -41,6 +41,12 @@ from spotlight_jax.world.grammar import parse
 CONSTRAINTS = ("color", "count", "shape", "position", "text")
 
 
+def _check_prompts(images: np.ndarray, prompts) -> None:
+    if isinstance(prompts, str) or len(prompts) != images.shape[0]:
+        n = "a single str" if isinstance(prompts, str) else len(prompts)
+        raise ValueError(f"{images.shape[0]} images but {n} prompts")
+
+
 def constraint_breakdown(
     images, prompts: Sequence[str], cfg: WorldConfig | None = None, exact: bool = False,
     text_credit: str = "ocr", shape_credit: str = "iou",
@@ -65,9 +71,7 @@ def constraint_breakdown(
     cfg = cfg if cfg is not None else DEFAULT.at_size(x.shape[1])
     if x.shape[1] != cfg.image_size:
         raise ValueError(f"images are {x.shape[1]}px but the world is {cfg.image_size}px")
-    if isinstance(prompts, str) or len(prompts) != x.shape[0]:
-        n = "a single str" if isinstance(prompts, str) else len(prompts)
-        raise ValueError(f"{x.shape[0]} images but {n} prompts")
+    _check_prompts(x, prompts)
     specs = [parse(p, cfg) for p in prompts]
     B = x.shape[0]
     out = {k: np.full(B, np.nan, np.float64) for k in CONSTRAINTS}
@@ -190,9 +194,7 @@ def shape_binding(images, prompts: Sequence[str], cfg: WorldConfig | None = None
     """
     x = as_images(images)
     cfg = cfg if cfg is not None else DEFAULT.at_size(x.shape[1])
-    if isinstance(prompts, str) or len(prompts) != x.shape[0]:
-        n = "a single str" if isinstance(prompts, str) else len(prompts)
-        raise ValueError(f"{x.shape[0]} images but {n} prompts")
+    _check_prompts(x, prompts)
     dets = detect(x, cfg)
     counts = dict.fromkeys(BINDING_OUTCOMES, 0)
     alone = []
