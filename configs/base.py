@@ -183,6 +183,9 @@ def get_config():
     # python -m spotlight_jax.encode_prompts; its train/val splits are the run's prompts
     # ("" = the synthetic world's prompts and tokenizer, for a model with a prompt encoder).
     c.prompts = ml_collections.ConfigDict(dict(embeddings_file=""))
+    # RL training pool restricted to these task kinds of the synthetic world, comma-separated
+    # (e.g. "two_object,position"; "" = every kind); held-out evaluation keeps every kind.
+    c.prompts.train_kinds = ""
 
     # A reward served over HTTP (spotlight_jax.rewards.remote; docs/rewards_remote.md), used
     # where rl.reward or rl.eval_reward is 'remote'. While the server is unreachable the run

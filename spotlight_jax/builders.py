@@ -364,7 +364,15 @@ def prompt_source(config) -> PromptSource:
                 "reads token ids; set --config.model.text_width=0 and "
                 "--config.model.text_embed_dim=<the file's width> to use the file, or "
                 "--config.prompts.embeddings_file=''")
-        return WorldPrompts(world.WorldConfig(image_size=m.image_size))
+        kinds = tuple(k.strip() for k in config.prompts.train_kinds.split(",") if k.strip())
+        try:
+            return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
+        except ValueError as e:
+            raise ConfigError(f"prompts.train_kinds={config.prompts.train_kinds!r}: {e}") from None
+    if config.prompts.train_kinds:
+        raise ConfigError(f"prompts.train_kinds={config.prompts.train_kinds!r}: task kinds are "
+                          "the synthetic world's; a prompt-embedding file's training pool is its "
+                          "train split (set --config.prompts.train_kinds='')")
     if not path:
         bad("model.text_width=0 feeds precomputed prompt embeddings; give a file written by "
             "python -m spotlight_jax.encode_prompts")
@@ -660,7 +668,8 @@ def validate(config, devices=None) -> None:
     world_config(config)
     pretrain_config(config)
     remote_reward_config(config)      # (run_settings registered the client if the run uses it)
-    if config.prompts.embeddings_file or model_config(config).text_width:
+    if (config.prompts.embeddings_file or config.prompts.train_kinds
+            or model_config(config).text_width):
         prompt_source(config)         # a missing or mismatched file (a real config without
         #                               one still validates: its dry run needs no prompts)
     deploy = deployment_config(config)

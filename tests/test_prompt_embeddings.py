@@ -176,6 +176,26 @@ def test_a_model_with_a_prompt_encoder_tokenizes_with_the_world_unchanged():
         np.testing.assert_array_equal(got, want)
 
 
+def test_train_kinds_restrict_the_training_pool_only(tmp_path):
+    source = prompt_source(micro_config(1, **{"prompts.train_kinds": "two_object, position"}))
+    want = [p for p in world.train_prompts(WORLD16)
+            if world.parse(p, WORLD16).kind in ("two_object", "position")]
+    assert source.train_prompts == want and 0 < len(want) < len(world.train_prompts(WORLD16))
+    assert source.val_prompts == world.val_prompts(WORLD16)       # evaluation keeps every kind
+    config = micro_config(1, **{"prompts.train_kinds": "position,shapes"})
+    message = r"^prompts\.train_kinds='position,shapes': unknown task kind\(s\) \['shapes'\]"
+    with pytest.raises(ConfigError, match=message):
+        prompt_source(config)
+    with pytest.raises(ConfigError, match=message):
+        validate(config, jax.devices())
+    # a prompt-embedding file has no task kinds: its train split is the pool
+    path = tmp_path / "world.safetensors"
+    world_file(path)
+    with pytest.raises(ConfigError, match=r"^prompts\.train_kinds='position': task kinds are "
+                                          r"the synthetic world's"):
+        prompt_source(embedding_config(path, **{"prompts.train_kinds": "position"}))
+
+
 def embedding_config(path, iterations=1, **overrides):
     return micro_config(iterations, **{"model.text_width": 0, "model.text_embed_dim": DIM,
                                        "prompts.embeddings_file": str(path), **overrides})

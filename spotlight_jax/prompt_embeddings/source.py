@@ -43,14 +43,24 @@ class PromptSource(Protocol):
 
 
 class WorldPrompts:
-    """The synthetic world's train/val prompts and word tokenizer (``world.tokenize``)."""
+    """The synthetic world's train/val prompts and word tokenizer (``world.tokenize``).
 
-    def __init__(self, world_cfg: world.WorldConfig):
+    ``train_kinds``: the training pool keeps only prompts of these task kinds (``world.KINDS``;
+    empty = all); the held-out pool always covers every kind."""
+
+    def __init__(self, world_cfg: world.WorldConfig, train_kinds: Sequence[str] = ()):
+        unknown = sorted(set(train_kinds) - set(world.KINDS))
+        if unknown:
+            raise ValueError(f"unknown task kind(s) {unknown}; known: {', '.join(world.KINDS)}")
         self.world_cfg = world_cfg
+        self.train_kinds = tuple(train_kinds)
 
     @functools.cached_property
     def train_prompts(self) -> list[str]:
-        return world.train_prompts(self.world_cfg)
+        prompts = world.train_prompts(self.world_cfg)
+        if not self.train_kinds:
+            return prompts
+        return [p for p in prompts if world.parse(p, self.world_cfg).kind in self.train_kinds]
 
     @functools.cached_property
     def val_prompts(self) -> list[str]:
