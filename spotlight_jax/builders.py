@@ -364,11 +364,11 @@ def prompt_source(config) -> PromptSource:
                 "reads token ids; set --config.model.text_width=0 and "
                 "--config.model.text_embed_dim=<the file's width> to use the file, or "
                 "--config.prompts.embeddings_file=''")
-        kinds = tuple(k.strip() for k in config.prompts.train_kinds.split(",") if k.strip())
         try:
-            return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
+            kinds = world.parse_kinds(config.prompts.train_kinds)
         except ValueError as e:
             raise ConfigError(f"prompts.train_kinds={config.prompts.train_kinds!r}: {e}") from None
+        return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
     if config.prompts.train_kinds:
         raise ConfigError(f"prompts.train_kinds={config.prompts.train_kinds!r}: task kinds are "
                           "the synthetic world's; a prompt-embedding file's training pool is its "

@@ -57,10 +57,10 @@ class PretrainConfig:
         def bad(name, why):
             raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
 
-        unknown = [k for k in self.kind_list if k not in world.KINDS]
-        if unknown:
-            bad("kinds", f"unknown kind(s) {unknown}; known kinds: {', '.join(world.KINDS)} "
-                         "(comma-separated; '' = all)")
+        try:
+            world.parse_kinds(self.kinds)
+        except ValueError as e:
+            bad("kinds", str(e))
         if not 0.0 <= self.t_min < 1.0:
             bad("t_min", "must be in [0, 1)")
         for name in ("steps", "batch_size", "eval_prompts", "eval_seeds"):
@@ -85,7 +85,7 @@ class PretrainConfig:
 
     @property
     def kind_list(self) -> tuple[str, ...]:
-        return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
+        return world.parse_kinds(self.kinds)
 
 
 def make_optimizer(cfg: PretrainConfig):

@@ -183,7 +183,7 @@ def test_train_kinds_restrict_the_training_pool_only(tmp_path):
     assert source.train_prompts == want and 0 < len(want) < len(world.train_prompts(WORLD16))
     assert source.val_prompts == world.val_prompts(WORLD16)       # evaluation keeps every kind
     config = micro_config(1, **{"prompts.train_kinds": "position,shapes"})
-    message = r"^prompts\.train_kinds='position,shapes': unknown task kind\(s\) \['shapes'\]"
+    message = r"^prompts\.train_kinds='position,shapes': unknown kind\(s\) \['shapes'\]"
     with pytest.raises(ConfigError, match=message):
         prompt_source(config)
     with pytest.raises(ConfigError, match=message):

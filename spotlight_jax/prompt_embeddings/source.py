@@ -49,11 +49,8 @@ class WorldPrompts:
     empty = all); the held-out pool always covers every kind."""
 
     def __init__(self, world_cfg: world.WorldConfig, train_kinds: Sequence[str] = ()):
-        unknown = sorted(set(train_kinds) - set(world.KINDS))
-        if unknown:
-            raise ValueError(f"unknown task kind(s) {unknown}; known: {', '.join(world.KINDS)}")
         self.world_cfg = world_cfg
-        self.train_kinds = tuple(train_kinds)
+        self.train_kinds = world.parse_kinds(",".join(train_kinds))
 
     @functools.cached_property
     def train_prompts(self) -> list[str]:

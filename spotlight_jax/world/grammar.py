@@ -162,6 +162,17 @@ def kind_of(prompt: str, cfg: WorldConfig = DEFAULT) -> str:
     return parse(prompt, cfg).kind
 
 
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """Task kinds from a comma-separated list ("two_object, position"; "" = none given);
+    ValueError naming the unknown ones and the known `KINDS`."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown kind(s) {unknown}; known kinds: {', '.join(KINDS)} "
+                         "(comma-separated; '' = all)")
+    return kinds
+
+
 # ---------------------------------------------------------------- parsing
 
 _TOKEN_RE = re.compile(r'"|[a-z]+|[0-9]|\S')
