@@ -54,7 +54,7 @@ def micro():
     return MICRO, SamplerCache(graphdef, (16, 16, 3), SamplerConfig(num_steps=T, shift=3.0)), state
 
 
-def run(micro, pool, events, n=10, sp=0):
+def run(micro, pool, events, n=10, sp=0, microbatch=2):
     cfg, cache, state = micro
     q = RequestQueue((16, 16, 3))
     q.submit(make_requests(n - 2, num_steps=T, prompts=PROMPTS)
@@ -62,7 +62,7 @@ def run(micro, pool, events, n=10, sp=0):
                              seed0=100))
     sim = Simulation(q, lambda g: SamplerStepper(cache.get(g), cfg.text_len, g), events,
                      SimConfig(pool=pool, groups=GroupConfig(heads=cfg.num_heads, sp_degree=sp),
-                               worker=WorkerConfig(commit_every=2, microbatch=2)),
+                               worker=WorkerConfig(commit_every=2, microbatch=microbatch)),
                      policy=lambda node: (state, 0))
     rep = sim.run()
     assert q.all_done, q.summary()
@@ -74,15 +74,17 @@ def run(micro, pool, events, n=10, sp=0):
 def test_real_model_resumes_bit_identically_across_groups(micro):
     # two single-device nodes: programs compile once per device tuple (shared by the
     # undisturbed and the disturbed run, and by a node that rejoins with the same device)
+    # one row per call: on some CPUs (AMD EPYC seen) XLA:CPU rounds a row differently by its
+    # position in the batch, and a moved request may land in another slot (worker.py)
     pool = PoolConfig(nodes=(("od0", "on_demand", 1), ("spot0", "spot", 1)))
-    ref, ref_rep = run(micro, pool, [])
+    ref, ref_rep = run(micro, pool, [], microbatch=1)
     events = [SimEvent(2.0, "notice", "spot0", deadline=12.0),   # mid-chunk: commit, stop
               SimEvent(12.0, "loss", "spot0"),
               SimEvent(13.0, "join", "spot0"),
               SimEvent(14.0, "corrupt", "od0", fault="dtype"),
               SimEvent(17.0, "loss", "spot0", abrupt=True),          # lease expires later
               SimEvent(18.0, "join", "spot0")]
-    q, rep = run(micro, pool, events)
+    q, rep = run(micro, pool, events, microbatch=1)
     assert rep.num_events == 6 and q.stats["rejected"] == 1 and q.stats["expired_leases"] >= 1
     assert [n["ok"] and n["lost_steps"] == 0 for n in rep.notices] == [True]
     assert rep.losses and all(x["max_lost_per_request"] <= 2 for x in rep.losses)
@@ -91,7 +93,7 @@ def test_real_model_resumes_bit_identically_across_groups(micro):
     assert {c.group_id.split("[")[0] for c in q.completed().values()} == {"od0", "spot0"}
     assert results_equal(ref.results(), q.results()) == []
     for r in q.results().values():
-        assert r.state.layouts == ("b2/sp1/dense",)
+        assert r.state.layouts == ("b1/sp1/dense",)
         if r.kind == "rollout":
             tr = r.trajectory()
             assert tr["latents"].shape == (T + 1, 16, 16, 3) and tr["log_probs"].shape == (T,)
