@@ -9,14 +9,14 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.seed = 0
-    # flow_grpo | explore_sync | spot_rollout | spotlight | spotlight_pipelined | compare
+    # baseline | explore_sync | spot_rollout | spotlight | spotlight_pipelined | compare
     c.mode = "spotlight"
-    # Emulated devices when running on CPU in the spot modes (0 = leave as is; flow_grpo and
+    # Emulated devices when running on CPU in the spot modes (0 = leave as is; baseline and
     # explore_sync use one, builders.cpu_device_count): the deployment below (4 on-demand
     # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
     c.num_cpu_devices = 12
     # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores: a
-    # data-parallel update over 8 is far slower than on one, over 2 (one per core, flow_grpo and
+    # data-parallel update over 8 is far slower than on one, over 2 (one per core, baseline and
     # explore_sync modes) an iteration is a little faster (docs/performance.md).
     c.trainer_devices = 1
     # JAX persistent compilation cache: restarted processes and rejoining nodes load compiled
@@ -207,7 +207,7 @@ def get_config():
 
 
 def add_spotlight_sections(c):
-    """Exploration, deployment, trace and cost sections (used by every mode but flow_grpo)."""
+    """Exploration, deployment, trace and cost sections (used by every mode but baseline)."""
     e = c.explore = ml_collections.ConfigDict()
     e.algorithm = "ucb"             # planner: ucb | thompson | uniform (bench: bench.planner)
     e.max_extra_per_prompt = 24     # pool is at most group_size + this
@@ -302,8 +302,8 @@ def add_spotlight_sections(c):
     k.spot_discount = 0.73          # paper: spot 69-77% cheaper (REFERENCE.md); 0.73 ->
     #                                 $1.05/GPU-h, inside the public $0.8-2.5 spot range
 
-    # compare mode's target validation reward: flow_grpo's start + target_gain when > 0, else
-    # its start + target_frac of flow_grpo's own best gain; seeds: run the comparison once per
+    # compare mode's target validation reward: baseline's start + target_gain when > 0, else
+    # its start + target_frac of baseline's own best gain; seeds: run the comparison once per
     # config seed (workdir/seed_<s>) and report every ratio's mean and spread ('()' = c.seed)
     c.compare = ml_collections.ConfigDict(dict(target_frac=0.8, target_gain=0.0, seeds=()))
     return c

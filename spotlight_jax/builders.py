@@ -25,7 +25,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from spotlight_jax import rewards, world
+from spotlight_jax import registry, rewards, world
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.diffusion.rollout import resolve_window
 from spotlight_jax.emulation import (
@@ -61,7 +61,7 @@ class ConfigError(ValueError):
 
 def load_config(name_or_path: str | os.PathLike, overrides: dict | None = None):
     """A config from ``configs/<name>.py`` (e.g. ``"tiny"``) or a path to a config file, with
-    dotted overrides applied (``{"rl.lr": 1e-3, "mode": "flow_grpo"}``) as ``--config.x=...``
+    dotted overrides applied (``{"rl.lr": 1e-3, "mode": "baseline"}``) as ``--config.x=...``
     would. Unknown keys raise KeyError naming the key, so a typo never passes silently."""
     path = pathlib.Path(name_or_path)
     if path.suffix != ".py":
@@ -200,16 +200,13 @@ def mesh_config(config) -> MeshConfig:
                   lambda: pick_fields(MeshConfig, config.mesh).validate())
 
 
-OBJECTIVES = ("flow_grpo", "nft")
-
-
 def objective(config) -> str:
     """``rl.objective``: how the policy learns from a batch (``flow_grpo``: the score-function
     gradient through SDE steps; ``nft``: the forward-process regression on finished images)."""
-    name = config.rl.objective
-    if name not in OBJECTIVES:
-        raise ConfigError(f"rl.objective={name!r}: choose one of {OBJECTIVES}")
-    return name
+    try:
+        return registry.check_objective(config.rl.objective)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _sde_sampler_config(config) -> SamplerConfig:
@@ -410,11 +407,6 @@ def world_config(config) -> world.WorldConfig:
                   lambda: world.WorldConfig(image_size=config.world.image_size))
 
 
-SPOT_MODES = ("spot_rollout", "spotlight", "spotlight_pipelined", "compare")
-RUN_MODES = ("flow_grpo", "explore_sync", "spot_rollout", "spotlight", "spotlight_pipelined",
-             "compare")
-
-
 @dataclasses.dataclass(frozen=True)
 class ProcessConfig:
     """What the command line sets up before any work (top-level fields): the emulated CPU
@@ -443,6 +435,14 @@ class ProcessConfig:
                              "the workdir)")
 
 
+def mode_spec(name: str) -> registry.ModeSpec:
+    """``config.mode``'s spec, or a one-line ConfigError (a renamed mode names its new name)."""
+    try:
+        return registry.mode_spec(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def process_config(config) -> ProcessConfig:
     return _build({f.name: f.name for f in dataclasses.fields(ProcessConfig)},
                   lambda: pick_fields(ProcessConfig, config))
@@ -450,14 +450,14 @@ def process_config(config) -> ProcessConfig:
 
 def cpu_device_count(config) -> int:
     """Emulated CPU devices this run needs (0 = leave the backend's default): the deployment's
-    ``num_cpu_devices`` for the modes with spot devices; for ``flow_grpo`` and ``explore_sync``,
+    ``num_cpu_devices`` for the modes with spot devices; for ``baseline`` and ``explore_sync``,
     which run on the trainer's devices alone, exactly ``trainer_devices`` when it asks for more
     than one, else none (idle emulated devices slow every program on the shared cores: measured
     ~25% on the tiny update, docs/performance.md)."""
     n = int(config.num_cpu_devices)
     if n < 0:
         raise ConfigError(f"num_cpu_devices={n}: must be >= 0 (0 = the backend's default)")
-    if config.mode in SPOT_MODES:
+    if mode_spec(config.mode).uses_spot:
         return n
     trainer = int(config.trainer_devices)
     return trainer if trainer > 1 else 0
@@ -597,8 +597,7 @@ def _check_run_settings(s) -> None:
     def bad(path, value, why):
         raise ConfigError(f"{path}={value!r}: {why}")
 
-    if s.mode not in RUN_MODES:
-        bad("mode", s.mode, f"choose one of {RUN_MODES}")
+    mode_spec(s.mode)
     if s.seed < 0:
         bad("seed", s.seed, "must be >= 0")
     for path, v in (("rl.iterations", s.iterations), ("rl.eval_every", s.eval_every),

@@ -235,7 +235,7 @@ def main(argv):
     held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table.
 
     ``--group NAME=RUN_DIR,RUN_DIR,...`` (repeatable) draws one band per named group in the
-    same plot (e.g. ``--group flow_grpo=A0,A1,A2 --group explore_sync=B0,B1,B2``); ``--key``
+    same plot (e.g. ``--group baseline=A0,A1,A2 --group explore_sync=B0,B1,B2``); ``--key``
     picks another logged metric (e.g. ``reward_mean``, the training rollouts' reward)."""
     fv = flags.FLAGS
     try:

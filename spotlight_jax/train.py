@@ -16,7 +16,7 @@ import jax
 from absl import logging
 from flax import nnx
 
-from spotlight_jax import checkpoint, world
+from spotlight_jax import checkpoint, registry, world
 from spotlight_jax.builders import (
     abstract_model,
     build_mesh,
@@ -34,7 +34,7 @@ from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow
 from spotlight_jax.dry_run import dry_run
 from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.pretrain import pretrain
-from spotlight_jax.runner import MODES, run, run_compare
+from spotlight_jax.runner import run, run_compare
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain_base",
@@ -129,12 +129,11 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
 def train_and_evaluate(config, workdir: str):
     """Runs ``config.mode`` end to end in ``workdir`` (resuming whatever is there);
     ``compare`` runs every mode into ``workdir/<mode>`` and writes ``report.md``."""
-    if config.mode not in (*MODES, "compare"):
-        raise ValueError(f"unknown mode {config.mode!r}; choose one of {(*MODES, 'compare')}")
+    spec = registry.mode_spec(config.mode)
     os.makedirs(workdir, exist_ok=True)
     logging.info("devices: %s", jax.devices())
     graphdef, base, source = load_or_pretrain_base(config, workdir)
-    if config.mode == "compare":
+    if spec is registry.COMPARE:
         path = run_compare(config, workdir, graphdef, base, base_source=source)
         print(open(path).read().split("\n## ")[0])
         print(f"report: {path}  (plots next to it; each mode's run in {workdir}/<mode>)")

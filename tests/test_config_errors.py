@@ -99,7 +99,7 @@ def test_more_trainer_devices_than_present_names_the_device_count():
 
 
 @pytest.mark.parametrize("mode,trainer_devices,want", [
-    ("flow_grpo", 1, 0), ("flow_grpo", 0, 0), ("flow_grpo", 2, 2), ("explore_sync", 4, 4),
+    ("baseline", 1, 0), ("baseline", 0, 0), ("baseline", 2, 2), ("explore_sync", 4, 4),
     ("spotlight", 2, 12), ("spot_rollout", 1, 12)])
 def test_emulated_cpu_devices_follow_the_mode_and_the_trainer(mode, trainer_devices, want):
     # trace-free modes get exactly the trainer's devices (none for one); spot modes the fleet's

@@ -7,11 +7,11 @@ The full comparison (every mode x config seeds x traces) is many hours of CPU, m
 sitting; its runs are kept as they finish. ``archive`` copies what the report needs out of each
 finished mode run in ``RUN/<mode>`` (the history's report columns, rounded, as
 ``history.jsonl``, and the critical-path ``phases.json``: a few tens of KB, no checkpoints) into
-``DIR/<trace>/seed_<s>/<mode>``. Modes that never use a spot device (``flow_grpo``,
+``DIR/<trace>/seed_<s>/<mode>``. Modes that never use a spot device (``baseline``,
 ``explore_sync``) do not depend on the trace (tested: ``tests/bench/test_compare_grid.py``), so
 they are archived once per seed under ``DIR/on_demand`` and every trace's report uses them.
 
-``report`` writes, for every trace and seed with a ``flow_grpo`` run, the comparison's
+``report`` writes, for every trace and seed with a ``baseline`` run, the comparison's
 ``report.md``, ``compare.json`` and plots (``runner.compare.write_report``), then per trace the
 ratios' mean and [min, max] over seeds (``report_seeds.md``), and ``DIR/grid.md``: one table of
 every mode's speed-up, cost, iteration and per-iteration time ratios on every trace, and which
@@ -25,11 +25,13 @@ import shutil
 
 from absl import app, flags
 
+from spotlight_jax import registry
 from spotlight_jax.metrics import read_jsonl
+from spotlight_jax.registry import BASELINE
 
 FLAGS = flags.FLAGS
 ON_DEMAND = "on_demand"
-TRACE_FREE_MODES = ("flow_grpo", "explore_sync")
+TRACE_FREE_MODES = tuple(m.name for m in registry.MODES if not m.uses_spot)
 # history columns the report reads (runner.compare.mode_summary, the plots); the rest stays in
 # the run's own rl.jsonl
 # the trace's events, which every run counts; a trace-free mode's archive drops them (its
@@ -41,9 +43,7 @@ KEEP = ("iteration", "vtime_s", "dollars", "reward_mean", "explore_candidates", 
 
 
 def modes() -> tuple[str, ...]:
-    from spotlight_jax.runner.modes import MODES  # noqa: PLC0415 - programs import JAX late
-
-    return tuple(MODES)
+    return registry.mode_names()
 
 
 def history_from_jsonl(path: str) -> list[dict]:
@@ -156,14 +156,14 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
     lines = ["# Mode comparison: every trace and config seed", "",
              f"Built by `python -m spotlight_jax.bench.compare_grid report --grid={grid} "
              f"--target_gain={target_gain:g}` from the archived runs below it. Each cell: "
-             "mean [min, max] over the seeds where both the mode and flow_grpo reached the "
+             "mean [min, max] over the seeds where both the mode and baseline reached the "
              "target (n of the seeds run), then the seeds where only one did, bounded by the "
-             "other's whole run ('> x': flow_grpo did not reach it, '< x': the mode did not); "
-             "> 1 means faster or cheaper than flow_grpo.", ""]
+             "other's whole run ('> x': baseline did not reach it, '< x': the mode did not); "
+             "> 1 means faster or cheaper than baseline.", ""]
     for trace, seeds in runs.items():
         seed_dirs = {}
         for seed, by_mode in seeds.items():
-            if "flow_grpo" not in by_mode:
+            if BASELINE not in by_mode:
                 continue
             loaded = {m: _load(p) for m, p in by_mode.items()}
             out = os.path.join(grid, trace, f"seed_{seed}")
@@ -214,7 +214,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       **fv)
     flags.DEFINE_integer("iterations", 120, "archive: the iterations every run must have done",
                          **fv)
-    flags.DEFINE_float("target_gain", 0.08, "report: target = flow_grpo's start + this", **fv)
+    flags.DEFINE_float("target_gain", 0.08, "report: target = baseline's start + this", **fv)
 
 
 def main(argv):

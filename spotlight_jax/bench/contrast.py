@@ -4,7 +4,7 @@
 
 Scores ``--prompts`` training prompts x ``--pool`` candidate seeds with the config's base policy
 and its training SDE rollout (the explorer's scorer), then compares the groups GRPO would train
-on: the first G seeds of each prompt (``flow_grpo``) against each prompt's max-variance G-subset
+on: the first G seeds of each prompt (``baseline``) against each prompt's max-variance G-subset
 of the pool (``explore_sync`` with the same pool). Reports the mean within-group reward std, the
 share of zero-variance groups (advantage 0, no signal), the mean |advantage| as GRPO computes it
 (per-prompt std unless ``rl.global_std``) and the groups' mean reward — the numbers that say
@@ -66,7 +66,7 @@ def main(argv):
     from spotlight_jax.runner import RunState
 
     config = load_config(FLAGS.config)
-    config.mode, config.seed = "flow_grpo", FLAGS.seed
+    config.mode, config.seed = "baseline", FLAGS.seed
     G = config.rl.group_size
     if FLAGS.pool < G:
         raise app.UsageError(f"--pool={FLAGS.pool} is smaller than the group size {G}")
@@ -84,7 +84,7 @@ def main(argv):
           f"SDE rollout, base: {source}")
     print("| groups | within-group std | zero-variance groups | mean abs advantage | reward |")
     print("|---|---|---|---|---|")
-    names = {"first": f"first {G} seeds (flow_grpo)",
+    names = {"first": f"first {G} seeds (baseline)",
              "selected": f"max-variance {G} of {FLAGS.pool} (explore_sync)"}
     for k, name in names.items():
         s = t[k]

@@ -3,10 +3,10 @@
   python -m spotlight_jax.bench.cost_sweep [--config=configs/tiny.py] [--config.x=y ...]
       [--sweep rl.nft.times=1,2,4,8 --sweep cost.cfg_passes=1,2] [--out DIR]
 
-A mode's speed-up over ``flow_grpo`` is (iterations to the target, measured by a run) x (emulated
+A mode's speed-up over ``baseline`` is (iterations to the target, measured by a run) x (emulated
 seconds per iteration, set by the cost model). This benchmark computes the second factor from the
 deployment and cost model alone, with no training: the critical-path seconds of one iteration's
-phases for ``flow_grpo`` (rollout, reward, update), ``spotlight`` (rollouts on the trainer and
+phases for ``baseline`` (rollout, reward, update), ``spotlight`` (rollouts on the trainer and
 the spot groups, reward, update with exploration alongside, broadcast) and
 ``spotlight_pipelined`` (reward, update with the next batch sampled alongside, broadcast), with
 every spot node alive. The phases are the ones the modes charge (``runner.modes``); the update
@@ -30,7 +30,7 @@ from absl import app, flags
 from spotlight_jax.bench import _setup
 
 FLAGS = flags.FLAGS
-MODES = ("flow_grpo", "spotlight", "spotlight_pipelined")
+MODES = ("baseline", "spotlight", "spotlight_pipelined")
 DEFAULT_SWEEPS = ("rl.nft.times=1,2,4,8", "cost.cfg_passes=1,2", "sampler.num_steps=10,20,40",
                   "cost.lora_rank=0,32", "cost.reward_s_per_image=0.02,0.1,0.5",
                   "deployment.spot_nodes=2,4,8")
@@ -65,7 +65,7 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     rate = (d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand")
             + spot * d.cost.price_per_hour("spot")) / 3600.0
     phases = {
-        "flow_grpo": {"rollout": d.rollout_s(n, use_spot=False), "reward": reward,
+        "baseline": {"rollout": d.rollout_s(n, use_spot=False), "reward": reward,
                       "train": train},
         "spotlight": {"rollout": d.rollout_s(n, use_spot=True), "reward": reward,
                       "train": max(train, sample_next), "broadcast": broadcast},
@@ -100,7 +100,7 @@ def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
         cfg = config.copy_and_resolve_references()
         with cfg.unlocked():
             it = iteration_phases(builders.apply_overrides(cfg, extra))
-        base = it["flow_grpo"].seconds
+        base = it["baseline"].seconds
         return {m: {"seconds": c.seconds, "ratio": base / c.seconds, "dollars": c.dollars,
                     "phases": c.phases} for m, c in it.items()}
 
@@ -122,11 +122,11 @@ def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
 
 def markdown(result: dict) -> str:
     """The sweep as markdown tables."""
-    lines = ["| assumption | value | flow_grpo s / it | spotlight s / it | pipelined s / it "
+    lines = ["| assumption | value | baseline s / it | spotlight s / it | pipelined s / it "
              "| spotlight ratio | pipelined ratio |", "|---|---|---|---|---|---|---|"]
 
     def row(name, value, r):
-        lines.append(f"| {name} | {value} | {r['flow_grpo']['seconds']:.1f} | "
+        lines.append(f"| {name} | {value} | {r['baseline']['seconds']:.1f} | "
                      f"{r['spotlight']['seconds']:.1f} | "
                      f"{r['spotlight_pipelined']['seconds']:.1f} | "
                      f"{r['spotlight']['ratio']:.2f}x | {r['spotlight_pipelined']['ratio']:.2f}x |")

@@ -108,7 +108,7 @@ def main(argv):
     from spotlight_jax.runner import RunState
 
     for p in (int(x) for x in FLAGS.patches.split(",")):
-        over = {"mode": "flow_grpo", "rl.objective": "flow_grpo",
+        over = {"mode": "baseline", "rl.objective": "flow_grpo",
                 "rl.prompts_per_iter": FLAGS.prompts, "sampler.noise_patch": p}
         if FLAGS.window == "all":
             over["sampler.sde_window"] = None

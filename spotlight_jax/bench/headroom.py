@@ -89,7 +89,7 @@ def main(argv):
 
     config = FLAGS.config
     with config.unlocked():
-        config.mode = "flow_grpo"            # one trainer device, no spot fleet to build
+        config.mode = "baseline"            # one trainer device, no spot fleet to build
     res = constraint_headroom(config, FLAGS.workdir, FLAGS.seeds)
     print(f"Exact successes per constraint, held-out prompts x {FLAGS.seeds} seeds "
           "(rate per sample; prompts with any success; prompts right in >= half the seeds)")

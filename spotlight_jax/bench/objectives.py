@@ -5,7 +5,7 @@
   python -m spotlight_jax.bench.objectives --seeds 0 -- --config.rl.lr=1e-3  # more config flags
 
 Each (objective, seed) is one ``python -m spotlight_jax.main`` run of ``configs/tiny.py`` in
-``flow_grpo`` mode (no spot devices: the objective alone) into ``DIR/<objective>_s<seed>``; a run
+``baseline`` mode (no spot devices: the objective alone) into ``DIR/<objective>_s<seed>``; a run
 already there resumes (or, when finished, is only read). The held-out reward (62 prompts x
 ``--eval_seeds`` seeds, ODE) is printed against RL minutes and against trained images, as a mean
 over seeds with the spread, with each constraint's exact accuracy at the end; ``DIR/objectives.png``
@@ -26,11 +26,12 @@ import sys
 import numpy as np
 from absl import app, flags
 
+from spotlight_jax import registry
 from spotlight_jax.bench import _setup
 
 FLAGS = flags.FLAGS
 
-OBJECTIVES = ("flow_grpo", "nft")
+OBJECTIVES = registry.OBJECTIVES
 # iterations between evaluations: about every 3.4 RL minutes at each objective's speed
 EVAL_EVERY = {"flow_grpo": 40, "nft": 80}
 
@@ -39,7 +40,7 @@ def run_one(out: str, objective: str, seed: int, minutes: float, eval_seeds: int
             extra: list[str]) -> str:
     workdir = os.path.join(out, f"{objective}_s{seed}")
     cmd = [sys.executable, "-m", "spotlight_jax.main", "--config=configs/tiny.py",
-           f"--workdir={workdir}", "--config.mode=flow_grpo", f"--config.seed={seed}",
+           f"--workdir={workdir}", "--config.mode=baseline", f"--config.seed={seed}",
            f"--config.rl.objective={objective}", f"--config.rl.max_minutes={minutes}",
            f"--config.rl.eval_every={EVAL_EVERY[objective]}",
            f"--config.rl.eval_seeds={eval_seeds}", *extra]

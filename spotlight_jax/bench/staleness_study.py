@@ -3,7 +3,7 @@
   python -m spotlight_jax.bench.staleness_study [--iterations 12] [--at 4,8,12] [--prompts 8]
       [--seeds 32] [--lr LR] [--objective flow_grpo|nft] [--out DIR]
 
-Runs a short post-training run (``mode=flow_grpo``, the objective of ``--objective``) of the
+Runs a short post-training run (``mode=baseline``, the objective of ``--objective``) of the
 config from its base checkpoint, keeping the sampling policy after every iteration (Flow-GRPO:
 θ; nft: the lagging θ_old that samples the batch). At each iteration k of ``--at`` it scores
 the same ``--prompts x --seeds`` (prompt, seed) candidates (prompts of that iteration, fresh
@@ -41,7 +41,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
                         **fv)
-    flags.DEFINE_integer("iterations", 12, "flow_grpo iterations to train.", **fv)
+    flags.DEFINE_integer("iterations", 12, "baseline-mode iterations to train.", **fv)
     flags.DEFINE_string("at", "4,8,12", f"Iterations k to study (k >= {max(STALENESS)}).", **fv)
     flags.DEFINE_integer("prompts", 8, "Prompts scored at each k.", **fv)
     flags.DEFINE_integer("seeds", 32, "Candidate seeds per prompt.", **fv)
@@ -83,7 +83,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     from spotlight_jax.runner import RunState
 
     config = load_config(config_path)
-    config.mode, config.seed, config.rl.objective = "flow_grpo", seed, objective
+    config.mode, config.seed, config.rl.objective = "baseline", seed, objective
     config.rl.eval_every = 0
     if lr is not None:
         config.rl.lr = lr

@@ -11,11 +11,14 @@ from spotlight_jax.rl.grpo import (
 )
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
 
+# rl.objective -> its trainer (registry.OBJECTIVES names them; a test checks they match)
+TRAINERS = {"nft": NFTTrainer, "flow_grpo": GRPOTrainer}
+
 
 def trainer_class(cfg):
     """The trainer of an objective's config: `NFTTrainer` for `NFTConfig`, else `GRPOTrainer`."""
     return NFTTrainer if isinstance(cfg, NFTConfig) else GRPOTrainer
 
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "trainer_class", "advantages",
-           "decoupled_advantages", "grpo_loss", "group_stats", "select_steps"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "TRAINERS", "trainer_class",
+           "advantages", "decoupled_advantages", "grpo_loss", "group_stats", "select_steps"]

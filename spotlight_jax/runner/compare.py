@@ -1,15 +1,15 @@
 """The mode comparison: same seeds, prompts and spot trace; reward against emulated time and $.
 
-``run_compare`` runs every mode (``flow_grpo``, ``explore_sync``, ``spot_rollout``,
-``spotlight``) into ``workdir/<mode>`` (each resumes on its own), then ``write_report`` writes
-``report.md`` and the plots ``reward_vs_time.png`` / ``reward_vs_cost.png`` into ``workdir``, and
-``run_compare`` plots the spot trace as ``spotlight`` met it (``spot_timeline.png``: devices
-alive, notices, losses, joins, its utilisation and regroups per iteration).
+``run_compare`` runs every mode of ``registry.MODES`` into ``workdir/<mode>`` (each resumes on its
+own), then ``write_report`` writes ``report.md`` and the plots ``reward_vs_time.png`` /
+``reward_vs_cost.png`` into ``workdir``, and ``run_compare`` plots the spot trace as ``spotlight``
+met it (``spot_timeline.png``: devices alive, notices, losses, joins, its utilisation and regroups
+per iteration).
 
-Target: ``base + target_frac x (best validation reward of flow_grpo - base)``, i.e. the share of
+Target: ``base + target_frac x (best validation reward of baseline - base)``, i.e. the share of
 the baseline's own gain that every mode must reach; time/cost-to-target are the emulated hours
 and dollars of the first evaluation at or above it (``None``: not reached). Ratios are
-``flow_grpo / mode`` (> 1: the mode is faster or cheaper).
+``baseline / mode`` (> 1: the mode is faster or cheaper).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from spotlight_jax.builders import (
 )
 from spotlight_jax.emulation.cost_models import Assumption
 from spotlight_jax.plots import plot_curves, spot_timeline
+from spotlight_jax.registry import BASELINE, RENAMED_MODES
 from spotlight_jax.runner.loop import run
 from spotlight_jax.runner.modes import MODES
 
@@ -36,14 +37,14 @@ def evals(history: list[dict]) -> list[dict]:
 
 def target_reward(histories: dict[str, list[dict]], frac: float,
                   gain: float = 0.0) -> float | None:
-    """``base + gain`` with ``gain`` > 0 (a fixed gain over flow_grpo's start), else ``base +
-    frac x (best flow_grpo - base)``; None when the baseline did not improve (or has no
+    """``base + gain`` with ``gain`` > 0 (a fixed gain over baseline's start), else ``base +
+    frac x (best baseline - base)``; None when the baseline did not improve (or has no
     evaluation after its start)."""
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"compare.target_frac must be in (0, 1], got {frac}")
     if gain < 0:
         raise ValueError(f"compare.target_gain must be >= 0 (0 = use target_frac), got {gain}")
-    ev = evals(histories.get("flow_grpo", []))
+    ev = evals(histories.get(BASELINE, []))
     if len(ev) < 2:
         return None
     base, best = ev[0]["val_reward"], max(h["val_reward"] for h in ev[1:])
@@ -107,15 +108,15 @@ _RUN_TOTALS = {"time_to_target_h": "hours", "cost_to_target": "dollars",
 
 
 def ratio_bound(base: dict, row: dict, key: str) -> tuple[str, float] | None:
-    """flow_grpo / mode for ``key`` of two :func:`mode_summary` rows, as ``(kind, value)``:
+    """baseline / mode for ``key`` of two :func:`mode_summary` rows, as ``(kind, value)``:
     ``("=", r)`` when both reached the target (or ``key`` is not a to-target quantity);
-    ``(">", r)`` when only the mode did (flow_grpo's whole run over the mode's to-target value:
-    the ratio is at least that); ``("<", r)`` when only flow_grpo did; None when neither did."""
+    ``(">", r)`` when only the mode did (baseline's whole run over the mode's to-target value:
+    the ratio is at least that); ``("<", r)`` when only baseline did; None when neither did."""
     exact = _ratio(base.get(key), row.get(key))
     if exact is not None:
         return "=", exact
     total = _RUN_TOTALS.get(key)
-    if total is None or not base:       # not a to-target quantity, or no flow_grpo run
+    if total is None or not base:       # not a to-target quantity, or no baseline run
         return None
     if base.get(key) is None and row.get(key) is not None:
         bound = _ratio(base.get(total), row[key])
@@ -146,23 +147,23 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
 
     target = target_reward(histories, target_frac, target_gain)
     rows = {m: mode_summary(h, target) for m, h in histories.items()}
-    base = rows.get("flow_grpo", {})
+    base = rows.get(BASELINE, {})
     lines = ["# Mode comparison", ""]
     if header:
         lines += [header, ""]
     if target is None:
-        lines += ["**No target**: flow_grpo's validation reward never rose above its start, so "
+        lines += ["**No target**: baseline's validation reward never rose above its start, so "
                   "time- and cost-to-target are undefined; the curves below still compare the "
                   "modes on the emulated time and cost axes.", ""]
     else:
         how = (f"start + {target_gain:.3f}" if target_gain
-               else f"start + {target_frac:.0%} of flow_grpo's best gain")
-        lines += [f"Target validation reward: **{target:.3f}** ({how}). Ratios are flow_grpo / "
+               else f"start + {target_frac:.0%} of baseline's best gain")
+        lines += [f"Target validation reward: **{target:.3f}** ({how}). Ratios are baseline / "
                   "mode: > 1 means faster or cheaper. The speed-up is about the product of the "
                   "iteration ratio (fewer iterations to the target) and the per-iteration time "
                   "ratio (a cheaper critical path; mean over the whole run). Where only one of "
                   "the two runs reached the target, the other's whole run bounds the ratio: "
-                  "'> 1.4x' (flow_grpo did not reach it) or '< 0.8x' (the mode did not).", ""]
+                  "'> 1.4x' (baseline did not reach it) or '< 0.8x' (the mode did not).", ""]
     lines += ["| mode | iterations | reward start → final (best) | emulated h | $ | "
               "h to target | $ to target | speed-up | cost ratio | iterations to target | "
               "iteration ratio | per-iteration time ratio |",
@@ -232,8 +233,8 @@ RATIOS = (("speed-up", "time_to_target_h"), ("cost ratio", "cost_to_target"),
 
 
 def seed_ratios(reports: dict[int, dict]) -> dict[str, dict[str, dict]]:
-    """Each mode's ratios to flow_grpo (``RATIOS``) over config seeds: per mode and ratio, the
-    values by seed (None where the mode or flow_grpo missed the target), their mean, min and
+    """Each mode's ratios to baseline (``RATIOS``) over config seeds: per mode and ratio, the
+    values by seed (None where the mode or baseline missed the target), their mean, min and
     max over the seeds that have one, and ``bounds``: seed -> ``[">" or "<", value]`` where
     only one of the two reached it (:func:`ratio_bound`). ``reports``: seed -> its
     ``compare.json``."""
@@ -245,7 +246,7 @@ def seed_ratios(reports: dict[int, dict]) -> dict[str, dict[str, dict]]:
             by_seed, bounds = {}, {}
             for seed, r in reports.items():
                 rows = r["modes"]
-                b = ratio_bound(rows.get("flow_grpo", {}), rows[m], key) if m in rows else None
+                b = ratio_bound(rows.get(BASELINE, {}), rows[m], key) if m in rows else None
                 by_seed[seed] = b[1] if b is not None and b[0] == "=" else None
                 if b is not None and b[0] != "=":
                     bounds[seed] = list(b)
@@ -283,6 +284,8 @@ def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "")
         try:
             with open(path) as f:
                 reports[seed] = json.load(f)
+            reports[seed]["modes"] = {RENAMED_MODES.get(m, m): row        # earlier recordings
+                                      for m, row in reports[seed]["modes"].items()}
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"seed {seed}: cannot read {path} ({type(e).__name__}: {e}); run "
                              "that seed's comparison first") from e
@@ -293,10 +296,10 @@ def write_seed_report(workdir: str, seed_dirs: dict[int, str], header: str = "")
         lines += [header, ""]
     targets = ", ".join(f"seed {s}: " + _f(reports[s]["target"], ".3f") for s in seeds)
     lines += [f"Seeds {', '.join(map(str, seeds))}; targets {targets}. Each cell: mean "
-              "[min, max] over the seeds where both the mode and flow_grpo reached the target "
+              "[min, max] over the seeds where both the mode and baseline reached the target "
               "(n of them), then the seeds where only one did, bounded by the other's whole run "
-              "('> x': flow_grpo did not reach it); > 1 means faster or cheaper than "
-              "flow_grpo.", "",
+              "('> x': baseline did not reach it); > 1 means faster or cheaper than "
+              "baseline.", "",
               "| mode | " + " | ".join(n for n, _ in RATIOS) + " |",
               "|---|" + "---|" * len(RATIOS)]
 

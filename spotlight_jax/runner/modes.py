@@ -6,19 +6,19 @@ where rollouts run and which seeds they use; the objective (``rl.objective``: fl
 is an orthogonal axis that no mode branches on (the trainer's ``sampling_state`` /
 ``batch_keys`` / ``update`` hide it).
 
-* ``flow_grpo``: G random seeds per prompt (pure functions of (run seed, k)); rollouts on the
+* ``baseline``: G random seeds per prompt (pure functions of (run seed, k)); rollouts on the
   on-demand devices.
 * ``explore_sync``: G + extra candidate seeds per prompt are rolled out with the current policy
   on the critical path; each prompt's max-variance G-subset is trained on directly (those
   rollouts *are* the training rollouts, never run twice).
-* ``spot_rollout``: as ``flow_grpo``, with spot devices helping with rollouts; they idle while
+* ``spot_rollout``: as ``baseline``, with spot devices helping with rollouts; they idle while
   the on-demand devices train.
 * ``spotlight``: rollouts of P_k from the seeds S_k chosen last iteration, on on-demand + spot
   devices; then *concurrently* the update θ_k -> θ_{k+1} on the on-demand devices and
   exploration of candidate seeds for P_{k+1} with the stale θ_k on the spot devices, as many as
   the bandit planner fits into the training time; S_{k+1} = max-variance G-subsets. Training
   stays on-policy: the next rollout re-runs the chosen seeds with θ_{k+1}. With no spot device
-  alive it degrades to ``flow_grpo`` and says so.
+  alive it degrades to ``baseline`` and says so.
 * ``spotlight_pipelined``: as ``spotlight``, but the explored candidates' own rollouts are the
   next iteration's batch, so rollouts leave the critical path (the batch is one update staler;
   the loss uses the policy that sampled it).
@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from spotlight_jax import registry
 from spotlight_jax.diffusion import prompt
 from spotlight_jax.rl import group_stats
 from spotlight_jax.runner.exploration import (
@@ -47,7 +48,7 @@ class Mode:
     """One iteration: rollout phase, reward, settle the trace, train phase, broadcast."""
 
     name = ""
-    uses_spot = False          # spot devices help with this mode's rollouts
+    uses_spot = False          # spot devices help with this mode's rollouts (its registry spec)
 
     def __init__(self, state, base):
         self._degraded_logged = False
@@ -118,19 +119,18 @@ class Mode:
 
     def _log_degraded(self, spot_ok: bool) -> None:
         if self.uses_spot and not spot_ok and not self._degraded_logged:
-            logging.warning("no spot device is alive: running as flow_grpo until one joins")
+            logging.warning("no spot device is alive: running as baseline until one joins")
             self._degraded_logged = True
         if spot_ok:
             self._degraded_logged = False
 
 
-class FlowGRPOMode(Mode):
-    name = "flow_grpo"
+class BaselineMode(Mode):
+    name = "baseline"
 
 
 class SpotRolloutMode(Mode):
     name = "spot_rollout"
-    uses_spot = True
 
 
 class ExploreSyncMode(Mode):
@@ -152,7 +152,6 @@ class ExploreSyncMode(Mode):
 
 class SpotlightMode(Mode):
     name = "spotlight"
-    uses_spot = True
 
     def __init__(self, state, base):
         super().__init__(state, base)
@@ -295,11 +294,23 @@ class SpotlightPipelinedMode(SpotlightMode):
         self.pending = (int(arrays["iteration"]), batch, generator)
 
 
-MODES = {m.name: m for m in (FlowGRPOMode, ExploreSyncMode, SpotRolloutMode, SpotlightMode,
-                             SpotlightPipelinedMode)}
+def _bind(*classes) -> dict[str, type[Mode]]:
+    """One class per mode of :data:`registry.MODES`, in its order; each class takes whether it
+    uses spot devices from its spec."""
+    by_name = {c.name: c for c in classes}
+    if len(by_name) != len(classes) or set(by_name) != set(registry.mode_names()):
+        raise RuntimeError(f"mode classes {sorted(c.name for c in classes)} do not match "
+                           f"registry.MODES {sorted(registry.mode_names())}")
+    for c in classes:
+        c.uses_spot = registry.mode_spec(c.name).uses_spot
+    return {name: by_name[name] for name in registry.mode_names()}
+
+
+MODES = _bind(BaselineMode, ExploreSyncMode, SpotRolloutMode, SpotlightMode,
+              SpotlightPipelinedMode)
 
 
 def make_mode(name: str, state, base) -> Mode:
-    if name not in MODES:
-        raise ValueError(f"unknown mode {name!r}; choose one of {tuple(MODES)} (or 'compare')")
+    if registry.mode_spec(name) is registry.COMPARE:
+        raise ValueError("mode='compare' runs several modes: use runner.run_compare")
     return MODES[name](state, base)

@@ -27,17 +27,17 @@ Choices (documented because the issue left room):
   boundary. The alternative (per-sample start inside one call) would change the shared rollout
   code; grouping costs at most one extra call per distinct step index.
 * **Fixed batch shapes.** On XLA:CPU a row's bits depend on the batch size of the program that
-  computes it (and on the SP degree), not on its neighbours; on some CPUs also on its position
-  in the batch (float rounding; ``microbatch=1`` is bit-exact everywhere). With
-  ``microbatch=b`` every call runs exactly ``b`` rows (a short cohort is padded by repeating its
-  last row, whose outputs are dropped), so a request's result does not depend on which group or
-  with whom it ran (where the position matters, on which slot it ran: equal to rounding, and
-  bit-identical with ``microbatch=1``): bit-identical to an undisturbed run with the same ``(microbatch, SP degree,
+  computes it (and on the SP degree), not on its neighbours; on some CPUs also on its position in
+  the batch (float rounding; ``microbatch=1`` is bit-exact everywhere). With ``microbatch=b`` every
+  call runs exactly ``b`` rows (a short cohort is padded by repeating its last row, whose outputs
+  are dropped), so a request's result does not depend on which group or with whom it ran (where the
+  position matters, on which slot it ran: equal to rounding, and bit-identical with
+  ``microbatch=1``): bit-identical to an undisturbed run with the same ``(microbatch, SP degree,
   strategy)`` signature, recorded per request in ``CommittedState.layouts``. It also bounds the
   programs a group needs (one per chunk length). ``microbatch=None`` runs each cohort as one call
-  (fine for the toy stepper, whose rows are computed one at a time). A request resumed under
-  another signature (e.g. a group of 4 devices after one of 2) continues correctly, but its bits
-  may differ from the undisturbed run by float rounding (up to ~5e-7 on the micro model).
+  (fine for the toy stepper, whose rows are computed one at a time). A request resumed under another
+  signature (e.g. a group of 4 devices after one of 2) continues correctly, but its bits may differ
+  from the undisturbed run by float rounding (up to ~5e-7 on the micro model).
 * **Latents stay on the group's devices** between calls: a call whose rows are exactly the
   previous call's output reuses that array, and a commit copies each output to the host once
   for all its rows; only commits move data to the host.

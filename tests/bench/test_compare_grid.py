@@ -16,7 +16,7 @@ CLOCK = ("iteration", "val_reward", "vtime_s", "dollars", "reward_mean")
 
 # among the longer checks (~15 s each; the default suite's 10-minute budget)
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["flow_grpo", "explore_sync"])
+@pytest.mark.parametrize("mode", ["baseline", "explore_sync"])
 def test_trace_free_modes_learn_and_charge_the_same_on_any_trace(tmp_path, base, mode):
     graphdef, state = base
     busy = tmp_path / "trace.json"      # SkyPilot format: nodes lost and back within the run
@@ -62,21 +62,21 @@ def _fake_run(workdir, mode, hist):
 
 def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_path):
     grid = str(tmp_path / "grid")
-    # target = 0.5 + 0.1; flow_grpo reaches it at iteration 3 (300 s), the fast mode at
+    # target = 0.5 + 0.1; baseline reaches it at iteration 3 (300 s), the fast mode at
     # iteration 1 on seed 0 (100 s: 3x) and 2 on seed 1 (1.5x): mean 2.25x [1.5, 3]
-    runs = {0: {"flow_grpo": _history([0.55, 0.58, 0.61], 100, 1.0),
+    runs = {0: {"baseline": _history([0.55, 0.58, 0.61], 100, 1.0),
                 "spotlight": _history([0.62, 0.63, 0.64], 100, 0.5)},
-            1: {"flow_grpo": _history([0.55, 0.58, 0.61], 100, 1.0),
+            1: {"baseline": _history([0.55, 0.58, 0.61], 100, 1.0),
                 "spotlight": _history([0.58, 0.65, 0.66], 100, 0.5)}}
     for seed, by_mode in runs.items():
         work = str(tmp_path / f"run_{seed}")
         for mode, hist in by_mode.items():
             _fake_run(work, mode, hist)
-        assert compare_grid.archive(work, grid, "aws", seed, 3) == ["flow_grpo", "spotlight"]
+        assert compare_grid.archive(work, grid, "aws", seed, 3) == ["baseline", "spotlight"]
     # the history the report reads is the run's, with only the report's columns
-    kept = read_jsonl(os.path.join(grid, "on_demand", "seed_0", "flow_grpo", "history.jsonl"))
+    kept = read_jsonl(os.path.join(grid, "on_demand", "seed_0", "baseline", "history.jsonl"))
     assert kept == [{k: v for k, v in r.items() if k not in ("loss", "preemptions")}
-                    for r in runs[0]["flow_grpo"]]
+                    for r in runs[0]["baseline"]]
     spot = read_jsonl(os.path.join(grid, "aws", "seed_0", "spotlight", "history.jsonl"))
     assert spot[1]["preemptions"] == 1 and "loss" not in spot[1]
     assert os.path.exists(os.path.join(grid, "aws", "seed_1", "spotlight", "phases.json"))
@@ -91,15 +91,15 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
 
 def test_archive_refuses_unfinished_runs_and_a_trace_free_run_that_differs(tmp_path):
     grid, work = str(tmp_path / "grid"), str(tmp_path / "run")
-    _fake_run(work, "flow_grpo", _history([0.55, 0.58], 100, 1.0))
+    _fake_run(work, "baseline", _history([0.55, 0.58], 100, 1.0))
     with pytest.raises(ValueError, match="at iteration 2 of 3"):
         compare_grid.archive(work, grid, "aws", 0, 3)
     _fake_run(work, "spotlight", _history([0.55], 100, 1.0))     # still running
-    assert compare_grid.archive(work, grid, "aws", 0, 2, only=("flow_grpo",)) == ["flow_grpo"]
+    assert compare_grid.archive(work, grid, "aws", 0, 2, only=("baseline",)) == ["baseline"]
     with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
         compare_grid.archive(work, grid, "aws", 0, 2, only=("nope",))
     other = str(tmp_path / "other")
-    _fake_run(other, "flow_grpo", _history([0.55, 0.59], 100, 1.0))
+    _fake_run(other, "baseline", _history([0.55, 0.59], 100, 1.0))
     with pytest.raises(ValueError, match="never uses a spot device"):
         compare_grid.archive(other, grid, "gcp", 0, 2)
     with pytest.raises(ValueError, match="--trace='on_demand'"):

@@ -14,7 +14,7 @@ def _charged(r, k):
 
 
 # pipelined among the longer checks (the default suite's 10-minute budget)
-@pytest.mark.parametrize("mode", ["flow_grpo",
+@pytest.mark.parametrize("mode", ["baseline",
                                   pytest.param("spotlight_pipelined", marks=pytest.mark.e2e)])
 def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
     graphdef, state = base
@@ -52,7 +52,7 @@ def test_sweep_crosses_the_two_assumptions_that_move_the_ratio_most():
     assert out["crossed"]["keys"] == ["rl.nft.times", "cost.reward_s_per_image"]
     assert set(out["crossed"]["rows"]) == {"1|0.02", "1|0.5", "8|0.02", "8|0.5"}
     base = out["base"]
-    assert base["flow_grpo"]["ratio"] == 1.0
+    assert base["baseline"]["ratio"] == 1.0
     assert base["spotlight_pipelined"]["ratio"] > base["spotlight"]["ratio"] > 1.0
     table = cost_sweep.markdown(out)
     assert "| `rl.nft.times` | 8 |" in table and "Pipelined per-iteration ratio" in table

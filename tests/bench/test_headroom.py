@@ -32,7 +32,7 @@ def test_headroom_of_the_shipped_base_counts_every_held_out_prompt(tmp_path):
     from spotlight_jax.bench.headroom import constraint_headroom
 
     config = runpy.run_path(str(Path(__file__).parents[2] / "configs" / "tiny.py"))["get_config"]()
-    config.mode = "flow_grpo"
+    config.mode = "baseline"
     res = constraint_headroom(config, seeds=1)
     kinds = [world.parse(p).kind for p in world.val_prompts()]
     assert res["run"] is None and res["run_binding"] is None

@@ -19,18 +19,18 @@ def _hist(points, start=0.5):
 
 
 def test_target_and_time_to_target_ratios(tmp_path):
-    hist = {"flow_grpo": _hist([(1, 10, 0.55), (2, 20, 0.60), (3, 30, 0.58)]),
+    hist = {"baseline": _hist([(1, 10, 0.55), (2, 20, 0.60), (3, 30, 0.58)]),
             "spotlight": _hist([(0.25, 5, 0.59), (0.5, 8, 0.62)])}
     target = compare.target_reward(hist, 0.8)
-    assert target == pytest.approx(0.5 + 0.8 * 0.1)   # best flow_grpo gain is 0.1
-    assert compare.first_reaching(hist["flow_grpo"], target, "vtime_s") == 2 * 3600
+    assert target == pytest.approx(0.5 + 0.8 * 0.1)   # best baseline gain is 0.1
+    assert compare.first_reaching(hist["baseline"], target, "vtime_s") == 2 * 3600
     assert compare.first_reaching(hist["spotlight"], target, "dollars") == 5
     path = compare.write_report(str(tmp_path), hist, target_frac=0.8)
     text = open(path).read()
-    # flow_grpo: 2 h, $20 to target; spotlight: 0.25 h, $5 -> 8x faster, 4x cheaper
+    # baseline: 2 h, $20 to target; spotlight: 0.25 h, $5 -> 8x faster, 4x cheaper
     assert "| spotlight | 2 | 0.500 → 0.620 (0.620) | 0.50 | 8.00 | 0.25 | 5.00 | 8.00x | 4.00x |" \
         in text
-    assert "| flow_grpo |" in text and "1.00x | 1.00x |" in text
+    assert "| baseline |" in text and "1.00x | 1.00x |" in text
     # which of the two gives the speed-up: 2 vs 1 iterations to the target (2x), and 1 h vs
     # 0.25 h per iteration (4x): 8x in all
     assert "| 8.00x | 4.00x | 1 | 2.00x | 4.00x |" in text
@@ -40,7 +40,7 @@ def test_target_and_time_to_target_ratios(tmp_path):
 
 
 def test_no_target_when_the_baseline_does_not_improve(tmp_path):
-    hist = {"flow_grpo": _hist([(1, 10, 0.45)]), "spotlight": _hist([(1, 5, 0.6)])}
+    hist = {"baseline": _hist([(1, 10, 0.45)]), "spotlight": _hist([(1, 5, 0.6)])}
     assert compare.target_reward(hist, 0.8) is None
     text = open(compare.write_report(str(tmp_path), hist, target_frac=0.8)).read()
     assert "No target" in text and "| spotlight | 1 |" in text
@@ -49,53 +49,53 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
 
 
 def test_a_fixed_target_gain_over_the_baselines_start():
-    hist = {"flow_grpo": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
+    hist = {"baseline": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
             "spotlight": _hist([(0.5, 5, 0.59)])}
     assert compare.target_reward(hist, 0.8, gain=0.08) == pytest.approx(0.58)
-    assert compare.first_reaching(hist["flow_grpo"], 0.58, "vtime_s") is None
+    assert compare.first_reaching(hist["baseline"], 0.58, "vtime_s") is None
     assert compare.first_reaching(hist["spotlight"], 0.58, "iteration") == 1
     with pytest.raises(ValueError, match="target_gain"):
         compare.target_reward(hist, 0.8, gain=-0.1)
 
 
 def test_a_target_only_one_run_reached_bounds_the_ratio(tmp_path):
-    """flow_grpo never reaches the target in its 2 h / $20 / 2 iterations, spotlight does at
+    """baseline never reaches the target in its 2 h / $20 / 2 iterations, spotlight does at
     0.5 h / $5 / iteration 1: the ratios are at least 4x / 4x / 2x; the other way round, a
-    mode that never reached it is at most flow_grpo's to-target over its whole run."""
-    hist = {"flow_grpo": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
+    mode that never reached it is at most baseline's to-target over its whole run."""
+    hist = {"baseline": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
             "spotlight": _hist([(0.5, 5, 0.59)]),
             "spot_rollout": _hist([(1, 4, 0.51)])}
     text = open(compare.write_report(str(tmp_path), hist, target_frac=1.0,
                                      target_gain=0.08)).read()
     assert "| 0.50 | 5.00 | > 4.00x | > 4.00x | 1 | > 2.00x | 2.00x |" in text
     rows = json.loads((tmp_path / "compare.json").read_text())["modes"]
-    assert compare.ratio_bound(rows["flow_grpo"], rows["spotlight"], "cost_to_target") == \
+    assert compare.ratio_bound(rows["baseline"], rows["spotlight"], "cost_to_target") == \
         (">", 4.0)
-    assert compare.ratio_bound(rows["flow_grpo"], rows["spot_rollout"], "cost_to_target") is None
-    reached = {**rows["flow_grpo"], "cost_to_target": 8.0}       # flow_grpo: $8 to target
+    assert compare.ratio_bound(rows["baseline"], rows["spot_rollout"], "cost_to_target") is None
+    reached = {**rows["baseline"], "cost_to_target": 8.0}       # baseline: $8 to target
     assert compare.ratio_bound(reached, rows["spot_rollout"], "cost_to_target") == ("<", 2.0)
     assert compare.ratio_bound(reached, rows["spotlight"], "cost_to_target") == ("=", 1.6)
 
 def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     """Three config seeds' comparisons -> each ratio's mean [min, max] over the seeds where both
-    the mode and flow_grpo reached the target; a seed that missed it is counted out, not 0."""
+    the mode and baseline reached the target; a seed that missed it is counted out, not 0."""
     seeds = {0: [(1, 10, 0.60)], 1: [(2, 20, 0.60)], 2: [(4, 40, 0.60)]}
     spot = {0: [(0.25, 5, 0.59)], 1: [(1, 5, 0.59)], 2: [(4, 40, 0.50)]}   # seed 2: missed
     dirs = {}
     for s in seeds:
         dirs[s] = str(tmp_path / f"seed_{s}")
         os.makedirs(dirs[s])
-        compare.write_report(dirs[s], {"flow_grpo": _hist(seeds[s]),
+        compare.write_report(dirs[s], {"baseline": _hist(seeds[s]),
                                        "spotlight": _hist(spot[s])},
                              target_frac=0.8, target_gain=0.08)
     path = compare.write_seed_report(str(tmp_path), dirs)
     r = json.loads((tmp_path / "compare_seeds.json").read_text())["ratios"]["spotlight"]
-    # flow_grpo 1 h / $10 and 2 h / $20 against spotlight 0.25 h / $5 and 1 h / $5
+    # baseline 1 h / $10 and 2 h / $20 against spotlight 0.25 h / $5 and 1 h / $5
     assert r["speed-up"]["by_seed"] == {"0": 4.0, "1": 2.0, "2": None}
     assert r["speed-up"]["mean"] == pytest.approx(3.0) and r["speed-up"]["n"] == 2
     assert (r["cost ratio"]["min"], r["cost ratio"]["max"]) == (2.0, 4.0)
     text = open(path).read()
-    # seed 2: flow_grpo reached it at 4 h, spotlight not in its whole 4 h: at most 1x
+    # seed 2: baseline reached it at 4 h, spotlight not in its whole 4 h: at most 1x
     assert r["speed-up"]["bounds"] == {"2": ["<", 1.0]}
     assert ("| spotlight | 3.00x [2.00, 4.00] (n=2/3); seed 2: < 1.00x | "
             "3.00x [2.00, 4.00] (n=2/3); seed 2: < 1.00x |") in text
@@ -112,7 +112,7 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
     from spotlight_jax import train
 
     graphdef, state = base
-    c = mode_config("flow_grpo", iterations=1)
+    c = mode_config("baseline", iterations=1)
     c.mode = "compare"
     c.rl.eval_every = 1
     trace = tmp_path / "trace.json"     # a SkyPilot-format trace replayed from its second tick
