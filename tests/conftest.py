@@ -32,3 +32,21 @@ def base():
 
 def pytest_configure(config):
     assert len(jax.devices()) == 8, f"expected 8 emulated CPU devices, got {jax.devices()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_compilation_cache(tmp_path_factory):
+    """One persistent compilation cache for the session: a program that several tests compile
+    (every run of the micro config builds its own jitted closures of the same computations)
+    compiles once and loads from the cache after (same HLO, same executable)."""
+    if os.environ.get("SPOTLIGHT_TEST_COMPILE_CACHE", "1") == "0" or \
+            jax.config.jax_compilation_cache_dir:
+        yield
+        return
+    from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):       # the workers' base temps share a parent
+        root = root.parent
+    path = enable_persistent_cache(root / "xla_cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)     # child processes share it
+    yield
