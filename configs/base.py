@@ -259,7 +259,7 @@ def add_spotlight_sections(c):
     k.model = "profile"             # profile | measured (emulation.cost_models.COST_MODELS)
     # --- accelerator and achieved efficiency -------------------------------------------------
     k.device = "h100_sxm"           # key of emulation.datasheets.DEVICES (peak numbers + sources);
-    #                                 the paper reports 4 reserved + 8 spot H100 (REFERENCE.md)
+    #                                 the paper reports 4 reserved + 8 spot H100
     k.mfu = 0.4                     # ASSUMPTION: achieved/peak bf16 FLOP/s of a large DiT step;
     #                                 typical of well-tuned large-transformer training (PaLM
     #                                 reports 46%, MegaScale 55%); not measured for this model
@@ -273,11 +273,11 @@ def add_spotlight_sections(c):
     # The paper-scale model whose FLOPs time the profile: the model section of this config
     # (configs/<name>.py or a path), at image_pixels / vae_factor latent cells.
     k.profile_model = "qwen_image"
-    k.image_pixels = 512            # paper: Qwen-Image at 512^2 (and 1280^2), REFERENCE.md
+    k.image_pixels = 512            # paper: Qwen-Image at 512^2 (and 1280^2)
     k.vae_factor = 8                # Qwen-Image/SD3-style VAE downsamples by 8
     #                                 (configs/qwen_image.py: 1280 px -> 160 latent cells)
     k.cfg_passes = 2                # forwards per denoising step: Flow-GRPO's presets use CFG
-    #                                 4.5 in rollouts and training (REFERENCE.md) = cond+uncond;
+    #                                 4.5 in rollouts and training (the paper) = cond+uncond;
     #                                 0 = follow the run's sampler.guidance
     k.lora_rank = 32                # configs/qwen_image.py (Flow-GRPO: LoRA r=32);
     #                                 -1 = follow the run's rl.lora_rank
@@ -298,8 +298,8 @@ def add_spotlight_sections(c):
     k.regroup_cold_s = 120.0        # ASSUMPTION: reload from storage + recompile takes
     #                                 "minutes" (paper abstract: minutes -> sub-second)
     # --- prices ---------------------------------------------------------------------------
-    k.on_demand_per_hour = 3.90     # $/GPU-h, REFERENCE.md: public H100 on-demand ~$3.90/GPU-h
-    k.spot_discount = 0.73          # paper: spot 69-77% cheaper (REFERENCE.md); 0.73 ->
+    k.on_demand_per_hour = 3.90     # $/GPU-h, public H100 on-demand list prices ~$3.90
+    k.spot_discount = 0.73          # paper: spot 69-77% cheaper; 0.73 ->
     #                                 $1.05/GPU-h, inside the public $0.8-2.5 spot range
 
     # compare mode's target validation reward: baseline's start + target_gain when > 0, else

@@ -253,9 +253,11 @@ GRPO_LR, NFT_LR = 5e-4, 1e-3
 
 
 def _resolved(config, nft: bool) -> dict:
-    """``rl.global_std=None`` and ``rl.lr=None`` resolved to the objective's defaults."""
+    """``rl.global_std=None`` and ``rl.lr=None`` resolved to the objective's defaults (the batch
+    std for nft, unless ``rl.advantage='decoupled'``, which normalises within groups)."""
     r = config.rl
-    return {"global_std": nft if r.global_std is None else bool(r.global_std),
+    batch_std = nft and r.advantage != "decoupled"
+    return {"global_std": batch_std if r.global_std is None else bool(r.global_std),
             "lr": (NFT_LR if nft else GRPO_LR) if r.lr is None else float(r.lr)}
 
 
@@ -285,7 +287,7 @@ def make_trainer(config, graphdef, base, mesh=None):
     :func:`sampler_config`, attention laid out by :func:`attention_spec`."""
     cfg = rl_config(config)
     return trainer_class(cfg)(graphdef, base, cfg, sampler_config(config), mesh=mesh,
-                              attn=attention_spec(config, mesh))
+                              attn=attention_spec(config, mesh), seed=int(config.seed))
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds

@@ -40,7 +40,7 @@ def restore_target(abstract_state, shardings=None):
 
 def _process_local_options() -> ocp.options.MultiprocessingOptions:
     """Orbax options for a checkpoint that this process reads or writes alone (base weights,
-    the controller's run state in a multi-process trainer job): no barriers with the others."""
+    the runner's run state in a multi-process trainer job): no barriers with the others."""
     if jax.process_count() == 1:
         return ocp.options.MultiprocessingOptions()
     me = jax.process_index()
@@ -135,7 +135,7 @@ def tree_equal(a, b) -> bool:
 class RunCheckpointer:
     """Full training state in an Orbax ``CheckpointManager`` (async saves, latest-first restore).
 
-    ``this_process_only``: the manager runs in this process alone (the controller of a
+    ``this_process_only``: the manager runs in this process alone (the runner of a
     multi-process trainer job), saving arrays it holds on its own devices.
     ``save(step, tree, meta)`` writes ``Composite(state=StandardSave(tree), meta=JsonSave(meta))``.
     ``restore(target)`` restores the newest readable checkpoint onto the shardings of ``target``
@@ -146,7 +146,7 @@ class RunCheckpointer:
     def __init__(self, directory: str, max_to_keep: int = 3, this_process_only: bool = False):
         self.directory = os.path.abspath(directory)
         self.this_process_only = this_process_only and jax.process_count() > 1
-        # In a multi-process job whose controller (process 0) alone saves arrays on its own
+        # In a multi-process job whose runner (process 0) alone saves arrays on its own
         # devices, Orbax must not wait for the other processes at its barriers.
         mp = (_process_local_options() if this_process_only
               else ocp.options.MultiprocessingOptions())

@@ -215,10 +215,10 @@ def run_trainer_job(config, workdir: str, *, progress: bool = False):
     nnx.replace_by_pure_dict(host, pure)
     rl_cfg, samp = rl_config(config), sampler_config(config)
     if jax.process_index() != 0:
-        follow(graphdef, host, rl_cfg, samp, mesh)
+        follow(graphdef, host, rl_cfg, samp, mesh, seed=int(config.seed))
         return None
     local = build_mesh(config, jax.local_devices())   # process 0's samplers and shadow weights
-    job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local)
+    job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local, seed=int(config.seed))
     try:
         return run(config, workdir, graphdef, host, base_source=source,
                               progress=progress, trainer=job, devices=list(local.devices.flat))

@@ -33,7 +33,7 @@ from spotlight_jax.diffusion import (
 from spotlight_jax.elastic import DevicePool, PoolConfig
 from spotlight_jax.elastic.node import SpotNode
 from spotlight_jax.models.convert import from_diffusers
-from spotlight_jax.rl.grpo import GRPOConfig, GRPOTrainer, advantages
+from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
 from spotlight_jax.train import train_and_evaluate
 

@@ -19,7 +19,7 @@ Three ways to get the new group ready to run its rollout step, each timed from t
   read, so it flatters the cold path) + compile.
 
 The step is a small stand-in (per-token MLP layers over a sequence-sharded activation): its compile
-time is a lower bound on a real DiT step's (3-4 s on CPU for a 4-layer d=256 model, see JAX_NOTES).
+time is a lower bound on a real DiT step's (3-4 s on CPU for a 4-layer d=256 model, measured).
 Emulated devices share the host's cores and memory, so copies are memcpy-speed.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark of the preemption-aware scheduler (issue 6).
+"""Benchmark of the preemption-aware scheduler.
 
     python -m spotlight_jax.bench.scheduler [--quick] [--model micro|tiny] [--repeats 3]
 

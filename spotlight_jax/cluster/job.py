@@ -87,17 +87,17 @@ def broadcast_base(base) -> dict:
     return out
 
 
-def _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh):
+def _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh, seed: int = 0):
 
     return trainer_class(rl_cfg)(graphdef, shard_state(base_state, mesh), rl_cfg, sampler_cfg,
-                                 mesh=mesh)
+                                 mesh=mesh, seed=seed)
 
 
 class _Replica:
     """The objective's trainer on the job's global mesh, as every process holds it."""
 
-    def __init__(self, graphdef, base_state, rl_cfg, sampler_cfg, mesh):
-        self.trainer = _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh)
+    def __init__(self, graphdef, base_state, rl_cfg, sampler_cfg, mesh, seed: int = 0):
+        self.trainer = _trainer(graphdef, base_state, rl_cfg, sampler_cfg, mesh, seed)
 
     def run(self, cmd: dict):
         """Runs one command's collective part on this process; returns what it produced."""
@@ -122,12 +122,12 @@ class _Replica:
         raise ValueError(f"unknown trainer job command {op!r}")
 
 
-def follow(graphdef, base_state, rl_cfg, sampler_cfg, mesh) -> int:
+def follow(graphdef, base_state, rl_cfg, sampler_cfg, mesh, seed: int = 0) -> int:
     """A follower process's whole life in the job: serve process 0's commands until ``stop``.
     Returns the number of updates it took part in."""
     if jax.process_index() == 0:
         raise RuntimeError("process 0 leads the trainer job (TrainerJob); it does not follow")
-    replica = _Replica(graphdef, base_state, rl_cfg, sampler_cfg, mesh)
+    replica = _Replica(graphdef, base_state, rl_cfg, sampler_cfg, mesh, seed)
     updates = 0
     while True:
         cmd = broadcast_tree(None)
@@ -141,18 +141,19 @@ def follow(graphdef, base_state, rl_cfg, sampler_cfg, mesh) -> int:
 
 
 class TrainerJob:
-    """Process 0's view of the job's trainer: a drop-in for the objective's trainer in the
-    runner.
+    """Process 0's view of the job's trainer: a :class:`spotlight_jax.rl.Trainer` that the
+    runner uses in place of the objective's trainer.
 
     ``mesh`` spans every process's devices (the job's trainer mesh); ``local_mesh`` is process
     0's own devices, where the shadow trainer keeps the current weights for sampling."""
 
-    def __init__(self, graphdef, base_state, rl_cfg, sampler_cfg, mesh, local_mesh):
+    def __init__(self, graphdef, base_state, rl_cfg, sampler_cfg, mesh, local_mesh,
+                 seed: int = 0):
         if jax.process_index() != 0:
             raise RuntimeError("TrainerJob runs in process 0; other processes call follow()")
         self.mesh, self.local_mesh = mesh, local_mesh
-        self._replica = _Replica(graphdef, base_state, rl_cfg, sampler_cfg, mesh)
-        self.local = _trainer(graphdef, base_state, rl_cfg, sampler_cfg, local_mesh)
+        self._replica = _Replica(graphdef, base_state, rl_cfg, sampler_cfg, mesh, seed)
+        self.local = _trainer(graphdef, base_state, rl_cfg, sampler_cfg, local_mesh, seed)
         self.cfg = rl_cfg
         self.batch_keys, self.state_parts = self.local.batch_keys, self.local.state_parts
         self._opt_stale = False      # the shadow's optimizer state lags the job's
@@ -187,6 +188,13 @@ class TrainerJob:
         self._opt_stale = True
         self._pull(with_opt_state=False)
         return metrics
+
+    @property
+    def needs_reward_parts(self) -> bool:
+        return self.local.needs_reward_parts
+
+    def advantages(self, rewards, prompt_ids, parts=None):
+        return self.local.advantages(rewards, prompt_ids, parts)
 
     def policy_state(self):
         return self.local.policy_state()

@@ -9,7 +9,7 @@ is bit-identical to one that never stopped.
 With ``SamplerConfig.shared_init_bits = b > 0`` the initial noise comes from ``seed >> b``
 instead (a separate stream), so seeds that differ only in their low ``b`` bits share ``x_T`` and
 differ only in their SDE step noise (DanceGRPO's shared initial noise within a group; the
-controller then gives each prompt slot's seeds one high part, see
+runner then gives each prompt slot's seeds one high part, see
 ``explore.candidate_seeds``).
 
 ``denoise`` is the single primitive: a ``lax.scan`` over ``n`` steps from a *dynamic* start index,

@@ -1,6 +1,6 @@
 """Flow-matching sampler steps with Flow-GRPO's exact log-probabilities.
 
-Notation (REFERENCE.md): flow time sigma in [0, 1] (1 = noise), velocity ``v = noise - x0``, step
+Notation (Flow-GRPO's): flow time sigma in [0, 1] (1 = noise), velocity ``v = noise - x0``, step
 ``dt = sigma_next - sigma < 0``, noise level ``a``. All arithmetic is float32 even when the model
 ran in bfloat16, because log-prob ratios of ~1e-4 are what PPO clips on.
 """

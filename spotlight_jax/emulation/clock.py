@@ -1,7 +1,7 @@
-"""Clocks: where the controller's time goes, on real hardware and in emulation.
+"""Clocks: where the runner's time goes, on real hardware and in emulation.
 
-The controller runs real computation but *charges* every operation's duration to a clock, on the
-device group that runs it. Two clocks share one API, so the controller code is identical:
+The runner runs real computation but *charges* every operation's duration to a clock, on the
+device group that runs it. Two clocks share one API, so the runner's code is identical:
 
 * :class:`VirtualClock` (emulation): time advances only by what is charged. The durations come
   from a cost model (``emulation.cost_models``), e.g. seconds of a 20B MMDiT rollout step on
@@ -35,7 +35,7 @@ Accounting (all in device-seconds unless said otherwise):
 Preemptions happen at trace times on the same time axis: :class:`EventCursor` hands out the
 events of a time-sorted list up to a time, and its position is part of a checkpoint.
 
-Threads: open phases from the controller's thread; branches running in worker threads charge
+Threads: open phases from the runner's thread; branches running in worker threads charge
 through their phase object (``phase.run`` / ``phase.timed``), which is locked. Inside an open
 phase a VirtualClock's ``now()`` is the phase's start, so pass ``at=`` to :meth:`Clock.set_alive`
 for changes that fall inside it.
@@ -124,7 +124,7 @@ class Phase:
         self._closed = False
         self._t0 = time.perf_counter()
 
-    # ---- what the controller calls ----------------------------------------------------------
+    # ---- what the runner calls --------------------------------------------------------------
     def run(self, label: str, group, seconds: float | None = None,
             fn: Callable | None = None, *args, **kwargs):
         """Runs ``fn(*args, **kwargs)`` (if given) on ``group`` and charges it under ``label``.

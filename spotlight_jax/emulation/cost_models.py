@@ -229,9 +229,9 @@ class CostModel:
 
     def _price_rows(self) -> list[Assumption]:
         return [Assumption("on_demand_price", self.prices.on_demand_per_hour, "$/device-h",
-                           "REFERENCE.md: public H100 on-demand ~$3.90/GPU-h"),
+                           "public H100 on-demand list prices, ~$3.90/GPU-h"),
                 Assumption("spot_discount", self.prices.spot_discount, "fraction",
-                           "paper: spot 69-77% cheaper (REFERENCE.md)"),
+                           "the Spotlight paper: spot 69-77% cheaper"),
                 Assumption("spot_price", self.prices.spot_per_hour, "$/device-h",
                            "derived: on-demand x (1 - discount); public spot $0.8-2.5")]
 

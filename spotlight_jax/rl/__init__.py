@@ -1,15 +1,9 @@
 """RL objectives for flow-matching DiTs: Flow-GRPO (advantages, the clipped per-step loss with
 KL) and the forward-process objective (`rl.nft`), their trainers over LoRA or full weights."""
-from spotlight_jax.rl.grpo import (
-    GRPOConfig,
-    GRPOTrainer,
-    advantages,
-    decoupled_advantages,
-    group_stats,
-    grpo_loss,
-    select_steps,
-)
+from spotlight_jax.rl.advantages import advantages, decoupled_advantages, group_stats
+from spotlight_jax.rl.grpo import GRPOConfig, GRPOTrainer, grpo_loss, select_steps
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
+from spotlight_jax.rl.policy import Trainer
 
 # rl.objective -> its trainer (registry.OBJECTIVES names them; a test checks they match)
 TRAINERS = {"nft": NFTTrainer, "flow_grpo": GRPOTrainer}
@@ -20,5 +14,6 @@ def trainer_class(cfg):
     return NFTTrainer if isinstance(cfg, NFTConfig) else GRPOTrainer
 
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "TRAINERS", "trainer_class",
-           "advantages", "decoupled_advantages", "grpo_loss", "group_stats", "select_steps"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "TRAINERS", "Trainer",
+           "trainer_class", "advantages", "decoupled_advantages", "grpo_loss", "group_stats",
+           "select_steps"]

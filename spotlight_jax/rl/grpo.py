@@ -1,4 +1,4 @@
-"""GRPO for flow-matching DiTs (Flow-GRPO): advantages, the clipped per-step loss, the train step.
+"""GRPO for flow-matching DiTs (Flow-GRPO): the clipped per-step loss and the train step.
 
 The loss of one trained step ``j`` of a trajectory is
 ``max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) + beta * KL`` with ``r = exp(logp_new - logp_old)``,
@@ -83,64 +83,7 @@ class GRPOConfig:
             raise ValueError(f"step_weight={self.step_weight!r}: choose one of {STEP_WEIGHTS}")
         if self.inner_epochs < 1:
             raise ValueError(f"inner_epochs={self.inner_epochs!r}: must be >= 1")
-        if self.advantage == "decoupled" and self.global_std:
-            raise ValueError("global_std=True: advantage='decoupled' normalises within each "
-                             "group; set global_std=False (or advantage='reward')")
         return self
-
-
-def advantages(rewards, prompt_ids, *, global_std: bool = False, clip: float = 5.0,
-               eps: float = 1e-4) -> np.ndarray:
-    """``(r - mean_prompt) / (std + 1e-4)`` with per-prompt or global std, clipped to ±clip.
-
-    A group whose rewards are all equal gets advantage exactly 0 (it carries no signal).
-    """
-    r = np.asarray(rewards, np.float64)
-    ids = np.asarray(prompt_ids)
-    adv = np.zeros_like(r)
-    gstd = r.std() if global_std else None
-    for pid in np.unique(ids):
-        sel = ids == pid
-        group = r[sel]
-        if np.all(group == group[0]):
-            continue
-        std = gstd if global_std else group.std()
-        adv[sel] = (group - group.mean()) / (std + eps)
-    return np.clip(adv, -clip, clip).astype(np.float32)
-
-
-def decoupled_advantages(parts, prompt_ids, *, clip: float = 5.0,
-                         eps: float = 1e-4) -> np.ndarray:
-    """Advantages of a reward that is the mean of parts, each part normalised on its own.
-
-    ``parts`` is ``[B, K]`` (NaN where a part does not apply; a group's rows share one prompt, so
-    NaN columns are whole groups'). Per group: each applicable part's advantage is
-    ``(p - mean) / (std + eps)`` (0 for a part constant within the group), those are averaged
-    over the applicable parts and the average is normalised again within the group, so every
-    group weighs as much as with :func:`advantages` and only the direction inside it changes
-    (multi-reward decoupled normalisation, as in GDPO). Clipped to ±clip.
-    """
-    p = np.asarray(parts, np.float64)
-    ids = np.asarray(prompt_ids)
-    if p.ndim != 2 or p.shape[0] != ids.shape[0]:
-        raise ValueError(f"parts must be [B, K] with B = {ids.shape[0]} prompt ids, got "
-                         f"shape {p.shape}")
-    applies = ~np.isnan(p)
-    # a part that does not apply is constant (0) within its group: advantage 0, not counted
-    per_part = np.stack([advantages(np.nan_to_num(p[:, k]), ids, clip=np.inf, eps=eps)
-                         for k in range(p.shape[1])], axis=1)
-    mean = (per_part * applies).sum(1) / np.maximum(applies.sum(1), 1)
-    return advantages(mean, ids, clip=clip, eps=eps)
-
-
-def group_stats(rewards, prompt_ids) -> dict:
-    """Mean within-group reward std (``group_std``) and the share of groups whose rewards are all
-    equal (``zero_var_groups``: they get advantage 0 and teach nothing). What seed exploration
-    is meant to raise and lower."""
-    r, ids = np.asarray(rewards, np.float64), np.asarray(prompt_ids)
-    groups = [r[ids == pid] for pid in np.unique(ids)]
-    return {"group_std": float(np.mean([g.std() for g in groups])),
-            "zero_var_groups": float(np.mean([np.all(g == g[0]) for g in groups]))}
 
 
 def select_steps(key, stochastic: np.ndarray, batch: int, k: int):
@@ -276,9 +219,9 @@ class GRPOTrainer(PolicyTrainer):
     batch_keys = ("latents", "log_probs", "tokens", "mask")
 
     def __init__(self, graphdef, base_state, cfg: GRPOConfig, sampler: SamplerConfig, mesh=None,
-                 attn=None):
+                 attn=None, seed: int = 0):
         step_weights(sampler, cfg.step_weight)   # a bad name fails here, not inside a trace
-        super().__init__(graphdef, base_state, cfg, mesh, attn)
+        super().__init__(graphdef, base_state, cfg, mesh, attn, seed)
         self.sampler = sampler
 
     # -- update ------------------------------------------------------------------------------

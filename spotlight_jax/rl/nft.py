@@ -173,8 +173,8 @@ class NFTTrainer(PolicyTrainer):
     state_parts = ("trainable", "opt_state", "ema", "old")
 
     def __init__(self, graphdef, base_state, cfg: NFTConfig, sampler: SamplerConfig, mesh=None,
-                 attn=None):
-        super().__init__(graphdef, base_state, cfg.validate(), mesh, attn)
+                 attn=None, seed: int = 0):
+        super().__init__(graphdef, base_state, cfg.validate(), mesh, attn, seed)
         self.sampler = sampler
         self.grid = time_grid(sampler)
         if not 1 <= cfg.times <= len(self.grid):

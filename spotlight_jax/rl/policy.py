@@ -1,13 +1,12 @@
 """What every objective's trainer owns: the trainable weights (full or LoRA), optimizer, EMA.
 
-An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update; the
-controller only uses the shared interface: ``policy_state()`` (θ, merged), ``sampling_state()``
-(the weights rollouts and exploration use: θ itself, or the forward-process objective's lagging
-θ_old), ``eval_state()`` (the EMA if kept), ``update(batch, key, step, generator=None)``,
-``generator()`` (the sampling policy as a later update needs it), ``batch_keys`` (the
-rollout fields the update reads) and ``state_parts`` (the attributes a checkpoint holds).
+An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update. The
+runner uses only the :class:`Trainer` protocol, which the objectives' trainers and the cluster's
+multi-process ``TrainerJob`` implement (``tests/rl/test_trainer_protocol.py`` checks all three).
 """
 from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +17,46 @@ from flax import nnx
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
+from spotlight_jax.rl.advantages import advantages, decoupled_advantages
 
 ADVANTAGES = ("reward", "decoupled")
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """The trainer interface the runner uses.
+
+    ``cfg``: the objective's frozen config. ``batch_keys``: the rollout fields ``update`` reads
+    (plus ``advantages``). ``state_parts``: the attributes a checkpoint holds (read and set by
+    name). ``needs_reward_parts``: whether :meth:`advantages` wants the reward's components.
+    """
+
+    cfg: Any
+    batch_keys: tuple[str, ...]
+    state_parts: tuple[str, ...]
+
+    @property
+    def needs_reward_parts(self) -> bool: ...
+
+    def advantages(self, rewards, prompt_ids, parts=None) -> np.ndarray:
+        """The batch's advantages, as the objective's config asks."""
+
+    def update(self, batch: dict, key, step: int, generator=None) -> dict:
+        """One update on ``batch``; ``generator``: the policy that sampled it, when that is not
+        the current sampling policy (:meth:`generator` of that moment). Returns metrics."""
+
+    def policy_state(self):
+        """θ, merged (LoRA factors into the base)."""
+
+    def sampling_state(self):
+        """The weights rollouts and exploration use: θ, or the forward-process objective's
+        lagging θ_old."""
+
+    def eval_state(self):
+        """The weights the held-out evaluation uses (the EMA if kept)."""
+
+    def generator(self):
+        """What a later ``update(..., generator=...)`` needs of the policy that samples now."""
 
 
 def check_policy_fields(cfg) -> None:
@@ -47,6 +84,9 @@ def check_policy_fields(cfg) -> None:
         bad("adv_clip", "must be > 0 (e.g. adv_clip=5.0)")
     if cfg.advantage not in ADVANTAGES:
         bad("advantage", f"use {' or '.join(map(repr, ADVANTAGES))}")
+    if cfg.advantage == "decoupled" and cfg.global_std:
+        bad("global_std", "advantage='decoupled' normalises within each group; set "
+                          "global_std=False (or advantage='reward')")
     if cfg.minibatches < 1:
         bad("minibatches", "must be >= 1")
 
@@ -68,12 +108,13 @@ class PolicyTrainer:
     """Trainable weights, optimizer state and EMA over a frozen base (the reference policy).
 
     ``cfg`` needs ``lora_rank``, ``lora_alpha``, ``lr``, ``grad_clip``, ``weight_decay``, ``ema``.
+    ``seed``: the run's seed, which draws the LoRA A factors (so the seeds of a grid start apart).
     """
 
     batch_keys: tuple[str, ...] = ()
     state_parts: tuple[str, ...] = ("trainable", "opt_state", "ema")
 
-    def __init__(self, graphdef, base_state, cfg, mesh=None, attn=None):
+    def __init__(self, graphdef, base_state, cfg, mesh=None, attn=None, seed: int = 0):
         self.graphdef, self.cfg, self.mesh = graphdef, cfg, mesh
         # how the update's forwards lay out attention (dense, or sequence-parallel on mesh)
         self.attn = attn if attn is not None else AttentionSpec()
@@ -87,7 +128,7 @@ class PolicyTrainer:
 
             rep = NamedSharding(mesh, PartitionSpec())
         if cfg.lora_rank:
-            self.trainable = lora_lib.init_lora(base_state, cfg.lora_rank, jax.random.key(0))
+            self.trainable = lora_lib.init_lora(base_state, cfg.lora_rank, jax.random.key(seed))
             if rep is not None:
                 self.trainable = jax.device_put(self.trainable, rep)
         else:
@@ -119,6 +160,23 @@ class PolicyTrainer:
 
     def eval_state(self):
         return self.merged(self.ema) if self.ema is not None else self.policy_state()
+
+    @property
+    def needs_reward_parts(self) -> bool:
+        """Whether :meth:`advantages` needs the reward's parts (``advantage='decoupled'``)."""
+        return self.cfg.advantage == "decoupled"
+
+    def advantages(self, rewards, prompt_ids, parts=None) -> np.ndarray:
+        """The batch's advantages as this objective's config asks: of the scalar reward
+        (group mean removed, group or batch std, clipped), or with ``parts`` ``[B, K]`` (the
+        reward's components) each part normalised on its own (:attr:`needs_reward_parts`)."""
+        if self.needs_reward_parts:
+            if parts is None:
+                raise ValueError("advantage='decoupled' needs the reward's parts; use a reward "
+                                 "with components (e.g. geneval_lite)")
+            return decoupled_advantages(parts, prompt_ids, clip=self.cfg.adv_clip)
+        return advantages(rewards, prompt_ids, global_std=self.cfg.global_std,
+                          clip=self.cfg.adv_clip)
 
     @staticmethod
     def check_finite(metrics: dict, step: int, name: str, fix: str) -> None:

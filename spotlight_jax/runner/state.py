@@ -39,7 +39,7 @@ from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
-from spotlight_jax.rl import advantages, decoupled_advantages, lora_export
+from spotlight_jax.rl import lora_export
 from spotlight_jax.runner.modes import MODES, make_mode
 from spotlight_jax.runner.rollouts import (
     DirectRollouts,
@@ -91,12 +91,12 @@ class RunState:
         base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
         self.rl = rl_config(config)
-        self.reward_parts = self._reward_parts()
         self.train_sampler_cfg = sampler_config(config)
         self.image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
         self.trainer = (trainer if trainer is not None
                         else make_trainer(config, graphdef, base, mesh=self.mesh))
+        self.reward_parts = self._reward_parts()
         # a latent model's VAE (None for pixels) and the attention layout on the trainer's mesh
         self.decoder = image_decoder(config)
         self.attn = attention_spec(config, self.mesh)
@@ -137,8 +137,9 @@ class RunState:
         self.mode = make_mode(st.mode, self, base)
 
     def _reward_parts(self):
-        """The reward's components for decoupled advantages (builders validated the choice)."""
-        return get_components(self.settings.reward) if self.rl.advantage == "decoupled" else None
+        """The reward's components, where the trainer's advantages need them (builders
+        validated the choice)."""
+        return get_components(self.settings.reward) if self.trainer.needs_reward_parts else None
 
     def _spot_rollouts(self):
         """The rollout backend with spot devices: Ray spot hosts (``transport='ray'``), the pull
@@ -261,13 +262,10 @@ class RunState:
         """The objective's update on ``batch`` (advantages computed here); ``generator``: the
         trainer's :meth:`generator` of the policy that sampled it, when that is not the current
         sampling policy."""
+        parts = None
         if self.reward_parts is not None:
-            flat = [prompts[i] for i in batch["prompt_ids"]]
-            adv = decoupled_advantages(self.reward_parts(batch["images"], flat),
-                                       batch["prompt_ids"], clip=self.rl.adv_clip)
-        else:
-            adv = advantages(batch["rewards"], batch["prompt_ids"],
-                             global_std=self.rl.global_std, clip=self.rl.adv_clip)
+            parts = self.reward_parts(batch["images"], [prompts[i] for i in batch["prompt_ids"]])
+        adv = self.trainer.advantages(batch["rewards"], batch["prompt_ids"], parts)
         train = {key: batch[key] for key in self.trainer.batch_keys}
         train["advantages"] = adv
         if generator is None:       # a trainer with the plain update(batch, key, step) serves

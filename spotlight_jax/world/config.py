@@ -5,15 +5,13 @@ detector) and to the rewards built on it, so that the images a base model is pre
 detector that scores its samples always agree on colors, shapes and sizes.
 
 The defaults are chosen for learnability by a tiny DiT with 4x4 patches on a 32x32 canvas (see
-/work/shared/CPU_CALIBRATION.md: a previous world with gray/black backgrounds and small objects was
-not learned): one black background, four saturated colors that are far apart in RGB, large objects
-(9-13 px, i.e. 2-3 patches wide), shapes that differ in extent (square, bar, column) rather than
-in sub-patch detail (a base model trained on circles, squares and triangles drew the same blob
-for all three), at most 3 objects of a kind, and digits drawn 3x larger than their 3x5 font.
-Sizes given as `None` are derived from `image_size`, so `WorldConfig(image_size=64)` is a
-consistent bigger world.
+docs/world.md; an earlier world with gray/black backgrounds and small objects was not learned): one
+black background, four saturated colors that are far apart in RGB, large objects (9-13 px, i.e. 2-3
+patches wide), shapes that differ in extent (square, bar, column) rather than in sub-patch detail (a
+base model trained on circles, squares and triangles drew the same blob for all three), at most 3
+objects of a kind, and digits drawn 3x larger than their 3x5 font. Sizes given as `None` are derived
+from `image_size`, so `WorldConfig(image_size=64)` is a consistent bigger world.
 """
-
 from __future__ import annotations
 
 import dataclasses

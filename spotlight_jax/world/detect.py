@@ -15,7 +15,7 @@ Pipeline, vectorised over a batch:
    (`cfg.shape_max_aspect`, `cfg.bar_min_aspect`) or is much smaller than any object the renderer
    draws (`cfg.shape_min_frac`), the shape is "none":
    ragged blobs do not pass as circles nor 4x4 patch blocks as squares (failures of an earlier
-   design, see CPU_CALIBRATION.md).
+   design, docs/world.md).
 4. `read_text`: OCR for digits in the 3x5 font. Text pixels are the text-colored components; the
    scale is the text height / 5, glyphs are sliced at the font's pitch of 4 cells, each slice is
    averaged into 5x3 cells and matched to the nearest font template (L1 distance).

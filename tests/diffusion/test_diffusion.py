@@ -1,4 +1,4 @@
-"""Sampler steps against an independent float64 numpy transcription of REFERENCE.md, and
+"""Sampler steps against an independent float64 numpy transcription of Flow-GRPO's formulas, and
 bit-identical resumption of rollouts."""
 import dataclasses
 import math

@@ -160,6 +160,22 @@ def test_lora_starts_at_base_and_trains_only_adapters(rollout_batch):
     assert moved and all(("qkv" in p or "out" in p) for p in moved)
 
 
+def test_lora_factors_are_drawn_from_the_run_seed(rollout_batch):
+    """The A factors come from the run's seed (the seeds of a grid start apart; the same seed
+    starts alike), and every seed still starts exactly at the base (B = 0)."""
+    graphdef, state, _ = rollout_batch
+    cfg = GRPOConfig(lora_rank=4, lora_alpha=8.0)
+
+    def factors(seed):
+        return jax.tree.leaves(GRPOTrainer(graphdef, state, cfg, SAMPLER, seed=seed).trainable)
+    s0, s0_again, s1 = factors(0), factors(0), factors(1)
+    assert all(np.array_equal(a, b) for a, b in zip(s0, s0_again))
+    assert not all(np.array_equal(a, b) for a, b in zip(s0, s1))
+    merged = GRPOTrainer(graphdef, state, cfg, SAMPLER, seed=1).policy_state()
+    for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_nan_loss_stops_with_iteration_in_message(rollout_batch):
     graphdef, state, batch = rollout_batch
     bad = dict(batch, latents=np.full_like(batch["latents"], np.nan))

@@ -19,7 +19,7 @@ from spotlight_jax.diffusion.rollout import sampling_compiler_options
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.models.convert import from_diffusers, vae_from_diffusers
 from spotlight_jax.parallel import MeshConfig, make_mesh
-from spotlight_jax.rl.grpo import GRPOConfig, GRPOTrainer, advantages
+from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers"

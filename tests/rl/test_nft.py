@@ -242,6 +242,14 @@ def test_builders_objective_sampler_and_errors():
         assert (st.reward, st.eval_reward) == (train, "geneval_lite"), over
     c.rl.global_std = False
     assert rl_config(c).global_std is False
+    # decoupled advantages normalise within groups: nft's default batch std steps aside, and
+    # asking for both fails naming the field (it was silently ignored)
+    assert rl_config(micro_config(1, **{"rl.objective": "nft", "rl.advantage": "decoupled"})
+                     ).global_std is False
+    for objective in ("nft", "flow_grpo"):
+        with pytest.raises(ValueError, match=r"rl.global_std=True: rl.advantage='decoupled' normalises"):
+            rl_config(micro_config(1, **{"rl.objective": objective, "rl.advantage": "decoupled",
+                                         "rl.global_std": True}))
     with pytest.raises(ValueError, match="rl.objective='ppo'"):
         rl_config(micro_config(1, **{"rl.objective": "ppo"}))
     with pytest.raises(ValueError, match="shared_initial_noise"):
