@@ -247,7 +247,8 @@ def test_builders_objective_sampler_and_errors():
     assert rl_config(micro_config(1, **{"rl.objective": "nft", "rl.advantage": "decoupled"})
                      ).global_std is False
     for objective in ("nft", "flow_grpo"):
-        with pytest.raises(ValueError, match=r"rl.global_std=True: rl.advantage='decoupled' normalises"):
+        with pytest.raises(ValueError,
+                           match=r"rl.global_std=True: rl.advantage='decoupled' normalises"):
             rl_config(micro_config(1, **{"rl.objective": objective, "rl.advantage": "decoupled",
                                          "rl.global_std": True}))
     with pytest.raises(ValueError, match="rl.objective='ppo'"):
