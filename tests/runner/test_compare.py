@@ -127,5 +127,5 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
         assert os.path.exists(tmp_path / mode / "phases.json")
     assert "## Where the emulated time goes" in text and "## Assumptions" in text
     c.mode = "nonsense"
-    with pytest.raises(ValueError, match="unknown mode 'nonsense'"):
+    with pytest.raises(ValueError, match="mode='nonsense': choose one of"):
         train.train_and_evaluate(c, str(tmp_path / "x"))
