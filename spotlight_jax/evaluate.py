@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from spotlight_jax import rewards, world
-from spotlight_jax.diffusion import Sampler
+from spotlight_jax.diffusion import Sampler, batches
 from spotlight_jax.rewards import constraint_breakdown, missing_credit
 from spotlight_jax.rewards.geneval import exact_scores
 
@@ -24,12 +24,7 @@ def generate(sampler: Sampler, state, prompts, seeds, text_len: int, batch_size:
     ``tokenize``: the run's prompt source's (default the world's tokenizer).
     """
     out = []
-    for i in range(0, len(prompts), batch_size):
-        ps, ss = list(prompts[i:i + batch_size]), np.asarray(seeds[i:i + batch_size])
-        n = len(ps)
-        if n < batch_size:
-            ps = ps + [ps[-1]] * (batch_size - n)
-            ss = np.concatenate([ss, np.repeat(ss[-1:], batch_size - n)])
+    for ps, ss, n in batches.padded_chunks(prompts, seeds, batch_size):
         tokens, mask = tokenize(ps, text_len)
         imgs = sampler.rollout(state, tokens, mask, ss)["images"]
         out.append(np.asarray(imgs)[:n])

@@ -24,6 +24,7 @@ from spotlight_jax.builders import ConfigError, prompt_source, validate
 from spotlight_jax.diffusion import (
     Sampler,
     SamplerConfig,
+    batches,
     initial_noise,
     prompt,
     step_noise,
@@ -104,18 +105,18 @@ def test_a_batch_with_prompt_pytrees_slices_joins_and_round_trips_through_flat_n
     trainer's broadcast do to a batch whose tokens are a pytree."""
     w = sd35
     batch = {"tokens": w["tokens"], "mask": w["mask"], "seeds": w["seeds"]}
-    flat = prompt.flatten(batch)
+    flat = batches.flatten(batch)
     assert sorted(flat) == ["mask", "seeds", "tokens/embeds", "tokens/null/embeds",
                             "tokens/null/mask", "tokens/null/pooled", "tokens/pooled"]
-    back = prompt.unflatten(flat)
+    back = batches.unflatten(flat)
     assert jax.tree.structure(back) == jax.tree.structure(batch)
     rows = np.array([2, 0])
-    two = prompt.concat([prompt.take(batch, rows), prompt.take(batch, slice(0, 1))])
+    two = batches.concat([batches.take(batch, rows), batches.take(batch, slice(0, 1))])
     for got, full in zip(jax.tree.leaves(two), jax.tree.leaves(batch)):
         np.testing.assert_array_equal(got, np.asarray(full)[[2, 0, 0]])
-    assert prompt.batch_size(two) == 3
+    assert batches.batch_size(two) == 3
     with pytest.raises(ValueError, match=r"key 'a/b': contains '/'"):
-        prompt.flatten({"a/b": np.zeros(1)})
+        batches.flatten({"a/b": np.zeros(1)})
 
 
 def test_a_rollout_is_conditioned_on_the_files_pooled_embedding(sd35):

@@ -62,7 +62,7 @@ def main(argv):
 
     from spotlight_jax import train
     from spotlight_jax.builders import load_config, rl_config
-    from spotlight_jax.explore import candidate_seeds
+    from spotlight_jax.diffusion.engine import candidate_seeds
     from spotlight_jax.runner import RunState
 
     config = load_config(FLAGS.config)

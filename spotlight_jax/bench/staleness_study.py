@@ -77,7 +77,8 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     from spotlight_jax import train
     from spotlight_jax.builders import load_config, rl_config, sampler_config
     from spotlight_jax.diffusion import Sampler
-    from spotlight_jax.explore import Explorer, RolloutEngine, candidate_seeds
+    from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
+    from spotlight_jax.explore import LocalExplorer
     from spotlight_jax.explore.staleness import ranking_agreement, summarize_agreement
     from spotlight_jax.plots import plot_curves
     from spotlight_jax.runner import RunState
@@ -136,9 +137,9 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     }
     for name, scfg in variants.items():
         engine = RolloutEngine(Sampler(graphdef, shape, scfg.validate(), mesh=run.mesh),
-                               run.mcfg.text_len, run.settings.reward,
-                               chunk=run.engine.chunk)
-        other = Explorer(engine).score(snap[k], prompts, seeds)
+                               run.mcfg.text_len, run.engine.reward_fn,
+                               chunk=run.engine.chunk, tokenize=run.prompt_source.tokenize)
+        other = LocalExplorer(engine).score(snap[k], prompts, seeds)
         s = summarize_agreement(ranking_agreement(fresh, other, G))
         results["scorers"][name] = {kk: (v._asdict() if hasattr(v, "_asdict") else v)
                                     for kk, v in s.items()}

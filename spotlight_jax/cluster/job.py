@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from spotlight_jax import checkpoint
 from spotlight_jax.builders import abstract_model, build_mesh, make_trainer, model_config
 from spotlight_jax.cluster.distributed import broadcast_tree
-from spotlight_jax.diffusion import prompt
+from spotlight_jax.diffusion import batches
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.rl import trainer_class
 
@@ -104,7 +104,7 @@ class _Replica:
 
         t, op = self.trainer, _op(cmd)
         if op == "update":
-            batch = prompt.unflatten({k[2:]: v for k, v in cmd.items() if k.startswith("b/")})
+            batch = batches.unflatten({k[2:]: v for k, v in cmd.items() if k.startswith("b/")})
             key = jax.random.wrap_key_data(cmd["key"])
             return t.update(batch, key, int(cmd["step"]))
         if op == "gather":
@@ -182,7 +182,7 @@ class TrainerJob:
                 "a multi-process trainer job trains on its own iteration's rollouts only; run "
                 "mode spotlight_pipelined in a single-process trainer")
         # flat names: tokens may be a pytree (a prompt's pooled embedding and null prompt)
-        arrays = {f"b/{k}": np.asarray(v) for k, v in prompt.flatten(batch).items()}
+        arrays = {f"b/{k}": np.asarray(v) for k, v in batches.flatten(batch).items()}
         metrics = self._send("update", key=np.asarray(jax.random.key_data(key)),
                              step=np.asarray(step, np.int64), **arrays)
         self._opt_stale = True
@@ -274,7 +274,7 @@ def update_from_files(config, base_dir: str, batch_path: str, out_path: str | No
     if jax.process_index() == 0:
         with np.load(batch_path) as f:
             batch = {k: f[k] for k in f.files}
-    batch = prompt.unflatten(broadcast_tree(batch))   # "tokens/embeds"... -> nested
+    batch = batches.unflatten(broadcast_tree(batch))   # "tokens/embeds"... -> nested
     metrics = trainer.update(batch, jax.random.key(config.seed), step)
     leaves = [np.asarray(x) for x in jax.tree.leaves(trainer.trainable)]
     if jax.process_index() == 0 and out_path:   # in jax.tree.leaves order (LoRA or full)

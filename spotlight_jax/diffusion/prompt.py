@@ -13,21 +13,18 @@ carry next to ``mask``) is either
   and no call site decides which null applies.
 
 Only :func:`model_inputs` and :func:`null_prompt` look inside; everything else treats ``tokens``
-as a pytree whose leaves all have the batch on axis 0, so slicing a batch (:func:`take`),
-concatenating chunks (:func:`concat`), repeating rows (:func:`repeat`) and placing it on a mesh
-(``parallel.mesh.place_batch``) never branch on the kind. :func:`flatten` / :func:`unflatten`
-turn a batch holding such a pytree into flat ``"a/b"`` names for npz files and broadcasts.
+as a pytree whose leaves all have the batch on axis 0 (``diffusion.batches``: slicing,
+concatenating, repeating, flattening; ``parallel.mesh.place_batch``), so no path branches on the
+kind.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 EMBEDS, POOLED, NULL, MASK = "embeds", "pooled", "null", "mask"
-SEP = "/"
 
 
 def model_inputs(tokens):
@@ -72,50 +69,3 @@ def drop(tokens, mask, keep):
         return jnp.where(keep.reshape(keep.shape + (1,) * (a.ndim - 1)), a, b)
 
     return jax.tree.map(pick, conditional(tokens), null_tokens), pick(mask, null_mask)
-
-
-def batch_size(tree) -> int:
-    """Rows of a pytree whose leaves all have the batch on axis 0."""
-    return int(np.shape(jax.tree.leaves(tree)[0])[0])
-
-
-def take(tree, rows):
-    """Rows ``rows`` (indices, a boolean mask or a slice) of every leaf."""
-    return jax.tree.map(lambda a: a[rows], tree)
-
-
-def concat(trees: Sequence):
-    """Host chunks of one structure, concatenated along the batch (numpy)."""
-    return jax.tree.map(lambda *a: np.concatenate(a), *trees)
-
-
-def repeat(tree, n: int):
-    """Each row ``n`` times in a row (``jnp.repeat`` on axis 0 of every leaf)."""
-    return jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), tree)
-
-
-def flatten(tree: Mapping, prefix: str = "") -> dict:
-    """A nested dict of arrays as one flat dict named ``"a/b"`` (for npz files and
-    broadcasts); the inverse of :func:`unflatten`."""
-    out = {}
-    for k, v in tree.items():
-        name = f"{prefix}{k}"
-        if SEP in str(k):
-            raise ValueError(f"key {k!r}: contains {SEP!r}, which flat names reserve; rename it")
-        if isinstance(v, Mapping):
-            out.update(flatten(v, name + SEP))
-        else:
-            out[name] = v
-    return out
-
-
-def unflatten(flat: Mapping) -> dict:
-    """Flat ``"a/b"`` names back to nested dicts (:func:`flatten`'s inverse)."""
-    out: dict = {}
-    for name, v in flat.items():
-        node = out
-        *parents, leaf = name.split(SEP)
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return out

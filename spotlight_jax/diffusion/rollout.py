@@ -10,7 +10,7 @@ With ``SamplerConfig.shared_init_bits = b > 0`` the initial noise comes from ``s
 instead (a separate stream), so seeds that differ only in their low ``b`` bits share ``x_T`` and
 differ only in their SDE step noise (DanceGRPO's shared initial noise within a group; the
 runner then gives each prompt slot's seeds one high part, see
-``explore.candidate_seeds``).
+``diffusion.engine.candidate_seeds``).
 
 ``denoise`` is the single primitive: a ``lax.scan`` over ``n`` steps from a *dynamic* start index,
 so one compiled program serves a full rollout (start 0, n = T) and every resumed segment of the

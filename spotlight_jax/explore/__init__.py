@@ -3,7 +3,8 @@
 * ``max_variance_subset`` (contract): which G of a prompt's explored seeds to train on.
 * ``Planner`` / ``PlannerConfig``: how many candidate seeds each prompt gets within an exploration
   time budget (UCB / Thompson sampling / uniform), with JSON-exact state.
-* ``Explorer`` / ``RolloutEngine``: rewards of candidate seeds under a (stale) policy.
+* ``Explorer`` (protocol) / ``LocalExplorer``: rewards of candidate seeds under a (stale) policy
+  (sampled by ``diffusion.engine.RolloutEngine``).
 * ``stats``: Kendall tau-b, Spearman rho and bootstrap CIs for the exploration studies.
 """
 from spotlight_jax.explore.selection import (
@@ -14,12 +15,11 @@ from spotlight_jax.explore.selection import (
 from spotlight_jax.explore.stats import bootstrap_mean_ci, kendall_tau_b, spearman_rho
 
 _LAZY = {"Planner", "PlannerConfig"}
-_LAZY_EXPLORER = {"Explorer", "RolloutEngine", "candidate_seeds"}
+_LAZY_EXPLORER = {"Explorer", "LocalExplorer"}
 
 __all__ = [
     "Explorer",
-    "RolloutEngine",
-    "candidate_seeds",
+    "LocalExplorer",
     "Planner",
     "PlannerConfig",
     "bootstrap_mean_ci",

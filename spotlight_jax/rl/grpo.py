@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from spotlight_jax.diffusion import SamplerConfig, prompt, velocity
+from spotlight_jax.diffusion import SamplerConfig, batches, velocity
 from spotlight_jax.diffusion.rollout import project_at, step_at
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl.policy import (
@@ -145,7 +145,7 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
     x, x_next, logp_old, j, rows = _gather_steps(latents, log_probs, idx)
     sigmas = jnp.asarray(sampler.sigmas)
     sigma, sigma_next = sigmas[j], sigmas[j + 1]
-    tok, msk = prompt.take(tokens, rows), mask[rows]
+    tok, msk = batches.take(tokens, rows), mask[rows]
     step = step_at(sampler, j)
     v = velocity(model, x, sigma, tok, msk, guidance=sampler.guidance, attn=attn)
     _, logp, mean, std = step(x, v, sigma, sigma_next, noise_level=sampler.noise_level,
@@ -261,7 +261,7 @@ class GRPOTrainer(PolicyTrainer):
             perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 2 * epoch), n))
             for i in range(mb):
                 sel = perm[i * size:(i + 1) * size]
-                sub = self._place(prompt.take(jax.tree.map(np.asarray, batch), sel))
+                sub = self._place(batches.take(jax.tree.map(np.asarray, batch), sel))
                 idx = self._select(jax.random.fold_in(key, 2 * (epoch * mb + i) + 1), size)
                 plan.append((sub, idx))
         devs = []

@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from spotlight_jax.diffusion import SamplerConfig, encode_prompt, prompt, velocity
+from spotlight_jax.diffusion import SamplerConfig, batches, encode_prompt, velocity
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
@@ -241,7 +241,7 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=AttentionS
         # LoRA adapts only the blocks' attention: every policy shares the prompt encoding
         ctx_old = (jax.lax.stop_gradient(ctx) if lora
                    else jax.lax.stop_gradient(encode_prompt(old_model, tok, msk)))
-        tok_r, msk_r = prompt.repeat(tok, kk), jnp.repeat(msk, kk, axis=0)
+        tok_r, msk_r = batches.repeat(tok, kk), jnp.repeat(msk, kk, axis=0)
         v = velocity(model, x_t, t, tok_r, msk_r, attn=attn, context=rep(ctx))
         v_old = velocity(old_model, x_t, t, tok_r, msk_r, attn=attn, context=rep(ctx_old))
         v_ref = None

@@ -2,7 +2,7 @@
 
 An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update. The
 runner uses only the :class:`Trainer` protocol, which the objectives' trainers and the cluster's
-multi-process ``TrainerJob`` implement (``tests/rl/test_trainer_protocol.py`` checks all three).
+multi-process ``TrainerJob`` implement (``tests/test_interfaces.py`` checks all three).
 """
 from __future__ import annotations
 

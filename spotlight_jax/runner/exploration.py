@@ -22,8 +22,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spotlight_jax.builders import explore_mesh, fleet_devices
 from spotlight_jax.diffusion import Sampler
+from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
 from spotlight_jax.explore import max_variance_subset
-from spotlight_jax.explore.explorer import Explorer, RolloutEngine, candidate_seeds
+from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.runner.fleet import FleetExplorer
 
 
@@ -100,8 +101,8 @@ class SpotExploration:
             if self.mesh is not None:
                 sampler = Sampler(s.graphdef, s.image_shape, s.train_sampler_cfg, mesh=self.mesh,
                                   decoder=s.decoder)
-                self.explorer = Explorer(RolloutEngine(sampler, s.mcfg.text_len,
-                                                       s.settings.reward, chunk=s.engine.chunk,
+                self.explorer = LocalExplorer(RolloutEngine(sampler, s.mcfg.text_len,
+                                                       s.engine.reward_fn, chunk=s.engine.chunk,
                                                        tokenize=s.prompt_source.tokenize))
             else:
                 logging.warning("spotlight: the trainer uses every device; exploration shares "

@@ -10,7 +10,7 @@ trainer). :meth:`FleetExplorer.sync` applies the deployment's alive set and retu
 regroups measured (seconds, bytes, XLA compiles: 0 when the programs were precompiled).
 
 :class:`FleetExplorer` is the exploration scorer of that fleet, with the
-:class:`~spotlight_jax.explore.explorer.Explorer` interface: candidates are cut into fixed-size
+:class:`~spotlight_jax.explore.explorer.Explorer` protocol: candidates are cut into fixed-size
 chunks dealt round-robin to the live groups (dispatched asynchronously, so the groups run
 concurrently), then rewarded. The weights it scores with are the ones last installed by
 :meth:`FleetExplorer.pull` (the stale θ_k), not the ``state`` argument.
@@ -27,10 +27,9 @@ import jax
 import numpy as np
 
 from spotlight_jax import rewards, world
-from spotlight_jax.diffusion import SamplerConfig, prompt
+from spotlight_jax.diffusion import SamplerConfig, batches
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig
 from spotlight_jax.elastic.node import SpotFleet
-from spotlight_jax.explore.explorer import padded_chunks
 from spotlight_jax.models import MMDiTConfig
 
 STAT_KEYS = ("fleet_regroups", "fleet_regroup_s", "fleet_regroup_max_s", "fleet_compiles",
@@ -138,7 +137,7 @@ class FleetExplorer:
         """Per-prompt reward arrays of the candidates, scored on the live groups with the pulled
         weights (``state`` is not used: the groups hold θ_k since :meth:`pull`); with
         ``keep_trajectories`` also the candidates' rollout batch (host arrays, as
-        :meth:`~spotlight_jax.explore.explorer.RolloutEngine.run` returns), for a mode that
+        :meth:`~spotlight_jax.diffusion.engine.RolloutEngine.run` returns), for a mode that
         trains on what the spot groups sampled."""
         del state
         groups = self.fleet.groups
@@ -147,13 +146,13 @@ class FleetExplorer:
         flat_p = [p for p, ss in zip(prompts, seeds_per_prompt) for _ in range(len(ss))]
         flat_s = np.concatenate([np.asarray(s, np.uint32) for s in seeds_per_prompt])
         calls = []
-        for j, (ps, ss, n) in enumerate(padded_chunks(flat_p, flat_s, self.chunk)):
+        for j, (ps, ss, n) in enumerate(batches.padded_chunks(flat_p, flat_s, self.chunk)):
             tokens, mask = self.tokenize(ps, self.model_cfg.text_len)
             node, g, _ = groups[j % len(groups)]
             out = node.rollout(tokens, mask, ss, group=g)   # asynchronous dispatch
             if self.decoder is not None:
                 out = {**out, "images": self.decoder.decode(np.asarray(out["latents"])[:, -1])}
-            calls.append((out, prompt.take(tokens, slice(0, n)), mask[:n], ps[:n], n))
+            calls.append((out, batches.take(tokens, slice(0, n)), mask[:n], ps[:n], n))
         futures = [self._rewards.submit(lambda im, ps, n: self.reward_fn(np.asarray(im)[:n], ps),
                                         out["images"], ps, n) for out, _, _, ps, n in calls]
         flat_r = np.concatenate([f.result() for f in futures]).astype(np.float32)
@@ -162,7 +161,7 @@ class FleetExplorer:
             return per_prompt
         batch = {key: np.concatenate([np.asarray(out[key])[:n] for out, *_, n in calls])
                  for key in ("latents", "log_probs", "images")}
-        batch["tokens"] = prompt.concat([t for _, t, _, _, _ in calls])
+        batch["tokens"] = batches.concat([t for _, t, _, _, _ in calls])
         batch["mask"] = np.concatenate([m for _, _, m, _, _ in calls])
         batch["rewards"] = flat_r
         return per_prompt, batch

@@ -32,7 +32,7 @@ import numpy as np
 from absl import logging
 
 from spotlight_jax import registry
-from spotlight_jax.diffusion import prompt
+from spotlight_jax.diffusion import batches
 from spotlight_jax.rl import group_stats
 from spotlight_jax.runner.exploration import (
     SpotExploration,
@@ -144,7 +144,7 @@ class ExploreSyncMode(Mode):
         cands, chosen, ebatch, info = explore(s, k, prompts, budget, per, explorer=s.explorer,
                                               params=s.trainer.sampling_state(), keep=True)
         sel = chosen_rows(cands, chosen)
-        batch = prompt.take(ebatch, sel)
+        batch = batches.take(ebatch, sel)
         batch["prompt_ids"] = np.repeat(np.arange(P), G)
         d.clock.run("explore_sync", d.od, d.rollout_s(info["explore_candidates"], use_spot=False))
         return batch, info, s.direct
@@ -257,7 +257,7 @@ class SpotlightPipelinedMode(SpotlightMode):
             return
         cands, chosen, cbatch, generator = result
         sel = chosen_rows(cands, chosen)
-        batch = prompt.take(jax.tree.map(np.asarray, cbatch), sel)
+        batch = batches.take(jax.tree.map(np.asarray, cbatch), sel)
         batch["prompt_ids"] = np.repeat(np.arange(len(cands)), [len(i) for i in chosen])
         batch["seeds"] = np.concatenate([np.asarray(cc, np.uint32)[i]
                                          for cc, i in zip(cands, chosen)])
@@ -271,7 +271,7 @@ class SpotlightPipelinedMode(SpotlightMode):
         k, batch, generator = self.pending
         out = {"iteration": np.asarray(k, np.int64),
                **{f"batch/{key}": np.asarray(v)
-                  for key, v in prompt.flatten(batch).items()}}   # tokens may be a pytree
+                  for key, v in batches.flatten(batch).items()}}   # tokens may be a pytree
         if generator is not None:
             out.update({f"generator/{i:05d}": np.asarray(x)
                         for i, x in enumerate(jax.tree.leaves(generator))})
@@ -281,7 +281,7 @@ class SpotlightPipelinedMode(SpotlightMode):
         self.pending = None
         if arrays is None:
             return
-        batch = prompt.unflatten({key[6:]: v for key, v in arrays.items()
+        batch = batches.unflatten({key[6:]: v for key, v in arrays.items()
                                   if key.startswith("batch/")})
         leaves = [arrays[key] for key in sorted(arrays) if key.startswith("generator/")]
         generator = None

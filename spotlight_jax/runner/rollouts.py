@@ -27,8 +27,8 @@ import numpy as np
 
 from spotlight_jax import sched
 from spotlight_jax.cluster import ray_hosts
+from spotlight_jax.diffusion.engine import candidate_seeds
 from spotlight_jax.elastic import GroupConfig
-from spotlight_jax.explore.explorer import candidate_seeds
 
 
 def group_seeds(run_seed: int, k: int, num_prompts: int, group_size: int,

@@ -32,8 +32,9 @@ from spotlight_jax.builders import (
 )
 from spotlight_jax.checkpoint import RunCheckpointer
 from spotlight_jax.diffusion import Sampler
+from spotlight_jax.diffusion.engine import RolloutEngine
 from spotlight_jax.evaluate import evaluate
-from spotlight_jax.explore.explorer import Explorer, RolloutEngine
+from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
@@ -113,11 +114,11 @@ class RunState:
                              "no held-out prompts (split 'val') to evaluate on; re-run python "
                              "-m spotlight_jax.encode_prompts with --val_prompts")
         self.val_prompts = eval_prompts(self.prompt_source.val_prompts, st.eval_prompts)
-        self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, st.reward,
+        self.engine = RolloutEngine(self.sampler, self.mcfg.text_len, rewards.get(st.reward),
                                     chunk=max(st.group_size, 32),
                                     tokenize=self.prompt_source.tokenize)
         rewards.get(st.eval_reward)             # an unknown name fails here, not at eval 0
-        self.explorer = Explorer(self.engine)
+        self.explorer = LocalExplorer(self.engine)
         self.deploy = make_deployment(config)
         self.host_config = host_config(config) if st.transport == "ray" else None
         self.planner = Planner(PlannerConfig(group_size=st.group_size,

@@ -277,7 +277,7 @@ def test_shared_initial_noise_within_a_slot(micro_sampler):
     # shared_init_bits: seeds equal above their low bits start from one x_T (a stream no plain
     # seed uses) and differ from the first SDE step on; the scheduler's stepper starts a
     # request from the same x_T; candidate seeds of a slot are laid out to share it
-    from spotlight_jax.explore import candidate_seeds
+    from spotlight_jax.diffusion.engine import candidate_seeds
     from spotlight_jax.sched import SamplerStepper
 
     sampler, state, tokens, mask, _ = micro_sampler

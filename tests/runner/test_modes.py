@@ -6,8 +6,8 @@ import pytest
 from helpers import mode_config
 
 from spotlight_jax import runner, world
+from spotlight_jax.diffusion.engine import candidate_seeds
 from spotlight_jax.explore import max_variance_subset
-from spotlight_jax.explore.explorer import candidate_seeds
 from spotlight_jax.runner.exploration import extras_budget_s
 from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
 

@@ -1,6 +1,6 @@
-"""The runner's trainer interface (``rl.Trainer``) is implemented by both objectives' trainers and
-by the cluster's multi-process ``TrainerJob``; advantages are the trainer's to compute from its
-own config."""
+"""The runner's interfaces: the trainer (``rl.Trainer``: both objectives' trainers and the
+cluster's multi-process ``TrainerJob``; advantages are the trainer's to compute from its own
+config) and the explorer (``explore.Explorer``: in-process and the emulated spot fleet)."""
 import inspect
 
 import numpy as np
@@ -49,3 +49,12 @@ def test_the_trainer_computes_advantages_from_its_config():
                                   rl.decoupled_advantages(parts, ids))
     with pytest.raises(ValueError, match="needs the reward's parts"):
         t.advantages(rewards, ids)
+
+
+def test_every_explorer_scores_through_the_explorer_protocol():
+    from spotlight_jax.explore.explorer import Explorer, LocalExplorer
+    from spotlight_jax.runner.fleet import FleetExplorer
+
+    want = inspect.signature(Explorer.score).parameters
+    for cls in (LocalExplorer, FleetExplorer):
+        assert list(inspect.signature(cls.score).parameters) == list(want), cls
