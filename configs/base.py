@@ -68,8 +68,6 @@ def get_config():
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sp=1))
     c.attention = "dense"           # dense | ulysses | ring | usp
 
-    # Synthetic world.
-    c.world = ml_collections.ConfigDict(dict(image_size=32))
 
     # Flow-matching pretraining of the base model.
     p = c.pretrain = ml_collections.ConfigDict()

@@ -51,7 +51,6 @@ def get_config():
     c.mesh.fsdp = -1
     c.mesh.sp = 4
     c.attention = "ulysses"
-    c.world.image_size = 1280
     c.pretrain.batch_size = 8
     c.rl.prompts_per_iter = 48
     c.rl.group_size = 24

@@ -55,7 +55,6 @@ def get_config():
     c.mesh.fsdp = -1
     c.mesh.sp = 1
     c.attention = "dense"
-    c.world.image_size = 512
     c.pretrain.batch_size = 8
     c.rl.prompts_per_iter = 48
     c.rl.group_size = 24

@@ -20,7 +20,6 @@ def get_config():
     c.model.text_heads = 4
     c.model.dtype = "bfloat16"
     c.trainer_devices = 0
-    c.world.image_size = 64
     c.pretrain.batch_size = 128
     c.rl.prompts_per_iter = 16
     c.rl.group_size = 16

@@ -402,13 +402,6 @@ def prompt_source(config) -> PromptSource:
     return source
 
 
-def world_config(config) -> world.WorldConfig:
-    """The synthetic world at ``world.image_size`` pixels (its other fields keep their
-    defaults)."""
-    return _build(_paths("world", world.WorldConfig),
-                  lambda: world.WorldConfig(image_size=config.world.image_size))
-
-
 @dataclasses.dataclass(frozen=True)
 class ProcessConfig:
     """What the command line sets up before any work (top-level fields): the emulated CPU
@@ -499,12 +492,6 @@ def fleet_devices(trainer_mesh: Mesh, devices, num_nodes: int, per_node: int):
 def abstract_model(cfg: MMDiTConfig, seed: int = 0):
     """``(graphdef, abstract_state)`` without allocating parameters."""
     return nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(seed))))
-
-
-def state_shardings(abstract_state, mesh: Mesh):
-    specs = param_specs(abstract_state, mesh)
-    return jax.tree.map(lambda v, s: NamedSharding(mesh, s), nnx.to_pure_dict(abstract_state),
-                        nnx.to_pure_dict(specs))
 
 
 def create_model(cfg: MMDiTConfig, mesh: Mesh | None = None, seed: int = 0):
@@ -666,7 +653,6 @@ def validate(config, devices=None) -> None:
     sampler_config(config, evaluation=True)
     _grpo_config(config)              # both objectives' fields: a typo in either is caught
     _nft_config(config)
-    world_config(config)
     pretrain_config(config)
     remote_reward_config(config)      # (run_settings registered the client if the run uses it)
     if (config.prompts.embeddings_file or config.prompts.train_kinds

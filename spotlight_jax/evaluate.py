@@ -32,7 +32,7 @@ def generate(sampler: Sampler, state, prompts, seeds, text_len: int, batch_size:
 
 
 def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
-             reward: str = "geneval_lite", batch_size: int = 64, world_cfg=None,
+             reward: str = "geneval_lite", batch_size: int = 64,
              tokenize=world.tokenize):
     """Mean reward, its 95% interval half-width and the per-constraint breakdown."""
     ps, seeds = eval_grid(prompts, num_seeds)

@@ -1,14 +1,13 @@
 """Plots people would rather look at than read: image grids and reward curves (matplotlib Agg).
 
-``python -m spotlight_jax.plots`` draws several runs' held-out curves as mean and spread (absl
-flags; see ``main``).
+Several runs' held-out curves as mean and spread: :func:`group_curves` (its command line is
+``python -m spotlight_jax.seed_curves``).
 """
 from __future__ import annotations
 
 import os
 
 import numpy as np
-from absl import app, flags
 
 from spotlight_jax.metrics import read_jsonl
 
@@ -215,37 +214,3 @@ def parse_groups(runs, group_specs, label: str) -> list[tuple[str, list[str]]]:
     if not groups:
         raise ValueError("give run directories, or one or more --group NAME=RUN_DIR,RUN_DIR,...")
     return groups
-
-
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """The command line's flags; defined only when this module runs as the program, so importing
-    the library defines none."""
-    fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("out", None, "Path of the plot (.png).", **fv)
-    flags.DEFINE_multi_string("group", [], "NAME=RUN_DIR,RUN_DIR,...: one band per named group "
-                              "of runs (repeatable).", **fv)
-    flags.DEFINE_string("label", "held-out reward", "Name of the positional runs' group.", **fv)
-    flags.DEFINE_string("key", "val_reward", "The logged metric to plot.", **fv)
-    flags.DEFINE_string("title", "", "Title of the plot.", **fv)
-    flags.mark_flag_as_required("out", flag_values=flag_values)
-
-
-def main(argv):
-    """``python -m spotlight_jax.plots --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]``:
-    held-out reward of several runs (e.g. seeds) as mean and min-max band, with a table.
-
-    ``--group NAME=RUN_DIR,RUN_DIR,...`` (repeatable) draws one band per named group in the
-    same plot (e.g. ``--group baseline=A0,A1,A2 --group explore_sync=B0,B1,B2``); ``--key``
-    picks another logged metric (e.g. ``reward_mean``, the training rollouts' reward)."""
-    fv = flags.FLAGS
-    try:
-        groups = parse_groups(argv[1:], fv.group, fv.label)
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-    group_curves(fv.out, groups, fv.key, fv.title)
-    print(f"wrote {fv.out}")
-
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)

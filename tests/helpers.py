@@ -28,7 +28,7 @@ def micro_model(seed=0, **overrides):
 # overrides of configs/tiny.py: shared by the resume, mode, notebook and cluster tests.
 MICRO_RUN_OVERRIDES = {
     **{f"model.{f}": getattr(MICRO, f) for f in MICRO.__dataclass_fields__},
-    "mode": "baseline", "rl.objective": "flow_grpo", "world.image_size": MICRO.image_size,
+    "mode": "baseline", "rl.objective": "flow_grpo",
     "sampler.num_steps": 3,
     "sampler.sde_window": (0, 3),       # every step of the 3-step sampler
     "sampler.eval_steps": 2, "rl.prompts_per_iter": 2, "rl.group_size": 4, "rl.train_steps": 2,

@@ -106,3 +106,16 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):
         "spotlight_jax.models.probe (layer 1) imports spotlight_jax.world (layer 2)"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+# The entry points (docs/design.md): the only modules that define or read absl flags.
+ENTRY_POINTS = {"spotlight_jax.main", "spotlight_jax.encode_prompts", "spotlight_jax.seed_curves",
+                "spotlight_jax.rewards.serve"}
+
+
+def test_only_entry_points_define_flags():
+    defining = {module_name(p) for p in PKG.rglob("*.py")
+                if re.search(r"\bflags\.(DEFINE_|FLAGS\b)", p.read_text())}
+    library = {m for m in defining
+               if m not in ENTRY_POINTS and not m.startswith("spotlight_jax.bench.")}
+    assert library == set(), f"library modules define or read flags: {sorted(library)}"

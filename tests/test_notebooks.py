@@ -27,7 +27,7 @@ SMALL = {
     "quickstart": dict(MAX_MINUTES=5.0, EVAL_EVERY=3,
                        OVERRIDES={**MICRO_OVERRIDES, "rl.iterations": 3}),
     "sequence_parallel": dict(SEQ=256, REPEATS=1, STEPS=2, OVERRIDES={
-        k: v for k, v in MICRO_OVERRIDES.items() if k.startswith(("model.", "world."))}),
+        k: v for k, v in MICRO_OVERRIDES.items() if k.startswith("model.")}),
     "seed_exploration": dict(ITERATIONS=2, PROMPTS=2, SEEDS=6, OVERRIDES=MICRO_OVERRIDES),
 }
 

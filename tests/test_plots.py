@@ -1,4 +1,4 @@
-"""Mean and spread of held-out curves over runs (python -m spotlight_jax.plots)."""
+"""Mean and spread of held-out curves over runs (python -m spotlight_jax.seed_curves)."""
 import json
 import os
 import subprocess
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args):
-    """``python -m spotlight_jax.plots ARGS`` (its absl flags are defined only there)."""
-    return subprocess.run([sys.executable, "-m", "spotlight_jax.plots", *map(str, args)],
+    """``python -m spotlight_jax.seed_curves ARGS`` (its absl flags are defined only there)."""
+    return subprocess.run([sys.executable, "-m", "spotlight_jax.seed_curves", *map(str, args)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -26,7 +26,7 @@ def _config(tmp_path, objective, **overrides):
         world_prompt_file(path, DIM, image_size=32)
     return micro_config(1, **{
         "base_checkpoint": str(PIPE), "model.image_size": 8, "model.text_len": 12,
-        "model.text_width": 0, "model.text_embed_dim": DIM, "world.image_size": 32,
+        "model.text_width": 0, "model.text_embed_dim": DIM,
         "prompts.embeddings_file": str(path), "rl.objective": objective,
         "rl.eval_prompts": 2, **overrides})
 
