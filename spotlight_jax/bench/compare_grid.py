@@ -12,7 +12,7 @@ finished mode run in ``RUN/<mode>`` (the history's report columns, rounded, as
 they are archived once per seed under ``DIR/on_demand`` and every trace's report uses them.
 
 ``report`` writes, for every trace and seed with a ``baseline`` run, the comparison's
-``report.md``, ``compare.json`` and plots (``runner.compare.write_report``), then per trace the
+``report.md``, ``compare.json`` and plots (``runner.reports.write_report``), then per trace the
 ratios' mean and [min, max] over seeds (``report_seeds.md``), and ``DIR/grid.md``: one table of
 every mode's speed-up, cost, iteration and per-iteration time ratios on every trace, and which
 runs are still missing.
@@ -32,7 +32,7 @@ from spotlight_jax.registry import BASELINE
 FLAGS = flags.FLAGS
 ON_DEMAND = "on_demand"
 TRACE_FREE_MODES = tuple(m.name for m in registry.MODES if not m.uses_spot)
-# history columns the report reads (runner.compare.mode_summary, the plots); the rest stays in
+# history columns the report reads (runner.reports.mode_summary, the plots); the rest stays in
 # the run's own rl.jsonl
 # the trace's events, which every run counts; a trace-free mode's archive drops them (its
 # report row would otherwise show the events of whichever trace it happened to run on)
@@ -148,8 +148,8 @@ def grid_runs(grid: str) -> dict[str, dict[int, dict[str, str]]]:
 
 def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
     """Every trace's and seed's report, each trace's seed summary, and ``grid.md``."""
+    from spotlight_jax import reports  # noqa: PLC0415
     from spotlight_jax.emulation.cost_models import Assumption  # noqa: PLC0415
-    from spotlight_jax.runner import compare  # noqa: PLC0415
 
     runs = grid_runs(grid)
     all_modes = modes()
@@ -169,7 +169,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
             out = os.path.join(grid, trace, f"seed_{seed}")
             os.makedirs(out, exist_ok=True)
             assumptions = next(iter(loaded.values()))[1]["assumptions"]
-            compare.write_report(
+            reports.write_report(
                 out, {m: h for m, (h, _) in loaded.items()}, target_frac=target_frac,
                 target_gain=target_gain, phases={m: i["phases"] for m, (_, i) in loaded.items()},
                 assumptions=[Assumption(**a) for a in assumptions],
@@ -178,20 +178,20 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
             seed_dirs[seed] = out
         if not seed_dirs:
             continue
-        compare.write_seed_report(os.path.join(grid, trace), seed_dirs,
+        reports.write_seed_report(os.path.join(grid, trace), seed_dirs,
                                   header=f"Trace: {trace}.")
         with open(os.path.join(grid, trace, "compare_seeds.json")) as f:
             ratios = json.load(f)["ratios"]
         lines += [f"## {trace}", "", f"Seeds: {', '.join(map(str, seed_dirs))} "
                   f"([report]({trace}/report_seeds.md)).", "",
-                  "| mode | " + " | ".join(n for n, _ in compare.RATIOS) + " |",
-                  "|---|" + "---|" * len(compare.RATIOS)]
+                  "| mode | " + " | ".join(n for n, _ in reports.RATIOS) + " |",
+                  "|---|" + "---|" * len(reports.RATIOS)]
         for m in all_modes:
             if m not in ratios:
                 continue
             lines.append(f"| {m} | " + " | ".join(
-                compare.ratio_cell(ratios[m][name], len(seed_dirs))
-                for name, _ in compare.RATIOS) + " |")
+                reports.ratio_cell(ratios[m][name], len(seed_dirs))
+                for name, _ in reports.RATIOS) + " |")
         lines.append("")
     missing = [f"{t} seed {s}: {', '.join(m for m in all_modes if m not in by_mode)}"
                for t, seeds in runs.items() for s, by_mode in seeds.items()

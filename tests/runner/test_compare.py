@@ -5,6 +5,7 @@ import os
 import pytest
 from helpers import mode_config
 
+from spotlight_jax import reports
 from spotlight_jax.runner import compare
 
 
@@ -21,11 +22,11 @@ def _hist(points, start=0.5):
 def test_target_and_time_to_target_ratios(tmp_path):
     hist = {"baseline": _hist([(1, 10, 0.55), (2, 20, 0.60), (3, 30, 0.58)]),
             "spotlight": _hist([(0.25, 5, 0.59), (0.5, 8, 0.62)])}
-    target = compare.target_reward(hist, 0.8)
+    target = reports.target_reward(hist, 0.8)
     assert target == pytest.approx(0.5 + 0.8 * 0.1)   # best baseline gain is 0.1
-    assert compare.first_reaching(hist["baseline"], target, "vtime_s") == 2 * 3600
-    assert compare.first_reaching(hist["spotlight"], target, "dollars") == 5
-    path = compare.write_report(str(tmp_path), hist, target_frac=0.8)
+    assert reports.first_reaching(hist["baseline"], target, "vtime_s") == 2 * 3600
+    assert reports.first_reaching(hist["spotlight"], target, "dollars") == 5
+    path = reports.write_report(str(tmp_path), hist, target_frac=0.8)
     text = open(path).read()
     # baseline: 2 h, $20 to target; spotlight: 0.25 h, $5 -> 8x faster, 4x cheaper
     assert "| spotlight | 2 | 0.500 → 0.620 (0.620) | 0.50 | 8.00 | 0.25 | 5.00 | 8.00x | 4.00x |" \
@@ -41,21 +42,21 @@ def test_target_and_time_to_target_ratios(tmp_path):
 
 def test_no_target_when_the_baseline_does_not_improve(tmp_path):
     hist = {"baseline": _hist([(1, 10, 0.45)]), "spotlight": _hist([(1, 5, 0.6)])}
-    assert compare.target_reward(hist, 0.8) is None
-    text = open(compare.write_report(str(tmp_path), hist, target_frac=0.8)).read()
+    assert reports.target_reward(hist, 0.8) is None
+    text = open(reports.write_report(str(tmp_path), hist, target_frac=0.8)).read()
     assert "No target" in text and "| spotlight | 1 |" in text
     with pytest.raises(ValueError, match="target_frac"):
-        compare.target_reward(hist, 0.0)
+        reports.target_reward(hist, 0.0)
 
 
 def test_a_fixed_target_gain_over_the_baselines_start():
     hist = {"baseline": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
             "spotlight": _hist([(0.5, 5, 0.59)])}
-    assert compare.target_reward(hist, 0.8, gain=0.08) == pytest.approx(0.58)
-    assert compare.first_reaching(hist["baseline"], 0.58, "vtime_s") is None
-    assert compare.first_reaching(hist["spotlight"], 0.58, "iteration") == 1
+    assert reports.target_reward(hist, 0.8, gain=0.08) == pytest.approx(0.58)
+    assert reports.first_reaching(hist["baseline"], 0.58, "vtime_s") is None
+    assert reports.first_reaching(hist["spotlight"], 0.58, "iteration") == 1
     with pytest.raises(ValueError, match="target_gain"):
-        compare.target_reward(hist, 0.8, gain=-0.1)
+        reports.target_reward(hist, 0.8, gain=-0.1)
 
 
 def test_a_target_only_one_run_reached_bounds_the_ratio(tmp_path):
@@ -65,16 +66,16 @@ def test_a_target_only_one_run_reached_bounds_the_ratio(tmp_path):
     hist = {"baseline": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
             "spotlight": _hist([(0.5, 5, 0.59)]),
             "spot_rollout": _hist([(1, 4, 0.51)])}
-    text = open(compare.write_report(str(tmp_path), hist, target_frac=1.0,
+    text = open(reports.write_report(str(tmp_path), hist, target_frac=1.0,
                                      target_gain=0.08)).read()
     assert "| 0.50 | 5.00 | > 4.00x | > 4.00x | 1 | > 2.00x | 2.00x |" in text
     rows = json.loads((tmp_path / "compare.json").read_text())["modes"]
-    assert compare.ratio_bound(rows["baseline"], rows["spotlight"], "cost_to_target") == \
+    assert reports.ratio_bound(rows["baseline"], rows["spotlight"], "cost_to_target") == \
         (">", 4.0)
-    assert compare.ratio_bound(rows["baseline"], rows["spot_rollout"], "cost_to_target") is None
+    assert reports.ratio_bound(rows["baseline"], rows["spot_rollout"], "cost_to_target") is None
     reached = {**rows["baseline"], "cost_to_target": 8.0}       # baseline: $8 to target
-    assert compare.ratio_bound(reached, rows["spot_rollout"], "cost_to_target") == ("<", 2.0)
-    assert compare.ratio_bound(reached, rows["spotlight"], "cost_to_target") == ("=", 1.6)
+    assert reports.ratio_bound(reached, rows["spot_rollout"], "cost_to_target") == ("<", 2.0)
+    assert reports.ratio_bound(reached, rows["spotlight"], "cost_to_target") == ("=", 1.6)
 
 def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     """Three config seeds' comparisons -> each ratio's mean [min, max] over the seeds where both
@@ -85,10 +86,10 @@ def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     for s in seeds:
         dirs[s] = str(tmp_path / f"seed_{s}")
         os.makedirs(dirs[s])
-        compare.write_report(dirs[s], {"baseline": _hist(seeds[s]),
+        reports.write_report(dirs[s], {"baseline": _hist(seeds[s]),
                                        "spotlight": _hist(spot[s])},
                              target_frac=0.8, target_gain=0.08)
-    path = compare.write_seed_report(str(tmp_path), dirs)
+    path = reports.write_seed_report(str(tmp_path), dirs)
     r = json.loads((tmp_path / "compare_seeds.json").read_text())["ratios"]["spotlight"]
     # baseline 1 h / $10 and 2 h / $20 against spotlight 0.25 h / $5 and 1 h / $5
     assert r["speed-up"]["by_seed"] == {"0": 4.0, "1": 2.0, "2": None}
@@ -103,7 +104,7 @@ def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     assert "[seed 2](seed_2/report.md)" in text
     os.remove(tmp_path / "seed_1" / "compare.json")
     with pytest.raises(ValueError, match="seed 1: cannot read .*compare.json"):
-        compare.write_seed_report(str(tmp_path), dirs)
+        reports.write_seed_report(str(tmp_path), dirs)
 
 
 
