@@ -50,18 +50,3 @@ def _shared_compilation_cache(tmp_path_factory):
     path = enable_persistent_cache(root / "xla_cache")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)     # child processes share it
     yield
-
-
-# The longest test files (measured with --durations), started first: with one file per worker
-# at a time (--dist loadfile) the suite then ends with short files on both workers instead of one
-# long file on one of them. Order only; every test runs as before.
-LONGEST_FIRST = ("runner/test_modes.py", "rl/test_grpo.py", "diffusion/test_diffusion.py",
-                 "rl/test_nft.py", "models/test_model.py", "elastic/test_elastic_node.py",
-                 "test_pooled_prompts.py", "runner/test_resume.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item):
-        path = item.nodeid.split("::")[0].removeprefix("tests/")
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-    items.sort(key=rank)        # stable: a file's tests keep their order
