@@ -147,12 +147,20 @@ def model_config(config) -> MMDiTConfig:
     cells per side, prompt length, dtypes, remat, block scan)."""
     base = diffusers_base(config)
     if base is not None:
-        overrides = {f: config.model[f] for f in RUN_MODEL_FIELDS}
+        folder = os.path.join(base, "transformer")
+        stamp = os.path.getmtime(os.path.join(folder, "config.json"))
+        overrides = tuple((f, config.model[f]) for f in RUN_MODEL_FIELDS)
         return _build(_paths("model", MMDiTConfig),
-                      lambda: convert.config_from_diffusers(os.path.join(base, "transformer"),
-                                                            **overrides))
+                      lambda: _diffusers_architecture(folder, stamp, overrides))
     return _build(_paths("model", MMDiTConfig),
                   lambda: pick_fields(MMDiTConfig, config.model).validate())
+
+
+@functools.lru_cache(maxsize=16)
+def _diffusers_architecture(folder: str, stamp: float, overrides: tuple) -> MMDiTConfig:
+    """A diffusers transformer's config, read once per folder, file version (``stamp``: its
+    config.json's mtime) and run fields."""
+    return convert.config_from_diffusers(folder, **dict(overrides))
 
 
 def load_diffusers_base(config):
@@ -336,8 +344,15 @@ def register_remote_reward(config) -> None:
                           "needs a reward server (e.g. --config.remote_reward.url=http://"
                           "127.0.0.1:18085 after python -m spotlight_jax.rewards.serve "
                           "--reward=geneval_lite --port=18085)")
+    if _registered_remote.get(REMOTE_REWARD) == cfg and REMOTE_REWARD in rewards.names():
+        return                          # this server's client is registered already
     client = RemoteReward(cfg)
     rewards.register(REMOTE_REWARD, client, overwrite=True, components=client.components)
+    _registered_remote[REMOTE_REWARD] = cfg
+
+
+# the config of the client registered as 'remote' (only this module registers that name)
+_registered_remote: dict[str, RemoteRewardConfig] = {}
 
 
 def pretrain_config(config) -> PretrainConfig:

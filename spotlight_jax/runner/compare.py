@@ -29,7 +29,8 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
     """Runs every mode with the same seeds, prompts and trace; writes and returns the report.
     With ``compare.seeds`` set, once per config seed into ``workdir/seed_<s>``, then the
     seeds' report (``report_seeds.md``: every ratio's mean and spread)."""
-    seeds = run_settings(config).compare_seeds
+    st = run_settings(config)
+    seeds = st.compare_seeds
     if seeds:
         dirs = {}
         for seed in seeds:
@@ -63,7 +64,7 @@ def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
                   dc.spot_devices_per_node, histories["spotlight"],
                   title=f"spotlight on the {'SkyPilot' if tc.path else 'synthetic'} "
                         "trace")
-    return write_report(workdir, histories, target_frac=run_settings(config).target_frac,
-                        target_gain=run_settings(config).target_gain,
+    return write_report(workdir, histories, target_frac=st.target_frac,
+                        target_gain=st.target_gain,
                         phases=phases, assumptions=[Assumption(**a) for a in assumptions],
                         header=header, timeline=timeline)

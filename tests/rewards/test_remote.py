@@ -332,3 +332,32 @@ def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base)
                                         for k in only_local), only_local
         assert {k: v for k, v in a.items() if k in b and k not in WALL_CLOCK} == \
             {k: v for k, v in b.items() if k not in WALL_CLOCK}
+
+
+def test_the_remote_client_is_registered_once_per_server(monkeypatch):
+    """The runner's settings are read several times per run (compare: per mode); the same
+    server's client is built and registered once, another server's replaces it."""
+    from spotlight_jax import builders
+
+    built = []
+
+    class Fake:
+        def __init__(self, cfg):
+            built.append(cfg.url)
+            self.components = None
+
+        def __call__(self, images, prompts):
+            return np.zeros(len(prompts), np.float32)
+
+    monkeypatch.setattr(builders, "RemoteReward", Fake)
+    monkeypatch.setattr(builders, "_registered_remote", {})
+    over = {"rl.reward": "remote", "remote_reward.url": "http://127.0.0.1:1"}
+    try:
+        for _ in range(3):
+            builders.run_settings(load_config("tiny", over))
+        assert built == ["http://127.0.0.1:1"]
+        builders.run_settings(load_config("tiny", {**over,
+                                                   "remote_reward.url": "http://127.0.0.1:2"}))
+        assert built == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    finally:
+        R.unregister("remote")          # the fake client leaves with the test

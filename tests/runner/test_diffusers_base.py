@@ -31,6 +31,22 @@ def _config(tmp_path, objective, **overrides):
         "rl.eval_prompts": 2, **overrides})
 
 
+def test_the_checkpoints_config_is_read_once(tmp_path, monkeypatch):
+    from spotlight_jax import builders
+    from spotlight_jax.models import convert
+
+    reads = []
+    real = convert.config_from_diffusers
+    monkeypatch.setattr(convert, "config_from_diffusers",
+                        lambda *a, **k: reads.append(a) or real(*a, **k))
+    builders._diffusers_architecture.cache_clear()
+    config = _config(tmp_path, "nft")
+    first = model_config(config)
+    assert all(model_config(config) == first for _ in range(3)) and len(reads) == 1
+    config.model.text_len = 16              # another run field: its own read
+    assert model_config(config).text_len == 16 and len(reads) == 2
+
+
 def test_the_model_config_comes_from_the_checkpoint(tmp_path):
     config = _config(tmp_path, "nft", **{"model.depth": 7, "model.width": 512})
     cfg = model_config(config)
