@@ -10,8 +10,8 @@ TRAINERS = {"nft": NFTTrainer, "flow_grpo": GRPOTrainer}
 
 
 def trainer_class(cfg):
-    """The trainer of an objective's config: `NFTTrainer` for `NFTConfig`, else `GRPOTrainer`."""
-    return NFTTrainer if isinstance(cfg, NFTConfig) else GRPOTrainer
+    """The trainer of an objective's config (:data:`TRAINERS` by the config's objective)."""
+    return TRAINERS["nft" if isinstance(cfg, NFTConfig) else "flow_grpo"]
 
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "TRAINERS", "Trainer",

@@ -26,7 +26,6 @@ from spotlight_jax.builders import (
     make_trainer,
     model_config,
     prompt_source,
-    rl_config,
     run_settings,
     sampler_config,
 )
@@ -91,7 +90,6 @@ class RunState:
         self.mesh = build_mesh(config, devices if devices is not None else self.devices)
         base = shard_state(base, self.mesh)
         self.mcfg = model_config(config)
-        self.rl = rl_config(config)
         self.train_sampler_cfg = sampler_config(config)
         self.image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
