@@ -232,13 +232,17 @@ def add_spotlight_sections(c):
     # speed; "auto" = "true" except on the CPU backend, whose emulated devices share the cores
     # (slower there: docs/performance.md)
     d.rollout_on_groups = "auto"
-    # 'emulated': spot groups are emulated devices in this process; 'ray': spot_rollout /
-    # spotlight rollouts run on Ray spot host actors (real processes; needs the cluster extra
-    # and a Ray cluster, or starts a local one), preempted by real signals, not the trace
+    # 'emulated': spot groups are emulated devices in this process; 'ray': the spot modes'
+    # rollouts and exploration run on Ray spot host actors (real processes; needs the cluster
+    # extra and a Ray cluster, or starts a local one), preempted by real signals, not the trace
     d.transport = "emulated"
     # 'ray': the custom resource a node must advertise to host a spot actor ('' = any node;
     # the launch scripts give spot machines "spot_node")
     d.ray_spot_resource = ""
+    # 'ray', spotlight modes: drop the exploration candidates not finished when the update ends
+    # (exploration never lengthens the critical path); false = a fixed plan, every candidate
+    # scored (the trainer's devices finish what no host can)
+    d.ray_explore_deadline = True
 
     t = c.trace = ml_collections.ConfigDict()
     # SkyPilot JSON, or comma-separated 1-node files merged into a pool of nodes; empty =

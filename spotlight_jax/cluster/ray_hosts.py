@@ -20,6 +20,10 @@ threads' queue calls):
   loop releases the lease, so its requests resume from their last commit on another host
   (the work since that commit, at most ``commit_every`` steps per request, is redone).
 * **Joins**: a new host is one more actor and one more ``serve`` thread; it pulls work at once.
+* **Rewards on the host**: when a call completes requests, the host decodes their final latents
+  (with its own VAE for a latent model) and rewards them itself; the rewards travel back with
+  the call's commits, and :func:`serve` keeps those of the requests the queue accepted as
+  completed (the runner's exploration needs only the reward of a candidate, not its image).
 
 Ray is optional (``pip install -e ".[cluster]"``); importing this module does not import it.
 """
@@ -35,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from spotlight_jax.sched.queue import RequestQueue
+from spotlight_jax.sched.requests import pixels
 from spotlight_jax.sched.worker import CallPlan, Worker, WorkerConfig
 
 
@@ -68,10 +73,13 @@ class SpotHostImpl:
             jax.config.update("jax_num_cpu_devices", int(cpu_devices))
         import ml_collections  # noqa: PLC0415
 
+        from spotlight_jax import rewards  # noqa: PLC0415
         from spotlight_jax.builders import (  # noqa: PLC0415
             abstract_model,
+            image_decoder,
             model_config,
             prompt_source,
+            run_settings,
             sampler_config,
         )
         from spotlight_jax.elastic.groups import GroupConfig, form_node_groups  # noqa: PLC0415
@@ -93,6 +101,10 @@ class SpotHostImpl:
         self._worker = InProcessWorker(name, stepper, degree=group.degree,
                                        config=WorkerConfig(**(worker or {})), params=None,
                                        version=-1)
+        # the run's training reward (a remote one is registered by run_settings) and, for a
+        # latent model, the VAE: a host rewards the requests it completes
+        self._reward_fn = rewards.get(run_settings(config).reward)
+        self._decoder = image_decoder(config)
         self._notice = False
         self._steps = 0
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -120,9 +132,22 @@ class SpotHostImpl:
         return self._worker.plan()
 
     def execute(self, plan: CallPlan):
+        """Runs the call; returns its commits, whether a notice arrived, and the rewards of the
+        requests the commits complete."""
         commits = self._worker.execute(plan)
         self._steps += plan.num * len(plan.rids)
-        return commits, self._notice
+        return commits, self._notice, self._rewards_of(commits)
+
+    def _rewards_of(self, commits) -> dict[str, float]:
+        done = [(c, r) for c in commits
+                if (r := self._worker.held(c.rid)) is not None and c.step == r.num_steps]
+        if not done:
+            return {}
+        latents = np.stack([c.latent for c, _ in done])
+        images = (pixels(latents) if self._decoder is None
+                  else np.asarray(self._decoder.decode(latents)))
+        scores = np.asarray(self._reward_fn(images, [r.prompt for _, r in done]), np.float32)
+        return {c.rid: float(x) for (c, _), x in zip(done, scores)}
 
     def flush(self):
         return self._worker.flush()
@@ -190,6 +215,7 @@ class RayWorker(Worker):
         self._lease_id = None
         self.notice = False
         self.steps = 0          # request-steps computed through this worker (padding excluded)
+        self.rewards: dict[str, float] = {}   # host-computed rewards not yet delivered
 
     def _call(self, method, *args):
         ray = _require_ray()
@@ -215,7 +241,8 @@ class RayWorker(Worker):
         return self._call(self.actor.plan)
 
     def execute(self, plan: CallPlan):
-        commits, notice = self._call(self.actor.execute, plan)
+        commits, notice, rewards = self._call(self.actor.execute, plan)
+        self.rewards.update(rewards)
         self.steps += plan.num * len(plan.rids)
         self.notice = self.notice or notice
         return commits
@@ -261,14 +288,30 @@ class LockedQueue:
         return locked
 
 
+def _keep_rewards(worker: RayWorker, delivered: dict, rewards: dict | None) -> None:
+    """Moves the host's rewards of requests the queue accepted as completed into ``rewards``
+    (a request completed twice, or a stale commit, contributes nothing)."""
+    for rid, (status, _) in delivered.items():
+        r = worker.rewards.pop(rid, None)
+        if rewards is not None and status == "completed" and r is not None:
+            rewards[rid] = r
+
+
 def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic,
-          idle_s: float = 0.05, stop: threading.Event | None = None) -> dict:
+          idle_s: float = 0.05, stop: threading.Event | None = None,
+          rewards: dict | None = None) -> dict:
     """The pull loop of one spot host until the queue is done (or ``stop`` is set, or the host
-    leaves). Returns ``{"leases", "calls", "commits", "left"}``; ``left`` is 'done', 'notice'
-    (progress committed, lease released) or 'lost' (host died; lease released, requests resume
-    from their last commit elsewhere)."""
+    leaves). Returns ``{"leases", "calls", "commits", "left"}``; ``left`` is 'done', 'stopped'
+    (``stop`` was set: the held requests went back to the queue uncommitted), 'notice' (progress
+    committed, lease released) or 'lost' (host died; lease released, requests resume from their
+    last commit elsewhere). ``rewards`` receives the host-computed reward of every request this
+    host completed (by request id)."""
     stats = {"leases": 0, "calls": 0, "commits": 0, "left": "done"}
-    while not queue.all_done and not (stop is not None and stop.is_set()):
+
+    def stopped():
+        return stop is not None and stop.is_set()
+
+    while not queue.all_done and not stopped():
         lease = queue.pull(worker.group_id, worker.capacity, worker.policy_version, now())
         if lease is None:
             time.sleep(idle_s)    # everything is leased: a lost host may hand requests back
@@ -276,17 +319,19 @@ def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic
         stats["leases"] += 1
         try:
             worker.load(lease)
-            while (plan := worker.plan()) is not None:
+            while not stopped() and (plan := worker.plan()) is not None:
                 commits = worker.execute(plan)
                 stats["calls"] += 1
                 if not queue.heartbeat(lease.lease_id, now()):
                     worker.abandon()
                     break
-                worker.deliver(queue, commits, now(), lease_id=lease.lease_id)
+                _keep_rewards(worker, worker.deliver(queue, commits, now(),
+                                                     lease_id=lease.lease_id), rewards)
                 stats["commits"] += len(commits)
                 if worker.notice:
                     final = worker.flush()
-                    worker.deliver(queue, final, now(), lease_id=lease.lease_id)
+                    _keep_rewards(worker, worker.deliver(queue, final, now(),
+                                                         lease_id=lease.lease_id), rewards)
                     stats["commits"] += len(final)
                     queue.release(lease.lease_id, now())
                     worker.leave()
@@ -299,6 +344,8 @@ def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic
             queue.release(lease.lease_id, now())
             stats["left"] = "lost"
             return stats
+    if stopped() and not queue.all_done:
+        stats["left"] = "stopped"
     return stats
 
 
@@ -311,13 +358,14 @@ def start_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None =
     return RayWorker(cls.remote(name, plain, cpu_devices=cpu_devices, worker=worker))
 
 
-def serve_in_threads(workers, queue) -> tuple[list[threading.Thread], dict]:
+def serve_in_threads(workers, queue, *, stop: threading.Event | None = None,
+                     rewards: dict | None = None) -> tuple[list[threading.Thread], dict]:
     """Starts :func:`serve` for each worker in its own thread; returns the threads and the dict
     that receives each worker's stats (by group id) when its loop ends."""
     out: dict = {}
 
     def loop(w):
-        out[w.group_id] = serve(w, queue)
+        out[w.group_id] = serve(w, queue, stop=stop, rewards=rewards)
 
     threads = [threading.Thread(target=loop, args=(w,), name=f"serve-{w.group_id}", daemon=True)
                for w in workers]

@@ -3,8 +3,9 @@ max-variance G-subset, and (``spotlight`` mode) do it with stale weights on spot
 concurrently with the update.
 
 :func:`explore` is one exploration round with the planner. :class:`SpotExploration` owns where
-``spotlight`` explores while the trainer updates: a :class:`~spotlight_jax.runner.fleet.
-FleetExplorer` of emulated spot nodes that the trace regroups (emulated transport), else a
+``spotlight`` explores while the trainer updates: the Ray spot hosts (a :class:`~spotlight_jax.
+runner.ray_fleet.RayExplorer`, ``deployment.transport='ray'``), a :class:`~spotlight_jax.runner.
+fleet.FleetExplorer` of emulated spot nodes that the trace regroups (emulated transport), else a
 data-parallel mesh of devices the trainer does not use, else the trainer's own devices; and the
 worker thread that scores there while the main thread dispatches the update (JAX releases the
 GIL while programs run). Both computations are pure functions of their inputs, so the results do
@@ -26,6 +27,7 @@ from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
 from spotlight_jax.explore import max_variance_subset
 from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.runner.fleet import FleetExplorer
+from spotlight_jax.runner.ray_fleet import RayExplorer
 
 
 def extras_budget_s(window_s: float, devices: int, base_candidates: int,
@@ -48,7 +50,12 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
             explorer, params, keep: bool = False):
     """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
     ``params`` on ``explorer``'s devices, selects each prompt's max-variance G-subset, and
-    updates the planner. Returns ``(candidates, chosen indices, batch or None, info)``."""
+    updates the planner. Returns ``(candidates, chosen indices, batch or None, info)``.
+
+    An explorer with a deadline may leave candidates unscored (NaN rewards): a prompt's subset
+    is chosen among its scored ones; a prompt with fewer than G scored keeps its G base
+    candidates (unscored, so no trajectory of them is complete: ``info['explore_short']``
+    counts those prompts, and a mode must not train on the kept batch then)."""
     G = state.settings.group_size
     plan = state.planner.plan(prompts, budget_s, per_candidate_s)
     cands = [candidate_seeds(state.settings.seed, k_next, i, plan[p],
@@ -56,15 +63,22 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
              for i, p in enumerate(prompts)]
     out = explorer.score(params, prompts, cands, keep_trajectories=keep)
     rewards, batch = out if keep else (out, None)
-    chosen, gains = [], []
+    chosen, gains, short = [], [], 0
     for p, r in zip(prompts, rewards):
-        state.planner.update(p, r)
-        idx = max_variance_subset(r, G)
+        scored = np.flatnonzero(np.isfinite(r))
+        if len(scored) < G:
+            short += 1
+            chosen.append(np.arange(G))
+            continue
+        state.planner.update(p, r[scored])
+        idx = scored[max_variance_subset(r[scored], G)]
         chosen.append(idx)
-        gains.append(float(np.var(r[idx]) - np.var(r[:G])))
+        gains.append(float(np.var(r[idx]) - np.var(r[scored[:G]])))
     n = int(sum(len(c) for c in cands))
     info = {"explore_candidates": n, "explore_extra": n - G * len(prompts),
-            "explore_var_gain": float(np.mean(gains))}
+            "explore_var_gain": float(np.mean(gains)) if gains else 0.0}
+    if short:
+        info["explore_short"] = short
     return cands, chosen, batch, info
 
 
@@ -76,9 +90,13 @@ class SpotExploration:
         self.state = state
         self.mesh = None
         self.fleet = None
+        self.ray = None
         self.explorer = state.explorer           # the trainer's devices unless replaced below
         layout = None
-        if s.settings.transport == "emulated" and s.settings.fleet:
+        if s.settings.transport == "ray":
+            self.ray = self.explorer = RayExplorer(s.ray_fleet,
+                                                   deadline=s.settings.ray_explore_deadline)
+        elif s.settings.transport == "emulated" and s.settings.fleet:
             layout = fleet_devices(s.mesh, s.devices, d.cfg.spot_nodes,
                                    d.cfg.spot_devices_per_node)
             if layout is None:
@@ -96,7 +114,7 @@ class SpotExploration:
             logging.info("spotlight: %d spot nodes x %d devices as a SpotFleet (groups %s); "
                          "precompiled in %.1fs", d.cfg.spot_nodes, per_node,
                          [g.device_ids for _, _, g in self.fleet.groups], self.fleet.setup_s)
-        else:
+        elif self.ray is None:
             self.mesh = explore_mesh(s.mesh, s.devices, batch_multiple=s.engine.chunk)
             if self.mesh is not None:
                 sampler = Sampler(s.graphdef, s.image_shape, s.train_sampler_cfg, mesh=self.mesh,
@@ -110,9 +128,12 @@ class SpotExploration:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                            thread_name_prefix="explore")
 
-    def pull(self, params):
-        """θ_k onto the exploration devices (replicated): device-to-device copies, the spot
-        groups' weight pull. Returns ``(params there, seconds, bytes)``."""
+    def pull(self, params, version: int):
+        """θ_k (policy ``version``) onto the exploration devices (replicated): device-to-device
+        copies, the spot groups' weight pull (the Ray hosts: from the object store). Returns
+        ``(params there, seconds, bytes)``."""
+        if self.ray is not None:
+            return params, *self.ray.pull(params, version)
         if self.fleet is not None:
             return params, *self.fleet.pull(params)
         if self.mesh is None:
@@ -133,6 +154,16 @@ class SpotExploration:
                           explorer=self.explorer, params=params, keep=keep)
             return out, (t0, time.perf_counter())
         return self._pool.submit(work)
+
+    def update_done(self) -> None:
+        """The update the exploration overlaps has ended (an explorer with a deadline drops
+        what is unfinished)."""
+        if self.ray is not None:
+            self.ray.update_done()
+
+    def info(self) -> dict:
+        """The explorer's own numbers of the last exploration (the Ray hosts')."""
+        return dict(self.ray.last) if self.ray is not None else {}
 
     def sync(self, row: dict | None = None) -> None:
         """Applies the deployment's alive spot nodes to the fleet (real regroups) and adds what

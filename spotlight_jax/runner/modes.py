@@ -181,20 +181,27 @@ class SpotlightMode(Mode):
             per = d.spot_seconds_per_candidate()
             budget = extras_budget_s(st.explore.budget_frac * train_s, d.spot_devices,
                                      st.prompts_per_iter * st.group_size, per)
-            pulled, pull_s, pull_bytes = self.spot.pull(stale)
+            pulled, pull_s, pull_bytes = self.spot.pull(stale, k)
             future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), budget, per,
                                       keep=self.keep_candidates)
             t_train = time.perf_counter()
             m = s.train_on(batch, k, prompts, generator=self.batch_generator)
             t_train = (t_train, time.perf_counter())
+            self.spot.update_done()
             (cands, chosen, cbatch, info), t_explore = future.result()
+            info.update(self.spot.info())
             phase.run("explore", d.spot_group(),
                       info["explore_candidates"] * per / max(d.spot_devices, 1))
-        self.explored(s, k, (cands, chosen, cbatch, generator))
-        overlap = min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0])
-        info.update(explore_wall_s=t_explore[1] - t_explore[0],
-                    train_wall_s=t_train[1] - t_train[0], overlap_wall_s=max(overlap, 0.0),
-                    pull_s=pull_s, pull_bytes=pull_bytes)
+        self.explored(s, k, (cands, chosen, cbatch, generator, info))
+        overlap = max(min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0]), 0.0)
+        explore_s = t_explore[1] - t_explore[0]
+        info.update(explore_wall_s=explore_s, train_wall_s=t_train[1] - t_train[0],
+                    overlap_wall_s=overlap, pull_s=pull_s, pull_bytes=pull_bytes,
+                    # the share of the exploration's wall time inside the update's window
+                    explore_overlap=overlap / explore_s if explore_s > 0 else 1.0)
+        info.setdefault("explore_hosts", len(self.spot.fleet.groups) if self.fleet else 1)
+        info.setdefault("explore_lost", 0)
+        info.setdefault("explore_dropped", 0)
         return m, info
 
     def explored(self, s, k: int, result) -> None:
@@ -208,6 +215,7 @@ class SpotlightMode(Mode):
 
     def new_row(self, s, k):
         row = super().new_row(s, k)
+        row["policy_lag"] = 0        # updates between the batch's sampling policy and θ_k
         if self.spot.fleet is not None:       # every fleet counter present, zeros included
             row.update(dict.fromkeys(FLEET_KEYS, 0))
         return row
@@ -241,7 +249,7 @@ class SpotlightPipelinedMode(SpotlightMode):
         if self.pending is not None and self.pending[0] == k:
             _, batch, self.batch_generator = self.pending
             self.pending = None
-            return batch, {"pipelined": 1}, ReadyBatch(s)
+            return batch, {"pipelined": 1, "policy_lag": 1}, ReadyBatch(s)
         if self.pending is not None:
             raise RuntimeError(f"the ready batch is for iteration {self.pending[0]}, not {k}")
         self.batch_generator = None
@@ -255,7 +263,12 @@ class SpotlightPipelinedMode(SpotlightMode):
             logging.info("spotlight_pipelined: no spot device explored during update %d; "
                          "iteration %d rolls out on the trainer", k, k + 1)
             return
-        cands, chosen, cbatch, generator = result
+        cands, chosen, cbatch, generator = result[:4]
+        if len(result) > 4 and result[4].get("explore_short"):
+            logging.info("spotlight_pipelined: %d prompt(s) had fewer than G candidates scored "
+                         "when update %d ended; iteration %d rolls out on the trainer",
+                         result[4]["explore_short"], k, k + 1)
+            return
         sel = chosen_rows(cands, chosen)
         batch = batches.take(jax.tree.map(np.asarray, cbatch), sel)
         batch["prompt_ids"] = np.repeat(np.arange(len(cands)), [len(i) for i in chosen])

@@ -242,86 +242,38 @@ class ScheduledRollouts(Rollouts):
 
 class RayRollouts(Rollouts):
     """The rollout phase on real spot hosts (``deployment.transport='ray'``): one request per
-    (prompt, seed) in a queue owned here, pulled by Ray spot host actors (one per spot node,
-    started on first use and whenever fewer are alive than the deployment wants), each served by
-    a thread; this iteration's weights are published once and pulled by every host. A host that
-    dies hands its requests back (they resume from their last commit on another host); whatever
-    is left when no host remains runs on the trainer's devices, which never leave."""
+    (prompt, seed) in a queue owned here, pulled by the run's :class:`~spotlight_jax.runner.
+    ray_fleet.RayFleet` (one host actor per spot node, started on first use and whenever fewer
+    are alive than the deployment wants; this iteration's weights published once and pulled by
+    every host). A host that dies hands its requests back (they resume from their last commit
+    on another host); whatever is left when no host remains runs on the trainer's devices, which
+    never leave."""
 
     def __init__(self, state):
         super().__init__(state, use_spot=True)
-        self.hosts: list = []             # live spot host workers
-        self._next_host = 0
-        self._published = None            # (version, object ref) of the last weights
 
-    def _top_up(self, k: int) -> tuple[int, int]:
-        """Starts hosts up to the wanted number and hands them iteration ``k``'s weights;
-        returns (started, lost while idle)."""
-        s = self.state
-        d = s.deploy
-        started = lost_idle = 0
-        for _ in range(3):   # top up to the wanted hosts; drop any that died since last phase
-            while len(self.hosts) < d.cfg.spot_nodes:
-                i, self._next_host = self._next_host, self._next_host + 1
-                res = s.settings.ray_spot_resource
-                self.hosts.append(ray_hosts.start_host(
-                    f"spot{i}", s.host_config, cpu_devices=d.cfg.spot_devices_per_node,
-                    worker={"commit_every": d.cfg.commit_every, "steps_per_call": 1,
-                            "microbatch": 4},
-                    resources={res: 1} if res else None))
-                started += 1
-            alive = []
-            for w in self.hosts:
-                try:
-                    if w.policy_version != k:
-                        w.set_policy(self._published[1], k)
-                    alive.append(w)
-                except ray_hosts.WorkerLost:
-                    lost_idle += 1
-            self.hosts = alive
-            if len(alive) == d.cfg.spot_nodes:
-                break
-        return started, lost_idle
+    @property
+    def hosts(self) -> list:
+        return self.state.ray_fleet.hosts
 
     def rollout(self, k, prompts, seeds_per_prompt):
         s = self.state
-        d = s.deploy
+        fleet = s.ray_fleet
         t0 = time.perf_counter()
         params = s.trainer.sampling_state()
-        if self._published is None or self._published[0] != k:
-            self._published = (k, ray_hosts.publish(params))
-        started, lost_idle = self._top_up(k)
+        started, lost_idle = fleet.top_up(k, params)
         flat = flat_requests(prompts, seeds_per_prompt)
         queue = ray_hosts.LockedQueue(sched.RequestQueue(s.image_shape,
                                                          sched.QueueConfig(lease_s=3600.0)))
         rids, reqs = self.requests(k, flat)
         queue.submit(reqs)
-        steps_before = {w.group_id: w.steps for w in self.hosts}
-        threads, stats = ray_hosts.serve_in_threads(self.hosts, queue)
-        for t in threads:
-            t.join()
-        left = {g: st["left"] for g, st in stats.items()}
-        computed = sum(w.steps - steps_before[w.group_id] for w in self.hosts)
-        self.hosts = [w for w in self.hosts if left.get(w.group_id) == "done"]
+        served = fleet.serve(queue)
         fallback = 0
         if not queue.all_done:   # every host left: the trainer's devices finish the phase
-            local = sched.InProcessWorker(
-                "od0", sched.SamplerStepper(s.sampler, s.mcfg.text_len,
-                                            tokenize=s.prompt_source.tokenize),
-                config=sched.WorkerConfig(commit_every=d.cfg.commit_every, microbatch=4),
-                params=params, version=k)
-            fallback = local.run(queue)["calls"]
+            fallback = fleet.finish_locally(queue, params, k)
         batch = self.batch_from_results(queue.results(), rids, flat, seeds_per_prompt)
-        info = {"ray_hosts_started": started, "ray_hosts_lost": lost_idle + sum(
-                    v == "lost" for v in left.values()),
-                "ray_hosts_noticed": sum(v == "notice" for v in left.values()),
-                "ray_request_steps": computed, "ray_fallback_calls": fallback,
+        info = {"ray_hosts_started": started, "ray_hosts_lost": lost_idle + served["lost"],
+                "ray_hosts_noticed": served["noticed"],
+                "ray_request_steps": served["steps"], "ray_fallback_calls": fallback,
                 "ray_rollout_wall_s": time.perf_counter() - t0}
         return batch, info
-
-    def close(self):
-        if self.hosts:
-            import ray  # noqa: PLC0415 - the optional cluster extra
-            for w in self.hosts:
-                ray.kill(w.actor)
-            self.hosts = []

@@ -41,6 +41,7 @@ from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
 from spotlight_jax.rl import lora_export
 from spotlight_jax.runner.modes import MODES, make_mode
+from spotlight_jax.runner.ray_fleet import RayFleet
 from spotlight_jax.runner.rollouts import (
     DirectRollouts,
     RayRollouts,
@@ -125,6 +126,7 @@ class RunState:
                                              seed=st.seed),
                                key_fn=prompt_kind if st.explore.cluster_by_kind else None)
         self.direct = DirectRollouts(self)
+        self.ray_fleet = RayFleet(self) if st.transport == "ray" else None
         self.spot_rollouts = self._spot_rollouts()
         self.writer = MetricWriter(workdir, "rl")
         self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"), st.max_to_keep,
@@ -307,6 +309,8 @@ class RunState:
     def close(self):
         self.mode.close()
         self.spot_rollouts.close()
+        if self.ray_fleet is not None:
+            self.ray_fleet.close()
 
     def write_phases(self):
         """``phases.json``: the emulated clock's per-phase breakdown and the cost model's

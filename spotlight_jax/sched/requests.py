@@ -43,6 +43,12 @@ class CommitRejected(ValueError):
         self.reason = reason
 
 
+def pixels(latent: np.ndarray) -> np.ndarray:
+    """A pixel model's final latent(s) as an image in [0, 1] (the map of
+    ``diffusion.to_image``, in numpy so that every process computes the same bits)."""
+    return np.clip((np.asarray(latent) + np.float32(1.0)) * np.float32(0.5), 0.0, 1.0)
+
+
 def _frozen(a: np.ndarray | None) -> np.ndarray | None:
     """A read-only copy: committed arrays are shared by snapshots and must never change."""
     if a is None:
@@ -138,7 +144,7 @@ class Request:
         if not self.done:
             raise ValueError(f"request {self.rid!r} is at step {self.state.step} of "
                              f"{self.num_steps}: no final image yet")
-        return np.clip((self.state.latent + np.float32(1.0)) * np.float32(0.5), 0.0, 1.0)
+        return pixels(self.state.latent)
 
     def trajectory(self) -> dict[str, np.ndarray]:
         """A rollout's result in ``Sampler.rollout`` layout (one sample): ``latents [T+1, ...]``

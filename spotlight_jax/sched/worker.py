@@ -537,6 +537,11 @@ class InProcessWorker(Worker):
     def progress(self) -> dict[str, int]:
         return {r: self._flights[r].step for r in self._order}
 
+    def held(self, rid: str) -> Request | None:
+        """The request ``rid`` as leased to this worker (None when it holds no such request)."""
+        f = self._flights.get(rid)
+        return None if f is None else f.req
+
     def uncommitted(self) -> dict[str, int]:
         """Steps computed but not yet sent in a commit, per held request."""
         return {r: self._flights[r].step - self._flights[r].sent for r in self._order}

@@ -19,7 +19,7 @@ from spotlight_jax.builders import create_model, model_config
 from spotlight_jax.metrics import read_jsonl
 
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
-                   "overlap_wall_s", "pull_s", "fleet_regroup_s",
+                   "overlap_wall_s", "explore_overlap", "pull_s", "fleet_regroup_s",
                    "fleet_regroup_max_s", "time"}   # real seconds, not state
 
 CHILD = """

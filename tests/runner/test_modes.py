@@ -66,7 +66,7 @@ def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_pa
     assert len(r.mode.fleet.groups) == c.deployment.spot_nodes
     assert spot and not trainer & spot, (trainer, spot)
     # the explorer's rollouts really run on the spot groups' devices ...
-    r.mode.spot.pull(r.trainer.policy_state())
+    r.mode.spot.pull(r.trainer.policy_state(), 0)
     for node, i, g in r.mode.fleet.groups:
         out = node.rollout(*world.tokenize(["a red bar"] * r.engine.chunk,
                                                       r.mcfg.text_len),
@@ -85,7 +85,7 @@ def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_pat
     c = mode_config("spotlight", iterations=1)
     r = runner.RunState(c, str(tmp_path), graphdef, state)
     params = r.trainer.policy_state()
-    r.mode.spot.pull(params)
+    r.mode.spot.pull(params, 0)
     prompts = ["a red bar", "two blue squares", "a green column"]
     cands = [candidate_seeds(0, 1, i, 5) for i in range(3)]
     # 15 candidates in chunks of 32 on whichever group: the same rewards as the trainer's own

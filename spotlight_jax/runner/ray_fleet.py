@@ -1,0 +1,232 @@
+"""The run's Ray spot hosts (``deployment.transport='ray'``): one fleet, two kinds of work.
+
+:class:`RayFleet` owns the spot host actors (:mod:`spotlight_jax.cluster.ray_hosts`): one per
+spot node, started on first use, replaced when found dead, each told the policy version to
+install; a version's weights are published into the object store once, and hosts pull them from
+there (a host that joins late pulls the latest, never from the trainer's devices). The rollout
+phase (``runner.rollouts.RayRollouts``) and exploration (:class:`RayExplorer`) hand the same
+hosts requests through a queue the runner owns.
+
+:class:`RayExplorer` is ``spotlight``'s explorer on those hosts (the
+:class:`~spotlight_jax.explore.explorer.Explorer` protocol): while the trainer runs update k, the
+hosts score exploration candidates with θ_k, the weights they hold. Each candidate is a request
+of the pull scheduler (kind ``explore``; ``rollout`` when the mode trains on the candidates'
+own trajectories, ``spotlight_pipelined``), committed every ``deployment.commit_every`` steps,
+so a host's notice or loss hands its candidates to another host from their last commit. A host
+rewards the candidates it completes itself (its own VAE for a latent model); the runner receives
+(prompt, seed, reward) per candidate. With ``deployment.ray_explore_deadline`` the candidates
+not finished when the update ends are dropped, never waited for (exploration never lengthens
+the critical path); without it (a fixed plan, as the tests compare) the trainer's devices finish
+whatever no host can. A completed candidate whose steps ran on a policy version other than the
+one asked for is rejected, never used.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import numpy as np
+
+from spotlight_jax import sched
+from spotlight_jax.cluster import ray_hosts
+from spotlight_jax.sched.requests import pixels
+
+# how each serving thread's loop may end (ray_hosts.serve); hosts that left otherwise are gone
+_STILL_UP = ("done", "stopped")
+
+
+class RayFleet:
+    """The spot host actors of a run over ``state`` (a ``RunState``)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.hosts: list = []             # live spot host workers (ray_hosts.RayWorker)
+        self._next_host = 0
+        self._published = None            # (version, object ref) of the last weights
+
+    def worker_config(self) -> dict:
+        d = self.state.deploy
+        return {"commit_every": d.cfg.commit_every, "steps_per_call": 1, "microbatch": 4}
+
+    def publish(self, version: int, params) -> object:
+        """The object ref of ``version``'s weights, put into the object store once."""
+        if self._published is None or self._published[0] != version:
+            self._published = (version, ray_hosts.publish(params))
+        return self._published[1]
+
+    def top_up(self, version: int, params) -> tuple[int, int]:
+        """Starts hosts up to the deployment's spot node count and has every host hold
+        ``version`` (``params``, published once); returns (started, found dead)."""
+        s, d = self.state, self.state.deploy
+        ref = self.publish(version, params)
+        started = lost = 0
+        for _ in range(3):   # top up to the wanted hosts; drop any that died since last time
+            while len(self.hosts) < d.cfg.spot_nodes:
+                i, self._next_host = self._next_host, self._next_host + 1
+                res = s.settings.ray_spot_resource
+                self.hosts.append(ray_hosts.start_host(
+                    f"spot{i}", s.host_config, cpu_devices=d.cfg.spot_devices_per_node,
+                    worker=self.worker_config(), resources={res: 1} if res else None))
+                started += 1
+            alive = []
+            for w in self.hosts:
+                try:
+                    if w.policy_version != version:
+                        w.set_policy(ref, version)
+                    alive.append(w)
+                except ray_hosts.WorkerLost:
+                    lost += 1
+            self.hosts = alive
+            if len(alive) == d.cfg.spot_nodes:
+                break
+        return started, lost
+
+    def serve(self, queue, *, stop: threading.Event | None = None,
+              rewards: dict | None = None) -> dict:
+        """Every host pulls from ``queue`` (one thread each) until it is drained, ``stop`` is
+        set or the host leaves; hosts that left are dropped. Returns how each loop ended and the
+        request-steps the hosts computed."""
+        steps_before = {w.group_id: w.steps for w in self.hosts}
+        threads, stats = ray_hosts.serve_in_threads(self.hosts, queue, stop=stop,
+                                                    rewards=rewards)
+        for t in threads:
+            t.join()
+        left = {g: st["left"] for g, st in stats.items()}
+        computed = sum(w.steps - steps_before[w.group_id] for w in self.hosts)
+        self.hosts = [w for w in self.hosts if left.get(w.group_id, "done") in _STILL_UP]
+        return {"left": left, "steps": computed,
+                "lost": sum(v == "lost" for v in left.values()),
+                "noticed": sum(v == "notice" for v in left.values())}
+
+    def finish_locally(self, queue, params, version: int) -> int:
+        """Runs what is left in ``queue`` on the trainer's devices (no host could); returns the
+        calls made."""
+        s = self.state
+        local = sched.InProcessWorker(
+            "od0", sched.SamplerStepper(s.sampler, s.mcfg.text_len,
+                                        tokenize=s.prompt_source.tokenize),
+            config=sched.WorkerConfig(commit_every=s.deploy.cfg.commit_every, microbatch=4),
+            params=params, version=version)
+        return local.run(queue)["calls"]
+
+    def final_images(self, latents: np.ndarray) -> np.ndarray:
+        """Images of final latents, as a host computes them (the VAE for a latent model)."""
+        dec = self.state.decoder
+        return pixels(latents) if dec is None else np.asarray(dec.decode(latents))
+
+    def close(self) -> None:
+        if self.hosts:
+            import ray  # noqa: PLC0415 - the optional cluster extra
+            for w in self.hosts:
+                ray.kill(w.actor)
+            self.hosts = []
+
+
+class RayExplorer:
+    """Scores candidate seeds on the Ray spot hosts with the weights :meth:`pull` installed (the
+    stale θ_k; the ``state`` argument of :meth:`score` is not used)."""
+
+    def __init__(self, fleet: RayFleet, deadline: bool):
+        self.fleet = fleet
+        self.deadline = bool(deadline)
+        self.version: int | None = None
+        self._params = None
+        self._stop = threading.Event()
+
+    def pull(self, params, version: int) -> tuple[float, int]:
+        """Has every host hold ``version`` (published to the object store once; hosts that
+        died are replaced). Returns (seconds, bytes published)."""
+        t0 = time.perf_counter()
+        self.fleet.top_up(version, params)
+        self.version, self._params = int(version), params
+        self._stop.clear()
+        nbytes = sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(params))
+        return time.perf_counter() - t0, nbytes
+
+    def update_done(self) -> None:
+        """The update this exploration overlaps has ended: with a deadline, candidates not
+        finished now are dropped."""
+        if self.deadline:
+            self._stop.set()
+
+    def _requests(self, prompts, seeds_per_prompt, kind: str) -> list[sched.Request]:
+        """One request per candidate, every prompt's j-th candidate before any (j+1)-th: the
+        G base candidates first, so a deadline drops extras before them."""
+        T = self.fleet.state.train_sampler_cfg.num_steps
+        order = sorted((j, i) for i, ss in enumerate(seeds_per_prompt) for j in range(len(ss)))
+        return [sched.Request(rid=f"v{self.version:05d}p{i:03d}c{j:04d}", prompt=prompts[i],
+                              seed=int(seeds_per_prompt[i][j]), num_steps=T, kind=kind,
+                              policy_version=self.version) for j, i in order]
+
+    def score(self, state, prompts, seeds_per_prompt, keep_trajectories: bool = False):
+        """Per-prompt reward arrays (NaN for a candidate dropped at the deadline) and, with
+        ``keep_trajectories``, the candidates' rollout batch (a dropped candidate's rows are
+        zeros). ``self.last`` holds this call's numbers for the iteration's row."""
+        del state
+        if self.version is None:
+            raise RuntimeError("RayExplorer.score before pull: no policy version on the hosts")
+        s, fleet = self.fleet.state, self.fleet
+        t0 = time.perf_counter()
+        reqs = self._requests(prompts, seeds_per_prompt, "rollout" if keep_trajectories
+                              else "explore")
+        queue = ray_hosts.LockedQueue(sched.RequestQueue(s.image_shape,
+                                                         sched.QueueConfig(lease_s=3600.0)))
+        queue.submit(reqs)
+        host_rewards: dict[str, float] = {}
+        served = fleet.serve(queue, stop=self._stop, rewards=host_rewards)
+        fallback = 0
+        if not queue.all_done and not self._stop.is_set():
+            fallback = fleet.finish_locally(queue, self._params, self.version)
+        results = queue.results()
+        wrong = [r for r, q in results.items() if set(q.state.versions) != {self.version}]
+        for r in wrong:
+            del results[r]
+        rewards = self._rewards(results, host_rewards)
+        by_id = {q.rid: q for q in reqs}
+        per_prompt = []
+        for i, ss in enumerate(seeds_per_prompt):
+            rids = [f"v{self.version:05d}p{i:03d}c{j:04d}" for j in range(len(ss))]
+            per_prompt.append(np.asarray([rewards.get(r, np.nan) for r in rids], np.float32))
+        done_by = {c.group_id for r, c in queue.completed().items() if r in results}
+        self.last = {"explore_hosts": len(done_by - {"od0"}),
+                     "explore_lost": served["lost"] + served["noticed"],
+                     "explore_dropped": len(reqs) - len(results),
+                     "explore_rejected": len(wrong),
+                     "explore_fallback_calls": fallback,
+                     "explore_request_steps": served["steps"],
+                     "explore_s": time.perf_counter() - t0}
+        if not keep_trajectories:
+            return per_prompt
+        order = [f"v{self.version:05d}p{i:03d}c{j:04d}"
+                 for i, ss in enumerate(seeds_per_prompt) for j in range(len(ss))]
+        return per_prompt, self._batch(order, results, by_id, rewards)
+
+    def _rewards(self, results, host_rewards) -> dict[str, float]:
+        """Each completed candidate's reward: the host's, or (finished on the trainer's devices)
+        computed here."""
+        out = {r: host_rewards[r] for r in results if r in host_rewards}
+        rest = [r for r in results if r not in out]
+        if rest:
+            s = self.fleet.state
+            images = self.fleet.final_images(np.stack([results[r].state.latent for r in rest]))
+            scores = np.asarray(s.engine.reward_fn(images, [results[r].prompt for r in rest]),
+                                np.float32)
+            out.update({r: float(x) for r, x in zip(rest, scores)})
+        return out
+
+    def _batch(self, order, results, by_id, rewards) -> dict:
+        """The candidates' rollout batch in ``order`` (prompt after prompt)."""
+        s = self.fleet.state
+        trajs = {r: results[r].trajectory() for r in order if r in results}
+        if not trajs:
+            raise RuntimeError("no exploration candidate finished: no rollout batch to keep")
+        like = next(iter(trajs.values()))
+        blank = {key: np.zeros_like(v) for key, v in like.items()}
+        rows = [trajs.get(r, blank) for r in order]
+        batch = {key: np.stack([t[key] for t in rows]) for key in ("latents", "log_probs")}
+        batch["images"] = self.fleet.final_images(batch["latents"][:, -1])
+        flat_prompts = [by_id[r].prompt for r in order]
+        batch["tokens"], batch["mask"] = s.prompt_source.tokenize(flat_prompts, s.mcfg.text_len)
+        batch["rewards"] = np.asarray([rewards.get(r, np.nan) for r in order], np.float32)
+        return batch
