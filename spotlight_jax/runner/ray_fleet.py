@@ -133,6 +133,8 @@ class RayExplorer:
         self.version: int | None = None
         self._params = None
         self._stop = threading.Event()
+        self.queue = None                 # the last exploration's queue (its accounting)
+        self.last: dict = {}              # the last exploration's numbers
 
     def pull(self, params, version: int) -> tuple[float, int]:
         """Has every host hold ``version`` (published to the object store once; hosts that
@@ -141,6 +143,7 @@ class RayExplorer:
         self.fleet.top_up(version, params)
         self.version, self._params = int(version), params
         self._stop.clear()
+        self.queue = None
         nbytes = sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(params))
         return time.perf_counter() - t0, nbytes
 
@@ -173,6 +176,7 @@ class RayExplorer:
         queue = ray_hosts.LockedQueue(sched.RequestQueue(s.image_shape,
                                                          sched.QueueConfig(lease_s=3600.0)))
         queue.submit(reqs)
+        self.queue = queue
         host_rewards: dict[str, float] = {}
         served = fleet.serve(queue, stop=self._stop, rewards=host_rewards)
         fallback = 0
