@@ -239,6 +239,12 @@ def add_spotlight_sections(c):
     # 'ray': the custom resource a node must advertise to host a spot actor ('' = any node;
     # the launch scripts give spot machines "spot_node")
     d.ray_spot_resource = ""
+    # 'ray': the cluster to join ('' = the RAY_ADDRESS environment variable, else a new local
+    # instance with one CPU per spot host)
+    d.ray_address = ""
+    # 'ray': seconds a phase waits for the spot hosts it just started (0: none; hosts still
+    # starting join a later phase; on a local instance started by the run: until they are up)
+    d.ray_host_wait_s = 0.0
     # 'ray', spotlight modes: drop the exploration candidates not finished when the update ends
     # (exploration never lengthens the critical path); false = a fixed plan, every candidate
     # scored (the trainer's devices finish what no host can)

@@ -744,6 +744,8 @@ class RunSettings:
     rollout_on_groups: str | bool
     ray_spot_resource: str
     ray_explore_deadline: bool
+    ray_address: str
+    ray_host_wait_s: float
     target_frac: float          # compare mode's target share of the baseline's gain
     target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
     compare_seeds: tuple = ()   # compare mode: one comparison per config seed (() = seed)
@@ -766,7 +768,8 @@ def run_settings(config) -> RunSettings:
         explore=pick_fields(ExploreSettings, config.explore),
         transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
         rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
-        ray_explore_deadline=bool(d.ray_explore_deadline),
+        ray_explore_deadline=bool(d.ray_explore_deadline), ray_address=str(d.ray_address),
+        ray_host_wait_s=float(d.ray_host_wait_s),
         target_frac=float(config.compare.target_frac),
         target_gain=float(config.compare.target_gain),
         compare_seeds=tuple(config.compare.seeds or ()))

@@ -55,6 +55,30 @@ def _require_ray():
     return ray
 
 
+def connect(address: str = "", *, local_cpus: int = 2,
+            local_resources: dict | None = None) -> str:
+    """Joins a Ray cluster unless this process already has: ``address`` (``''``: the
+    ``RAY_ADDRESS`` environment variable), else a new local instance with ``local_cpus`` CPUs
+    advertising ``local_resources`` (e.g. ``{"spot_node": 2}``), shut down with this process.
+    Returns where it connected ('already', the address, or 'local')."""
+    ray = _require_ray()
+    if ray.is_initialized():
+        return "already"
+    address = address or os.environ.get("RAY_ADDRESS", "")
+    env = {"runtime_env": {"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}},
+           "include_dashboard": False, "log_to_driver": False}
+    if address:
+        try:
+            ray.init(address=address, **env)
+        except ConnectionError as e:
+            raise ConnectionError(f"deployment.ray_address={address!r}: no Ray cluster answers "
+                                  f"there ({e}); start one (ray start --head) or leave the "
+                                  "address empty for a local instance") from e
+        return address
+    ray.init(num_cpus=int(local_cpus), resources=local_resources or None, **env)
+    return "local"
+
+
 class SpotHostImpl:
     """The actor's body (wrapped by ``ray.remote`` in :func:`spot_host_class`): builds the model
     graph and an SP group over this process's devices, then serves ``Worker`` calls.
@@ -205,9 +229,9 @@ class RayWorker(Worker):
     actor. Any call to a dead actor raises :class:`WorkerLost`. ``notice`` turns true when the
     host got its preemption notice (reported with the call that followed it)."""
 
-    def __init__(self, actor):
+    def __init__(self, actor, info: dict | None = None):
         self.actor = actor
-        info = self._call(actor.info)
+        info = self._call(actor.info) if info is None else info
         self.group_id, self.degree = info["group_id"], info["degree"]
         self.config = WorkerConfig(**info["config"])
         self.pid = info["pid"]
@@ -349,13 +373,23 @@ def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic
     return stats
 
 
-def start_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None = None,
-               resources: dict | None = None) -> RayWorker:
-    """Starts one spot host actor (a new process) for the run's ``config`` (a ConfigDict or
-    plain dict) and returns its :class:`RayWorker`."""
+def launch_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None = None,
+                resources: dict | None = None) -> tuple[object, object]:
+    """Starts one spot host actor (a new process, once Ray can place it) for the run's
+    ``config`` (a ConfigDict or plain dict) without waiting for it; returns the actor and the
+    ref of its ``info()``, ready when the host has built its model."""
     cls = spot_host_class(resources=resources)
     plain = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    return RayWorker(cls.remote(name, plain, cpu_devices=cpu_devices, worker=worker))
+    actor = cls.remote(name, plain, cpu_devices=cpu_devices, worker=worker)
+    return actor, actor.info.remote()
+
+
+def start_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None = None,
+               resources: dict | None = None) -> RayWorker:
+    """:func:`launch_host` and wait for the host: its :class:`RayWorker`."""
+    actor, _ = launch_host(name, config, cpu_devices=cpu_devices, worker=worker,
+                           resources=resources)
+    return RayWorker(actor)
 
 
 def serve_in_threads(workers, queue, *, stop: threading.Event | None = None,

@@ -155,11 +155,19 @@ class SpotExploration:
             return out, (t0, time.perf_counter())
         return self._pool.submit(work)
 
-    def update_done(self) -> None:
-        """The update the exploration overlaps has ended (an explorer with a deadline drops
-        what is unfinished)."""
+    def plan_budget(self, budget_s: float, per_candidate_s: float,
+                    base_candidates: int) -> tuple[float, float]:
+        """The planner's budget and seconds per candidate: the cost model's, unless the explorer
+        runs on the wall clock (the Ray hosts with a deadline) and has measured its own."""
         if self.ray is not None:
-            self.ray.update_done()
+            return self.ray.plan_budget(budget_s, per_candidate_s, base_candidates)
+        return budget_s, per_candidate_s
+
+    def update_done(self, update_s: float) -> None:
+        """The update the exploration overlaps has ended after ``update_s`` wall seconds (an
+        explorer with a deadline drops what is unfinished)."""
+        if self.ray is not None:
+            self.ray.update_done(update_s)
 
     def info(self) -> dict:
         """The explorer's own numbers of the last exploration (the Ray hosts')."""

@@ -179,15 +179,17 @@ class SpotlightMode(Mode):
                 self.explored(s, k, None)
                 return s.train_on(batch, k, prompts, generator=self.batch_generator), {}
             per = d.spot_seconds_per_candidate()
+            base_candidates = st.prompts_per_iter * st.group_size
             budget = extras_budget_s(st.explore.budget_frac * train_s, d.spot_devices,
-                                     st.prompts_per_iter * st.group_size, per)
+                                     base_candidates, per)
+            plan_budget, plan_per = self.spot.plan_budget(budget, per, base_candidates)
             pulled, pull_s, pull_bytes = self.spot.pull(stale, k)
-            future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), budget, per,
+            future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), plan_budget, plan_per,
                                       keep=self.keep_candidates)
             t_train = time.perf_counter()
             m = s.train_on(batch, k, prompts, generator=self.batch_generator)
             t_train = (t_train, time.perf_counter())
-            self.spot.update_done()
+            self.spot.update_done(t_train[1] - t_train[0])
             (cands, chosen, cbatch, info), t_explore = future.result()
             info.update(self.spot.info())
             phase.run("explore", d.spot_group(),
@@ -197,6 +199,7 @@ class SpotlightMode(Mode):
         explore_s = t_explore[1] - t_explore[0]
         info.update(explore_wall_s=explore_s, train_wall_s=t_train[1] - t_train[0],
                     overlap_wall_s=overlap, pull_s=pull_s, pull_bytes=pull_bytes,
+                    explore_budget_s=plan_budget,
                     # the share of the exploration's wall time inside the update's window
                     explore_overlap=overlap / explore_s if explore_s > 0 else 1.0)
         info.setdefault("explore_hosts", len(self.spot.fleet.groups) if self.fleet else 1)

@@ -14,11 +14,13 @@ of the pull scheduler (kind ``explore``; ``rollout`` when the mode trains on the
 own trajectories, ``spotlight_pipelined``), committed every ``deployment.commit_every`` steps,
 so a host's notice or loss hands its candidates to another host from their last commit. A host
 rewards the candidates it completes itself (its own VAE for a latent model); the runner receives
-(prompt, seed, reward) per candidate. With ``deployment.ray_explore_deadline`` the candidates
-not finished when the update ends are dropped, never waited for (exploration never lengthens
-the critical path); without it (a fixed plan, as the tests compare) the trainer's devices finish
-whatever no host can. A completed candidate whose steps ran on a policy version other than the
-one asked for is rejected, never used.
+(prompt, seed, reward) per candidate. With ``deployment.ray_explore_deadline`` exploration runs
+on the wall clock: the plan's budget is the update's duration predicted from the last ones times
+the hosts' measured candidate rate (:meth:`RayExplorer.plan_budget`), and the candidates not
+finished when the update ends are dropped, never waited for (exploration never lengthens the
+critical path); without it (a fixed plan from the cost model, as the tests compare) the trainer's
+devices finish whatever no host can. A completed candidate whose steps ran on a policy version
+other than the one asked for is rejected, never used.
 """
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ class RayFleet:
     def __init__(self, state):
         self.state = state
         self.hosts: list = []             # live spot host workers (ray_hosts.RayWorker)
+        self.starting: list = []          # (actor, info ref) of hosts still starting
         self._next_host = 0
         self._published = None            # (version, object ref) of the last weights
+        self.where = None                 # the Ray cluster joined (ray_hosts.connect)
 
     def worker_config(self) -> dict:
         d = self.state.deploy
@@ -55,32 +59,80 @@ class RayFleet:
             self._published = (version, ray_hosts.publish(params))
         return self._published[1]
 
+    def connect(self) -> None:
+        """Joins ``deployment.ray_address`` (default ``RAY_ADDRESS``), else starts a local Ray
+        instance with a CPU per spot host and the spot resource on it."""
+        if self.where is None:
+            s, d = self.state, self.state.deploy
+            res = s.settings.ray_spot_resource
+            self.where = ray_hosts.connect(
+                s.settings.ray_address, local_cpus=d.cfg.spot_nodes,
+                local_resources={res: d.cfg.spot_nodes} if res else None)
+
     def top_up(self, version: int, params) -> tuple[int, int]:
-        """Starts hosts up to the deployment's spot node count and has every host hold
-        ``version`` (``params``, published once); returns (started, found dead)."""
-        s, d = self.state, self.state.deploy
+        """Has every live host hold ``version`` (``params``, published once), starts hosts for
+        the missing spot nodes and admits those that are up; returns (started, found dead).
+
+        A host still starting does not hold the phase up: it joins a later one (on a real
+        cluster its replacement may wait for a new node). The phase waits for the hosts it just
+        started only up to ``deployment.ray_host_wait_s`` seconds, or, on a local instance this
+        process started (which has every host's resources), until they are up."""
+        d = self.state.deploy
+        self.connect()
         ref = self.publish(version, params)
-        started = lost = 0
-        for _ in range(3):   # top up to the wanted hosts; drop any that died since last time
-            while len(self.hosts) < d.cfg.spot_nodes:
-                i, self._next_host = self._next_host, self._next_host + 1
-                res = s.settings.ray_spot_resource
-                self.hosts.append(ray_hosts.start_host(
-                    f"spot{i}", s.host_config, cpu_devices=d.cfg.spot_devices_per_node,
-                    worker=self.worker_config(), resources={res: 1} if res else None))
-                started += 1
-            alive = []
-            for w in self.hosts:
-                try:
-                    if w.policy_version != version:
-                        w.set_policy(ref, version)
-                    alive.append(w)
-                except ray_hosts.WorkerLost:
-                    lost += 1
-            self.hosts = alive
-            if len(alive) == d.cfg.spot_nodes:
-                break
-        return started, lost
+        lost = self._install(ref, version)
+        missing = d.cfg.spot_nodes - len(self.hosts) - len(self.starting)
+        for _ in range(max(missing, 0)):
+            self._launch()
+        wait = self.state.settings.ray_host_wait_s
+        if missing > 0 and wait <= 0 and self.where == "local":
+            wait = 600.0
+        lost += self._admit(wait if missing > 0 else 0.0)
+        lost += self._install(ref, version)
+        return max(missing, 0), lost
+
+    def _launch(self) -> None:
+        s, d = self.state, self.state.deploy
+        i, self._next_host = self._next_host, self._next_host + 1
+        res = s.settings.ray_spot_resource
+        actor, info = ray_hosts.launch_host(
+            f"spot{i}", s.host_config, cpu_devices=d.cfg.spot_devices_per_node,
+            worker=self.worker_config(), resources={res: 1} if res else None)
+        self.starting.append((actor, info))
+
+    def _admit(self, timeout_s: float) -> int:
+        """Hosts whose start finished (within ``timeout_s``) join the fleet; returns how many
+        died while starting."""
+        if not self.starting:
+            return 0
+        import ray  # noqa: PLC0415 - the optional cluster extra
+        refs = [info for _, info in self.starting]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(timeout_s, 0.0))
+        ready = set(ready)
+        died, still = 0, []
+        for actor, info in self.starting:
+            if info not in ready:
+                still.append((actor, info))
+                continue
+            try:
+                self.hosts.append(ray_hosts.RayWorker(actor, ray.get(info)))
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+                died += 1
+        self.starting = still
+        return died
+
+    def _install(self, ref, version: int) -> int:
+        """``version`` onto every live host that lacks it; drops (and counts) dead ones."""
+        alive, lost = [], 0
+        for w in self.hosts:
+            try:
+                if w.policy_version != version:
+                    w.set_policy(ref, version)
+                alive.append(w)
+            except ray_hosts.WorkerLost:
+                lost += 1
+        self.hosts = alive
+        return lost
 
     def serve(self, queue, *, stop: threading.Event | None = None,
               rewards: dict | None = None) -> dict:
@@ -116,11 +168,11 @@ class RayFleet:
         return pixels(latents) if dec is None else np.asarray(dec.decode(latents))
 
     def close(self) -> None:
-        if self.hosts:
+        if self.hosts or self.starting:
             import ray  # noqa: PLC0415 - the optional cluster extra
-            for w in self.hosts:
-                ray.kill(w.actor)
-            self.hosts = []
+            for actor in [w.actor for w in self.hosts] + [a for a, _ in self.starting]:
+                ray.kill(actor)
+            self.hosts, self.starting = [], []
 
 
 class RayExplorer:
@@ -134,6 +186,8 @@ class RayExplorer:
         self._params = None
         self._stop = threading.Event()
         self.queue = None                 # the last exploration's queue (its accounting)
+        self._windows: list[float] = []   # measured update wall seconds
+        self._rates: list[float] = []     # measured candidates per second, all hosts
         self.last: dict = {}              # the last exploration's numbers
 
     def pull(self, params, version: int) -> tuple[float, int]:
@@ -147,20 +201,35 @@ class RayExplorer:
         nbytes = sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(params))
         return time.perf_counter() - t0, nbytes
 
-    def update_done(self) -> None:
-        """The update this exploration overlaps has ended: with a deadline, candidates not
-        finished now are dropped."""
+    def update_done(self, update_s: float | None = None) -> None:
+        """The update this exploration overlaps has ended (after ``update_s`` wall seconds):
+        with a deadline, candidates not finished now are dropped."""
+        if update_s is not None:
+            self._windows.append(float(update_s))
         if self.deadline:
             self._stop.set()
 
     def _requests(self, prompts, seeds_per_prompt, kind: str) -> list[sched.Request]:
-        """One request per candidate, every prompt's j-th candidate before any (j+1)-th: the
-        G base candidates first, so a deadline drops extras before them."""
+        """One request per candidate, prompt after prompt: a deadline then leaves a few prompts
+        fully explored rather than every prompt with fewer than G scored (a prompt's selection
+        gains only from candidates beyond its G)."""
         T = self.fleet.state.train_sampler_cfg.num_steps
-        order = sorted((j, i) for i, ss in enumerate(seeds_per_prompt) for j in range(len(ss)))
         return [sched.Request(rid=f"v{self.version:05d}p{i:03d}c{j:04d}", prompt=prompts[i],
-                              seed=int(seeds_per_prompt[i][j]), num_steps=T, kind=kind,
-                              policy_version=self.version) for j, i in order]
+                              seed=int(s), num_steps=T, kind=kind, policy_version=self.version)
+                for i, ss in enumerate(seeds_per_prompt) for j, s in enumerate(ss)]
+
+    def plan_budget(self, budget_s: float, per_candidate_s: float,
+                    base_candidates: int) -> tuple[float, float]:
+        """The planner's ``(budget_s, per_candidate_s)``: with a deadline and measurements, the
+        wall seconds the next update is predicted to take (median of the last three) less the
+        base candidates' time at the hosts' measured rate (median of the last three
+        explorations, all hosts together), and that rate's seconds per candidate; else the
+        cost model's numbers as given."""
+        if not (self.deadline and self._windows and self._rates):
+            return budget_s, per_candidate_s
+        per = 1.0 / float(np.median(self._rates[-3:]))
+        window = float(np.median(self._windows[-3:]))
+        return max(window - base_candidates * per, 0.0), per
 
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories: bool = False):
         """Per-prompt reward arrays (NaN for a candidate dropped at the deadline) and, with
@@ -193,13 +262,17 @@ class RayExplorer:
             rids = [f"v{self.version:05d}p{i:03d}c{j:04d}" for j in range(len(ss))]
             per_prompt.append(np.asarray([rewards.get(r, np.nan) for r in rids], np.float32))
         done_by = {c.group_id for r, c in queue.completed().items() if r in results}
+        elapsed = time.perf_counter() - t0
+        T = s.train_sampler_cfg.num_steps
+        if served["steps"] and elapsed > 0:
+            self._rates.append(served["steps"] / T / elapsed)
         self.last = {"explore_hosts": len(done_by - {"od0"}),
                      "explore_lost": served["lost"] + served["noticed"],
                      "explore_dropped": len(reqs) - len(results),
                      "explore_rejected": len(wrong),
                      "explore_fallback_calls": fallback,
                      "explore_request_steps": served["steps"],
-                     "explore_s": time.perf_counter() - t0}
+                     "explore_s": elapsed}
         if not keep_trajectories:
             return per_prompt
         order = [f"v{self.version:05d}p{i:03d}c{j:04d}"

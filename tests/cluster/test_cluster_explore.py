@@ -39,6 +39,7 @@ def _config(mode, transport, iterations=3, deadline=False, spot_nodes=2):
     c.deployment.spot_devices_per_node = 2
     c.deployment.transport = transport
     c.deployment.ray_explore_deadline = deadline
+    c.deployment.ray_host_wait_s = 600.0      # every host up before a phase (test's own Ray)
     c.trace.rate_per_node_hour = 0.0          # no trace preemption: the same plan either way
     return c
 

@@ -138,7 +138,8 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
     from spotlight_jax.builders import create_model
 
     c = load_config("tiny", {**MICRO_RUN_OVERRIDES, "mode": "spot_rollout", "rl.iterations": 2,
-                             "deployment.transport": "ray", "deployment.spot_nodes": 2})
+                             "deployment.transport": "ray", "deployment.spot_nodes": 2,
+                             "deployment.ray_host_wait_s": 600.0})
     graphdef, base = create_model(model_config(c))
     run = runner.RunState(c, str(tmp_path), graphdef, base)
     prompts = run.prompts(0)

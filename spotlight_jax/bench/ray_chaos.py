@@ -1,0 +1,282 @@
+"""A real-process chaos run: post-training against a local Ray cluster whose spot nodes are
+really preempted on the wall clock by a spot trace.
+
+    python -m spotlight_jax.bench.ray_chaos --config=configs/tiny.py --mode=spotlight \\
+        --hosts=3 --trace=synthetic --speedup=20 --iterations=40 --workdir=/tmp/chaos
+
+Starts a Ray head and one worker node process per spot host (``ray start --address ...
+--resources='{"spot_node": 1}'``), runs the command-line post-training against it
+(``deployment.transport=ray``) and replays the trace (a SkyPilot file, or ``synthetic``: the
+config's Poisson trace), its times divided by ``--speedup``: a notice is a SIGTERM to the spot
+host actor on that node, then SIGKILL of the node's processes after the provider's notice lead
+(also divided by the speed-up); an abrupt loss is a SIGKILL of the node's processes; a join
+starts a new node process. Then it runs the emulated-transport post-training of the same seed
+(``--compare``) and prints, and writes to ``W/chaos.json``: iterations, candidates scored and
+dropped per iteration, hosts lost during exploration, rollout steps redone, requests completed
+twice and iterations trained on a short or mixed-version batch (both must be 0), hosts started
+and nodes joined, and the held-out curve of both runs. Needs the cluster extra and ``psutil``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from spotlight_jax.bench import _setup
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Config file of the post-training.", **fv)
+    flags.DEFINE_enum("mode", "spotlight", ["spot_rollout", "spotlight", "spotlight_pipelined"],
+                      "Spot mode to run.", **fv)
+    flags.DEFINE_integer("hosts", 3, "Spot nodes (one host actor each).", **fv)
+    flags.DEFINE_integer("cpu_devices", 2, "Emulated devices per spot host.", **fv)
+    flags.DEFINE_string("trace", "synthetic", "SkyPilot trace file, or 'synthetic'.", **fv)
+    flags.DEFINE_float("trace_start_s", 0.0, "Replay the trace file from this time on.", **fv)
+    flags.DEFINE_float("rate_per_node_hour", 2.0, "Synthetic trace: preemptions per node-hour.",
+                       **fv)
+    flags.DEFINE_float("mean_outage_s", 600.0, "Synthetic trace: mean outage seconds.", **fv)
+    flags.DEFINE_float("abrupt_fraction", 0.3, "Share of losses without a notice.", **fv)
+    flags.DEFINE_string("cloud", "aws", "Notice lead time preset (aws 120 s, gcp 30 s).", **fv)
+    flags.DEFINE_float("speedup", 20.0, "Trace seconds per wall second.", **fv)
+    flags.DEFINE_integer("iterations", 40, "RL iterations.", **fv)
+    flags.DEFINE_integer("eval_every", 10, "Held-out evaluation cadence.", **fv)
+    flags.DEFINE_string("workdir", "/tmp/spotlight_chaos", "Output folder.", **fv)
+    flags.DEFINE_multi_string("set", [], "Extra config overrides key=value.", **fv)
+    flags.DEFINE_bool("compare", True, "Also run the emulated transport with the same seed.",
+                      **fv)
+    flags.DEFINE_float("timeout_s", 3600.0, "Give up on the post-training after this.", **fv)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """A Ray head (no spot resource) and spot node processes on this machine."""
+
+    def __init__(self, workdir: str, cpus_per_node: int = 1):
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.cpus = cpus_per_node
+        self.logdir = os.path.join(workdir, "ray_nodes")
+        os.makedirs(self.logdir, exist_ok=True)
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self.joins = 0
+        self._ray(["start", "--head", f"--port={self.port}", "--num-cpus=1",
+                   "--include-dashboard=false", "--disable-usage-stats"])
+
+    def _ray(self, args, block=False, log=None):
+        cmd = [sys.executable, "-m", "ray.scripts.scripts", *args]
+        if block:
+            return subprocess.Popen(cmd + ["--block"], stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+    def add_node(self, name: str) -> None:
+        log = open(os.path.join(self.logdir, f"{name}_{self.joins}.log"), "w")  # noqa: SIM115
+        self.nodes[name] = self._ray(
+            ["start", f"--address={self.address}", f"--num-cpus={self.cpus}",
+             '--resources={"spot_node": 1}', "--disable-usage-stats"], block=True, log=log)
+        self.joins += 1
+
+    def _tree(self, name: str):
+        import psutil  # noqa: PLC0415 - the chaos run's own dependency
+        proc = self.nodes.get(name)
+        if proc is None or proc.poll() is not None:
+            return []
+        try:
+            root = psutil.Process(proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def notice(self, name: str) -> int:
+        """SIGTERM to the spot host actor process(es) on node ``name``; returns how many."""
+        hit = 0
+        for p in self._tree(name):
+            try:
+                if "SpotHostImpl" in " ".join(p.cmdline()) or "SpotHostImpl" in p.name():
+                    p.send_signal(signal.SIGTERM)
+                    hit += 1
+            except Exception:  # noqa: BLE001 - it may be gone already
+                pass
+        return hit
+
+    def kill(self, name: str) -> None:
+        """SIGKILL every process of node ``name`` (the VM is gone)."""
+        for p in reversed(self._tree(name)):
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001
+                pass
+        proc = self.nodes.pop(name, None)
+        if proc is not None:
+            proc.wait(timeout=30)
+
+    def close(self) -> None:
+        for name in list(self.nodes):
+            self.kill(name)
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
+                       capture_output=True)
+
+
+def _events(num_hosts: int, horizon_s: float):
+    from spotlight_jax.emulation.traces import (  # noqa: PLC0415
+        ReplayConfig,
+        TraceConfig,
+        replay,
+    )
+    path = "" if FLAGS.trace == "synthetic" else FLAGS.trace
+    tc = TraceConfig(path=path, start_s=FLAGS.trace_start_s,
+                     rate_per_node_hour=FLAGS.rate_per_node_hour,
+                     mean_outage_s=FLAGS.mean_outage_s, cloud=FLAGS.cloud,
+                     abrupt_fraction=FLAGS.abrupt_fraction)
+    rc = ReplayConfig.preset(FLAGS.cloud, abrupt_fraction=FLAGS.abrupt_fraction)
+    rep = replay(tc.load(num_hosts, horizon_s), num_hosts, rc)
+    return rep, [e for e in rep.events if e.time < horizon_s]
+
+
+def _post_train(workdir: str, transport: str, address: str = "") -> subprocess.Popen:
+    over = {"mode": FLAGS.mode, "deployment.transport": transport,
+            "deployment.spot_nodes": FLAGS.hosts,
+            "deployment.spot_devices_per_node": FLAGS.cpu_devices,
+            "rl.iterations": FLAGS.iterations, "rl.max_minutes": 0,
+            "rl.eval_every": FLAGS.eval_every}
+    if transport == "ray":
+        over.update({"deployment.ray_address": address,
+                     "deployment.ray_spot_resource": "spot_node"})
+    args = [f"--config.{k}={v}" for k, v in over.items()] + [f"--config.{kv}" for kv in
+                                                             FLAGS.set]
+    log = open(os.path.join(workdir + ".log"), "w")  # noqa: SIM115
+    return subprocess.Popen([sys.executable, "-m", "spotlight_jax.main", f"--config={FLAGS.config}",
+                             f"--workdir={workdir}", *args],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def _rows(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, "rl.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _replay(cluster: LocalCluster, events, proc, speedup: float, lead_s: float) -> dict:
+    """Applies the events on the wall clock while ``proc`` runs; returns what was applied."""
+    applied = {"notice": 0, "loss": 0, "abrupt": 0, "join": 0, "actor_signalled": 0}
+    kills: list[tuple[float, str]] = []        # (wall time, node) due after a notice
+    t0 = time.monotonic()
+    queue = list(events)
+    while proc.poll() is None:
+        now = (time.monotonic() - t0) * speedup
+        while queue and queue[0].time <= now:
+            e = queue.pop(0)
+            if e.kind == "notice":
+                applied["notice"] += 1
+                applied["actor_signalled"] += cluster.notice(e.node)
+                kills.append((time.monotonic() + lead_s / speedup, e.node))
+            elif e.kind == "loss":
+                applied["loss"] += 1
+                if e.abrupt:
+                    applied["abrupt"] += 1
+                    cluster.kill(e.node)
+            elif e.kind == "join":
+                applied["join"] += 1
+                cluster.kill(e.node)        # a node lost with notice may still be running
+                cluster.add_node(e.node)
+        for due, node in [k for k in kills if k[0] <= time.monotonic()]:
+            kills.remove((due, node))
+            cluster.kill(node)
+        time.sleep(0.05)
+    return applied
+
+
+def _summary(rows: list[dict], emu_rows: list[dict], applied: dict, wall_s: float) -> dict:
+    it = [r for r in rows if r.get("iteration", 0) > 0 and "loss" in r]
+
+    def total(key):
+        return int(sum(r.get(key, 0) for r in it))
+
+    scored = [r.get("explore_candidates", 0) - r.get("explore_dropped", 0)
+              - r.get("explore_rejected", 0) for r in it]
+    return {
+        "iterations": len(it), "wall_s": wall_s, "events": applied,
+        "candidates_scored_per_iteration": (sum(scored) / len(it)) if it else 0.0,
+        "candidates_dropped": total("explore_dropped"),
+        "candidates_rejected_wrong_version": total("explore_rejected"),
+        "hosts_lost_during_exploration": total("explore_lost"),
+        "hosts_lost_during_rollouts": total("ray_hosts_lost") + total("ray_hosts_noticed"),
+        "rollout_steps_redone": total("ray_redone_steps"),
+        "requests_completed_twice": total("ray_duplicates") + total("explore_duplicates"),
+        "iterations_on_short_or_mixed_batch": total("ray_short_batch")
+        + total("ray_mixed_versions"),
+        "hosts_started": total("ray_hosts_started"),
+        "explore_overlap_median": _median([r["explore_overlap"] for r in it
+                                           if "explore_overlap" in r]),
+        "held_out_ray": [(r["iteration"], r["val_reward"]) for r in rows if "val_reward" in r],
+        "held_out_emulated": [(r["iteration"], r["val_reward"]) for r in emu_rows
+                              if "val_reward" in r],
+    }
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from spotlight_jax.emulation.traces import LEAD_TIME_PRESETS  # noqa: PLC0415
+    os.makedirs(FLAGS.workdir, exist_ok=True)
+    ray_dir = os.path.join(FLAGS.workdir, "ray")
+    rep, events = _events(FLAGS.hosts, FLAGS.timeout_s * FLAGS.speedup)
+    cluster = LocalCluster(FLAGS.workdir)
+    t0 = time.monotonic()
+    try:
+        for node in rep.initial_alive:
+            cluster.add_node(node)
+        proc = _post_train(ray_dir, "ray", cluster.address)
+        try:
+            applied = _replay(cluster, events, proc, FLAGS.speedup,
+                              LEAD_TIME_PRESETS[FLAGS.cloud])
+            proc.wait(timeout=FLAGS.timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        cluster.close()
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"the post-training failed (exit {proc.returncode}); see "
+                         f"{ray_dir}.log")
+    emu_rows = []
+    if FLAGS.compare:
+        emu_dir = os.path.join(FLAGS.workdir, "emulated")
+        emu = _post_train(emu_dir, "emulated")
+        emu.wait(timeout=FLAGS.timeout_s)
+        emu_rows = _rows(emu_dir)
+    out = _summary(_rows(ray_dir), emu_rows, applied, wall)
+    out["command"] = " ".join(sys.argv)
+    with open(os.path.join(FLAGS.workdir, "chaos.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    for key, v in out.items():
+        print(f"{key}: {v}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
