@@ -64,6 +64,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# a throw-away cluster on this machine: no token authentication between its processes
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+
+
 class LocalCluster:
     """A Ray head (no spot resource) and spot node processes on this machine."""
 
@@ -75,21 +79,30 @@ class LocalCluster:
         os.makedirs(self.logdir, exist_ok=True)
         self.nodes: dict[str, subprocess.Popen] = {}
         self.joins = 0
-        self._ray(["start", "--head", f"--port={self.port}", "--num-cpus=1",
-                   "--include-dashboard=false", "--disable-usage-stats"])
+        self.nodes["head"] = self._ray("head", ["--head", f"--port={self.port}", "--num-cpus=1",
+                                                "--include-dashboard=false"])
+        deadline = time.monotonic() + 120
+        while True:          # the head's GCS accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError as e:
+                if time.monotonic() > deadline or self.nodes["head"].poll() is not None:
+                    raise RuntimeError(f"the Ray head did not come up; see {self.logdir}") from e
+                time.sleep(0.5)
 
-    def _ray(self, args, block=False, log=None):
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", *args]
-        if block:
-            return subprocess.Popen(cmd + ["--block"], stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        return subprocess.run(cmd, check=True, capture_output=True, text=True)
+    def _ray(self, name: str, args) -> subprocess.Popen:
+        """``ray start ... --block`` as its own process group (killed as a whole)."""
+        log = open(os.path.join(self.logdir, f"{name}_{self.joins}.log"), "w")  # noqa: SIM115
+        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", *args,
+               "--disable-usage-stats", "--block"]
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=ENV)
 
     def add_node(self, name: str) -> None:
-        log = open(os.path.join(self.logdir, f"{name}_{self.joins}.log"), "w")  # noqa: SIM115
-        self.nodes[name] = self._ray(
-            ["start", f"--address={self.address}", f"--num-cpus={self.cpus}",
-             '--resources={"spot_node": 1}', "--disable-usage-stats"], block=True, log=log)
+        self.nodes[name] = self._ray(name, [f"--address={self.address}",
+                                            f"--num-cpus={self.cpus}",
+                                            '--resources={"spot_node": 1}'])
         self.joins += 1
 
     def _tree(self, name: str):
@@ -127,10 +140,9 @@ class LocalCluster:
             proc.wait(timeout=30)
 
     def close(self) -> None:
-        for name in list(self.nodes):
+        """Kills every node, the head last (only this cluster's processes)."""
+        for name in [n for n in self.nodes if n != "head"] + ["head"]:
             self.kill(name)
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
-                       capture_output=True)
 
 
 def _events(num_hosts: int, horizon_s: float):
@@ -163,7 +175,7 @@ def _post_train(workdir: str, transport: str, address: str = "") -> subprocess.P
     log = open(os.path.join(workdir + ".log"), "w")  # noqa: SIM115
     return subprocess.Popen([sys.executable, "-m", "spotlight_jax.main", f"--config={FLAGS.config}",
                              f"--workdir={workdir}", *args],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, env=ENV)
 
 
 def _rows(workdir: str) -> list[dict]:
@@ -205,7 +217,7 @@ def _replay(cluster: LocalCluster, events, proc, speedup: float, lead_s: float) 
 
 
 def _summary(rows: list[dict], emu_rows: list[dict], applied: dict, wall_s: float) -> dict:
-    it = [r for r in rows if r.get("iteration", 0) > 0 and "loss" in r]
+    it = [r for r in rows if r.get("step", 0) > 0 and "loss" in r]
 
     def total(key):
         return int(sum(r.get(key, 0) for r in it))
@@ -217,18 +229,22 @@ def _summary(rows: list[dict], emu_rows: list[dict], applied: dict, wall_s: floa
         "candidates_scored_per_iteration": (sum(scored) / len(it)) if it else 0.0,
         "candidates_dropped": total("explore_dropped"),
         "candidates_rejected_wrong_version": total("explore_rejected"),
-        "hosts_lost_during_exploration": total("explore_lost"),
-        "hosts_lost_during_rollouts": total("ray_hosts_lost") + total("ray_hosts_noticed"),
+        "hosts_left_during_exploration": total("explore_lost"),
+        "hosts_left_during_rollouts": total("ray_hosts_noticed") + total("ray_hosts_lost_busy"),
+        "hosts_found_dead_between_phases": total("ray_hosts_lost") - total("ray_hosts_lost_busy")
+        + total("explore_hosts_dead"),
         "rollout_steps_redone": total("ray_redone_steps"),
         "requests_completed_twice": total("ray_duplicates") + total("explore_duplicates"),
-        "iterations_on_short_or_mixed_batch": total("ray_short_batch")
-        + total("ray_mixed_versions"),
-        "hosts_started": total("ray_hosts_started"),
+        # the runner refuses a short or mixed-version rollout batch (the run stops with an
+        # error) and rejects wrong-version candidates: a run that finished trained on none
+        "explore_steps_wasted": total("explore_wasted_steps"),
+        "hosts_started": total("ray_hosts_started") + total("explore_hosts_started"),
         "explore_overlap_median": _median([r["explore_overlap"] for r in it
                                            if "explore_overlap" in r]),
-        "held_out_ray": [(r["iteration"], r["val_reward"]) for r in rows if "val_reward" in r],
-        "held_out_emulated": [(r["iteration"], r["val_reward"]) for r in emu_rows
-                              if "val_reward" in r],
+        "held_out_ray": [(r["step"], r["val_reward"], r["val_reward_ci95"]) for r in rows
+                         if "val_reward" in r],
+        "held_out_emulated": [(r["step"], r["val_reward"], r["val_reward_ci95"])
+                              for r in emu_rows if "val_reward" in r],
     }
 
 

@@ -58,9 +58,10 @@ def _require_ray():
 def connect(address: str = "", *, local_cpus: int = 2,
             local_resources: dict | None = None) -> str:
     """Joins a Ray cluster unless this process already has: ``address`` (``''``: the
-    ``RAY_ADDRESS`` environment variable), else a new local instance with ``local_cpus`` CPUs
-    advertising ``local_resources`` (e.g. ``{"spot_node": 2}``), shut down with this process.
-    Returns where it connected ('already', the address, or 'local')."""
+    ``RAY_ADDRESS`` environment variable), else one running on this machine, else a new local
+    instance with ``local_cpus`` CPUs advertising ``local_resources`` (e.g. ``{"spot_node":
+    2}``), shut down with this process. Returns where it connected ('already', the address,
+    'auto' or 'local')."""
     ray = _require_ray()
     if ray.is_initialized():
         return "already"
@@ -75,6 +76,11 @@ def connect(address: str = "", *, local_cpus: int = 2,
                                   f"there ({e}); start one (ray start --head) or leave the "
                                   "address empty for a local instance") from e
         return address
+    try:        # a cluster already running on this machine (``ray start``) is joined
+        ray.init(address="auto", **env)
+        return "auto"
+    except ConnectionError:
+        pass
     ray.init(num_cpus=int(local_cpus), resources=local_resources or None, **env)
     return "local"
 

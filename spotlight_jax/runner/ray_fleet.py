@@ -48,6 +48,7 @@ class RayFleet:
         self._next_host = 0
         self._published = None            # (version, object ref) of the last weights
         self.where = None                 # the Ray cluster joined (ray_hosts.connect)
+        self._counts = {"started": 0, "dead": 0}   # since the last take_counts()
 
     def worker_config(self) -> dict:
         d = self.state.deploy
@@ -89,7 +90,15 @@ class RayFleet:
             wait = 600.0
         lost += self._admit(wait if missing > 0 else 0.0)
         lost += self._install(ref, version)
+        self._counts["started"] += max(missing, 0)
+        self._counts["dead"] += lost
         return max(missing, 0), lost
+
+    def take_counts(self) -> dict:
+        """Hosts started and found dead (idle, starting or being handed weights) since the last
+        call: each counted once, whichever phase's row reports it."""
+        out, self._counts = self._counts, {"started": 0, "dead": 0}
+        return out
 
     def _launch(self) -> None:
         s, d = self.state, self.state.deploy
@@ -150,6 +159,15 @@ class RayFleet:
         return {"left": left, "steps": computed,
                 "lost": sum(v == "lost" for v in left.values()),
                 "noticed": sum(v == "notice" for v in left.values())}
+
+    @staticmethod
+    def accounting(queue, served: dict) -> dict:
+        """What a phase's queue says about its requests once the hosts stopped: request-steps
+        the hosts computed but never committed (redone elsewhere after a loss, or dropped) and
+        commits refused because their request was already complete. Call before any local
+        finishing (its commits are not the hosts')."""
+        return {"redone_steps": max(served["steps"] - queue.stats["committed_steps"], 0),
+                "duplicates": queue.stats["duplicates"]}
 
     def finish_locally(self, queue, params, version: int) -> int:
         """Runs what is left in ``queue`` on the trainer's devices (no host could); returns the
@@ -248,8 +266,11 @@ class RayExplorer:
         self.queue = queue
         host_rewards: dict[str, float] = {}
         served = fleet.serve(queue, stop=self._stop, rewards=host_rewards)
+        acc = fleet.accounting(queue, served)
         fallback = 0
-        if not queue.all_done and not self._stop.is_set():
+        if not queue.all_done and not self.deadline:
+            # a fixed plan: the trainer's devices finish it (with a deadline the unfinished
+            # candidates are dropped: exploration never takes the trainer's time)
             fallback = fleet.finish_locally(queue, self._params, self.version)
         results = queue.results()
         wrong = [r for r, q in results.items() if set(q.state.versions) != {self.version}]
@@ -266,12 +287,18 @@ class RayExplorer:
         T = s.train_sampler_cfg.num_steps
         if served["steps"] and elapsed > 0:
             self._rates.append(served["steps"] / T / elapsed)
+        counts = fleet.take_counts()
         self.last = {"explore_hosts": len(done_by - {"od0"}),
+                     "explore_hosts_started": counts["started"],
+                     "explore_hosts_dead": counts["dead"],
                      "explore_lost": served["lost"] + served["noticed"],
                      "explore_dropped": len(reqs) - len(results),
                      "explore_rejected": len(wrong),
                      "explore_fallback_calls": fallback,
                      "explore_request_steps": served["steps"],
+                     # computed, never committed: lost with a host, or unfinished at the deadline
+                     "explore_wasted_steps": acc["redone_steps"],
+                     "explore_duplicates": acc["duplicates"],
                      "explore_s": elapsed}
         if not keep_trajectories:
             return per_prompt

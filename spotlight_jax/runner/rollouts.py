@@ -261,19 +261,30 @@ class RayRollouts(Rollouts):
         fleet = s.ray_fleet
         t0 = time.perf_counter()
         params = s.trainer.sampling_state()
-        started, lost_idle = fleet.top_up(k, params)
+        fleet.top_up(k, params)
         flat = flat_requests(prompts, seeds_per_prompt)
         queue = ray_hosts.LockedQueue(sched.RequestQueue(s.image_shape,
                                                          sched.QueueConfig(lease_s=3600.0)))
         rids, reqs = self.requests(k, flat)
         queue.submit(reqs)
         served = fleet.serve(queue)
+        acc = fleet.accounting(queue, served)
         fallback = 0
         if not queue.all_done:   # every host left: the trainer's devices finish the phase
             fallback = fleet.finish_locally(queue, params, k)
-        batch = self.batch_from_results(queue.results(), rids, flat, seeds_per_prompt)
-        info = {"ray_hosts_started": started, "ray_hosts_lost": lost_idle + served["lost"],
+        results = queue.results()
+        mixed = sum(set(results[r].state.versions) != {k} for r in rids)
+        if len(results) != len(rids) or mixed:
+            raise RuntimeError(f"iteration {k}: {len(results)} of {len(rids)} rollouts complete, "
+                               f"{mixed} with steps of another policy version: refusing to "
+                               "train on a short or mixed batch")
+        batch = self.batch_from_results(results, rids, flat, seeds_per_prompt)
+        counts = fleet.take_counts()
+        info = {"ray_hosts_started": counts["started"],
+                "ray_hosts_lost": counts["dead"] + served["lost"],
+                "ray_hosts_lost_busy": served["lost"],
                 "ray_hosts_noticed": served["noticed"],
                 "ray_request_steps": served["steps"], "ray_fallback_calls": fallback,
+                "ray_redone_steps": acc["redone_steps"], "ray_duplicates": acc["duplicates"],
                 "ray_rollout_wall_s": time.perf_counter() - t0}
         return batch, info
