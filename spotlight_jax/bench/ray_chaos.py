@@ -143,6 +143,14 @@ class LocalCluster:
         """Kills every node, the head last (only this cluster's processes)."""
         for name in [n for n in self.nodes if n != "head"] + ["head"]:
             self.kill(name)
+        # the head's address file would send a later ray.init() to this dead cluster
+        current = "/tmp/ray/ray_current_cluster"
+        try:
+            with open(current) as f:
+                if f.read().strip().endswith(f":{self.port}"):
+                    os.remove(current)
+        except OSError:
+            pass
 
 
 def _events(num_hosts: int, horizon_s: float):
@@ -257,6 +265,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from spotlight_jax.emulation.traces import LEAD_TIME_PRESETS  # noqa: PLC0415
+    # a SIGTERM to this program still takes its cluster down (the finally blocks below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.makedirs(FLAGS.workdir, exist_ok=True)
     ray_dir = os.path.join(FLAGS.workdir, "ray")
     rep, events = _events(FLAGS.hosts, FLAGS.timeout_s * FLAGS.speedup)

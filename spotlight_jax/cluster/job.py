@@ -202,6 +202,9 @@ class TrainerJob:
     def sampling_state(self):
         return self.local.sampling_state()
 
+    def sampling_trainable(self):
+        return self.local.sampling_trainable()
+
     def generator(self):
         return self.local.generator()
 

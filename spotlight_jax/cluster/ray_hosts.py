@@ -11,8 +11,12 @@ runs per spot host against the queue, which stays with the runner (a lock serial
 threads' queue calls):
 
 * **Weights** are published once per policy version into the Ray object store
-  (``publish``); a host pulls the version it is told to install; a host that joins late is told
-  the latest.
+  (:func:`publish_policy`); a host pulls the version it is told to install; a host that joins
+  late is told the latest. With LoRA only the factors travel per version: each host merges them
+  into its resident base, which it loads itself from a diffusers ``base_checkpoint`` (shared
+  storage) or pulls once from the object store (:func:`publish`).
+* **Start-up**: a host builds its model and precompiles its segment program before it answers
+  ``info``, so its first call computes instead of compiling.
 * **Notice** (SIGTERM to the host process, as cloud providers send before reclaiming a VM): the
   actor's handler sets a flag; the current call finishes, every in-flight request's progress is
   committed (``flush``), the lease is released, the host leaves. No denoising step is lost.
@@ -106,7 +110,9 @@ class SpotHostImpl:
         from spotlight_jax import rewards  # noqa: PLC0415
         from spotlight_jax.builders import (  # noqa: PLC0415
             abstract_model,
+            diffusers_base,
             image_decoder,
+            load_diffusers_base,
             model_config,
             prompt_source,
             run_settings,
@@ -126,8 +132,9 @@ class SpotHostImpl:
                                     GroupConfig(heads=mcfg.num_heads), log=False)[:1]
         cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
                              sampler_config(config))
+        source = prompt_source(config)
         stepper = SamplerStepper(cache.get(group), mcfg.text_len, group,
-                                 tokenize=prompt_source(config).tokenize)
+                                 tokenize=source.tokenize)
         self._worker = InProcessWorker(name, stepper, degree=group.degree,
                                        config=WorkerConfig(**(worker or {})), params=None,
                                        version=-1)
@@ -135,9 +142,31 @@ class SpotHostImpl:
         # latent model, the VAE: a host rewards the requests it completes
         self._reward_fn = rewards.get(run_settings(config).reward)
         self._decoder = image_decoder(config)
+        # the resident base a LoRA version is merged into: a diffusers base is loaded here
+        # (shared storage); any other comes once from the object store (set_base)
+        self._base = load_diffusers_base(config)[1] if diffusers_base(config) else None
         self._notice = False
         self._steps = 0
+        self.warmup_s = self._warm_up(stepper, source.train_prompts[0])
         signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _warm_up(self, stepper, prompt: str) -> float:
+        """Compiles the segment program a call runs (``microbatch`` rows, ``steps_per_call``
+        steps) on zero weights, so that joining takes the compile and the first call does not.
+        Returns the seconds it took."""
+        import jax  # noqa: PLC0415
+        import jax.numpy as jnp  # noqa: PLC0415
+        t0 = time.perf_counter()
+        cfg = self._worker.config
+        rows = cfg.microbatch or 1
+        num = cfg.steps_per_call or cfg.commit_every or stepper.num_steps
+        stepper.set_params(jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self._abstract))
+        x = stepper.stack([stepper.initial(0)] * rows)
+        out = stepper.segment(x, 0, np.zeros(rows, np.uint32), [prompt] * rows,
+                              min(num, stepper.num_steps))
+        jax.block_until_ready(out)
+        stepper.calls = 0
+        return time.perf_counter() - t0
 
     def _on_sigterm(self, signum, frame):
         self._notice = True
@@ -147,12 +176,25 @@ class SpotHostImpl:
         w = self._worker
         return {"group_id": w.group_id, "degree": w.degree, "capacity": w.capacity,
                 "policy_version": w.policy_version, "config": dataclasses.asdict(w.config),
-                "pid": os.getpid()}
+                "pid": os.getpid(), "has_base": self._base is not None,
+                "warmup_s": self.warmup_s}
 
-    def set_policy(self, params: dict, version: int) -> int:
-        """Installs published weights (a pure dict of host arrays, resolved from the object
-        store by Ray) as ``version``."""
-        self._worker.set_policy(jax_tree_like(self._abstract, params), version)
+    def set_base(self, pure: dict) -> None:
+        """The resident base (a pure dict of host arrays from the object store)."""
+        self._base = jax_tree_like(self._abstract, pure)
+
+    def set_policy(self, payload: dict, version: int) -> int:
+        """Installs a published version (resolved from the object store by Ray) as ``version``:
+        ``{"lora": factors, "scale": s}`` merged into the resident base, or ``{"full": pure
+        dict}`` (a bare pure dict is taken as full weights)."""
+        if "lora" in payload:
+            if self._base is None:
+                raise RuntimeError("a LoRA version needs the resident base: set_base first")
+            from spotlight_jax.rl import lora  # noqa: PLC0415
+            params = lora.merge(self._base, payload["lora"], float(payload["scale"]))
+        else:
+            params = jax_tree_like(self._abstract, payload.get("full", payload))
+        self._worker.set_policy(params, version)
         return version
 
     def load(self, lease) -> None:
@@ -220,14 +262,29 @@ def spot_host_class(resources: dict | None = None, num_cpus: float = 1):
                       max_concurrency=1)(SpotHostImpl)
 
 
-def publish(params) -> object:
-    """Puts one policy version's weights (an NNX state or pure dict) into the object store as a
-    pure dict of host arrays; returns the ref every host pulls."""
-    ray = _require_ray()
+def host_arrays(params) -> dict:
+    """An NNX state or pure dict as a pure dict of numpy arrays."""
     import jax  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
-    return ray.put(jax.tree.map(np.asarray, pure))
+    return jax.tree.map(np.asarray, pure)
+
+
+def publish(params) -> object:
+    """Puts weights (an NNX state or pure dict) into the object store as a pure dict of host
+    arrays; returns the ref every host pulls (a version's full weights, or the base)."""
+    return _require_ray().put(host_arrays(params))
+
+
+def publish_policy(*, full=None, lora: dict | None = None,
+                   scale: float | None = None) -> tuple[object, int]:
+    """One policy version for the hosts: the LoRA factors and their scale (hosts merge them into
+    their resident base), or the full weights. Returns the object ref and the bytes put."""
+    payload = ({"lora": host_arrays(lora), "scale": float(scale)} if lora is not None
+               else {"full": host_arrays(full)})
+    import jax  # noqa: PLC0415
+    nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(payload) if hasattr(x, "nbytes"))
+    return _require_ray().put(payload), nbytes
 
 
 class RayWorker(Worker):
@@ -242,6 +299,8 @@ class RayWorker(Worker):
         self.config = WorkerConfig(**info["config"])
         self.pid = info["pid"]
         self._capacity, self._version = info["capacity"], info["policy_version"]
+        self.has_base = info.get("has_base", False)
+        self.warmup_s = info.get("warmup_s", 0.0)
         self._lease_id = None
         self.notice = False
         self.steps = 0          # request-steps computed through this worker (padding excluded)
@@ -260,8 +319,14 @@ class RayWorker(Worker):
         return self._lease_id
 
     def set_policy(self, params, version: int) -> None:
-        """``params``: the ref returned by :func:`publish` (or host arrays)."""
+        """``params``: the ref returned by :func:`publish_policy` or :func:`publish` (or host
+        arrays)."""
         self._version = self._call(self.actor.set_policy, params, int(version))
+
+    def set_base(self, ref) -> None:
+        """Has the host hold the base published as ``ref`` (once per host)."""
+        self._call(self.actor.set_base, ref)
+        self.has_base = True
 
     def load(self, lease) -> None:
         self._call(self.actor.load, lease)

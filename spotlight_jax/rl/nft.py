@@ -186,6 +186,9 @@ class NFTTrainer(PolicyTrainer):
     def sampling_state(self):
         return self.merged(self.old)
 
+    def sampling_trainable(self):
+        return self.old
+
     def generator(self):
         """A copy of θ_old: the loss of a batch sampled now but trained on later must use the
         policy that sampled it as its v_old."""

@@ -52,6 +52,11 @@ class Trainer(Protocol):
         """The weights rollouts and exploration use: θ, or the forward-process objective's
         lagging θ_old."""
 
+    def sampling_trainable(self):
+        """The trainable tree behind :meth:`sampling_state`: with ``cfg.lora_rank`` the LoRA
+        factors (``sampling_state`` is them merged into the frozen base), else the full
+        weights. What a process holding the base needs per policy version."""
+
     def eval_state(self):
         """The weights the held-out evaluation uses (the EMA if kept)."""
 
@@ -151,6 +156,9 @@ class PolicyTrainer:
     def sampling_state(self):
         """The weights that draw this objective's training rollouts (θ itself here)."""
         return self.policy_state()
+
+    def sampling_trainable(self):
+        return self.trainable
 
     def generator(self):
         """What a later ``update(..., generator=...)`` needs to know of the policy that samples

@@ -27,8 +27,8 @@ from __future__ import annotations
 import threading
 import time
 
-import jax
 import numpy as np
+from absl import logging
 
 from spotlight_jax import sched
 from spotlight_jax.cluster import ray_hosts
@@ -48,6 +48,8 @@ class RayFleet:
         self._next_host = 0
         self._published = None            # (version, object ref) of the last weights
         self.where = None                 # the Ray cluster joined (ray_hosts.connect)
+        self._base = None                 # the base's object ref (LoRA runs), put once
+        self.publish_bytes = 0            # bytes of the last published version
         self._counts = {"started": 0, "dead": 0}   # since the last take_counts()
 
     def worker_config(self) -> dict:
@@ -55,10 +57,26 @@ class RayFleet:
         return {"commit_every": d.cfg.commit_every, "steps_per_call": 1, "microbatch": 4}
 
     def publish(self, version: int, params) -> object:
-        """The object ref of ``version``'s weights, put into the object store once."""
+        """The object ref of ``version`` (``params``, the sampling weights), put into the
+        object store once: with LoRA only the trainer's sampling factors (the hosts merge them
+        into their resident base), else the full weights. ``publish_bytes`` is its size."""
         if self._published is None or self._published[0] != version:
-            self._published = (version, ray_hosts.publish(params))
+            tr = self.state.trainer
+            rank = int(getattr(tr.cfg, "lora_rank", 0) or 0)
+            if rank:
+                ref, self.publish_bytes = ray_hosts.publish_policy(
+                    lora=tr.sampling_trainable(), scale=tr.cfg.lora_alpha / rank)
+            else:
+                ref, self.publish_bytes = ray_hosts.publish_policy(full=params)
+            self._published = (version, ref, bool(rank))
         return self._published[1]
+
+    def _base_ref(self):
+        """The frozen base in the object store, put once per run (hosts that cannot load it
+        themselves pull it when they join)."""
+        if self._base is None:
+            self._base = ray_hosts.publish(self.state.base_state)
+        return self._base
 
     def connect(self) -> None:
         """Joins ``deployment.ray_address`` (default ``RAY_ADDRESS``), else starts a local Ray
@@ -125,7 +143,10 @@ class RayFleet:
                 continue
             try:
                 self.hosts.append(ray_hosts.RayWorker(actor, ray.get(info)))
-            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                # a lost node, or a host that could not start (its error, first line)
+                logging.warning("a spot host died while starting: %s",
+                                str(e).strip().splitlines()[0] if str(e).strip() else e)
                 died += 1
         self.starting = still
         return died
@@ -133,8 +154,11 @@ class RayFleet:
     def _install(self, ref, version: int) -> int:
         """``version`` onto every live host that lacks it; drops (and counts) dead ones."""
         alive, lost = [], 0
+        lora = self._published[2]
         for w in self.hosts:
             try:
+                if lora and not w.has_base:
+                    w.set_base(self._base_ref())
                 if w.policy_version != version:
                     w.set_policy(ref, version)
                 alive.append(w)
@@ -210,14 +234,13 @@ class RayExplorer:
 
     def pull(self, params, version: int) -> tuple[float, int]:
         """Has every host hold ``version`` (published to the object store once; hosts that
-        died are replaced). Returns (seconds, bytes published)."""
+        died are replaced). Returns (seconds, bytes of the published version)."""
         t0 = time.perf_counter()
         self.fleet.top_up(version, params)
         self.version, self._params = int(version), params
         self._stop.clear()
         self.queue = None
-        nbytes = sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(params))
-        return time.perf_counter() - t0, nbytes
+        return time.perf_counter() - t0, self.fleet.publish_bytes
 
     def update_done(self, update_s: float | None = None) -> None:
         """The update this exploration overlaps has ended (after ``update_s`` wall seconds):

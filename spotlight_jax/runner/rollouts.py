@@ -282,7 +282,9 @@ class RayRollouts(Rollouts):
         counts = fleet.take_counts()
         info = {"ray_hosts_started": counts["started"],
                 "ray_hosts_lost": counts["dead"] + served["lost"],
-                "ray_hosts_lost_busy": served["lost"],
+                "ray_hosts_lost_busy": served["lost"], "ray_hosts_live": len(fleet.hosts),
+                "ray_hosts_starting": len(fleet.starting),
+                "ray_publish_bytes": fleet.publish_bytes,
                 "ray_hosts_noticed": served["noticed"],
                 "ray_request_steps": served["steps"], "ray_fallback_calls": fallback,
                 "ray_redone_steps": acc["redone_steps"], "ray_duplicates": acc["duplicates"],

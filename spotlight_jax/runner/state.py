@@ -90,6 +90,7 @@ class RunState:
             devices = self.devices[:st.trainer_devices]
         self.mesh = build_mesh(config, devices if devices is not None else self.devices)
         base = shard_state(base, self.mesh)
+        self.base_state = base                  # the frozen base (LoRA's reference policy)
         self.mcfg = model_config(config)
         self.train_sampler_cfg = sampler_config(config)
         self.image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)

@@ -81,6 +81,11 @@ def test_ray_spotlight_explores_on_the_hosts_like_the_emulated_fleet(cluster, tm
             for key in ("reward_mean", "reward_std", "loss"):
                 np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
             assert 0.0 <= b["explore_overlap"] <= 1.0 and b["policy_lag"] == 0
+            # LoRA: a version ships the sampling factors only, merged into the hosts' base
+            lora = sum(np.asarray(x).nbytes
+                       for x in jax.tree.leaves(ray_run.trainer.sampling_trainable()))
+            full = sum(np.asarray(x).nbytes for x in jax.tree.leaves(ray_run.base_state))
+            assert b["pull_bytes"] == b["ray_publish_bytes"] == lora < full
         for key in emu_val:
             np.testing.assert_allclose(ray_val[key], emu_val[key], rtol=1e-5, atol=1e-6)
     finally:
