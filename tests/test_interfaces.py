@@ -54,7 +54,8 @@ def test_the_trainer_computes_advantages_from_its_config():
 def test_every_explorer_scores_through_the_explorer_protocol():
     from spotlight_jax.explore.explorer import Explorer, LocalExplorer
     from spotlight_jax.runner.fleet import FleetExplorer
+    from spotlight_jax.runner.ray_fleet import RayExplorer
 
     want = inspect.signature(Explorer.score).parameters
-    for cls in (LocalExplorer, FleetExplorer):
+    for cls in (LocalExplorer, FleetExplorer, RayExplorer):
         assert list(inspect.signature(cls.score).parameters) == list(want), cls

@@ -247,8 +247,18 @@ def _summary(rows: list[dict], emu_rows: list[dict], applied: dict, wall_s: floa
         # error) and rejects wrong-version candidates: a run that finished trained on none
         "explore_steps_wasted": total("explore_wasted_steps"),
         "hosts_started": total("ray_hosts_started") + total("explore_hosts_started"),
+        "hosts_joined_mid_phase": total("ray_hosts_joined") + total("explore_hosts_joined"),
+        # over the iterations in which some host explored
         "explore_overlap_median": _median([r["explore_overlap"] for r in it
-                                           if "explore_overlap" in r]),
+                                           if r.get("explore_hosts", 0) > 0]),
+        "iterations_with_exploring_hosts": sum(r.get("explore_hosts", 0) > 0 for r in it),
+        # wall seconds of an iteration's rollout + train phases (the Ray transport's overhead
+        # against the emulated one on the same cores)
+        "iteration_wall_s_median_ray": _median([r["time_rollout"] + r["time_train"]
+                                                for r in it]),
+        "iteration_wall_s_median_emulated": _median([
+            r["time_rollout"] + r["time_train"] for r in emu_rows
+            if r.get("step", 0) > 0 and "loss" in r]),
         "held_out_ray": [(r["step"], r["val_reward"], r["val_reward_ci95"]) for r in rows
                          if "val_reward" in r],
         "held_out_emulated": [(r["step"], r["val_reward"], r["val_reward_ci95"])

@@ -16,7 +16,11 @@ threads' queue calls):
   into its resident base, which it loads itself from a diffusers ``base_checkpoint`` (shared
   storage) or pulls once from the object store (:func:`publish`).
 * **Start-up**: a host builds its model and precompiles its segment program before it answers
-  ``info``, so its first call computes instead of compiling.
+  ``info``, so its first call computes instead of compiling; the programs of the groups it
+  would regroup into after losing one device compile in the background after that.
+* **Elastic SP on a host** (``set_devices``, what a partial device failure looks like): the
+  host regroups onto the devices left, from its resident weights (copied from a surviving
+  device, nothing pulled) with a precompiled program; it reports the seconds and XLA compiles.
 * **Notice** (SIGTERM to the host process, as cloud providers send before reclaiming a VM): the
   actor's handler sets a flag; the current call finishes, every in-flight request's progress is
   committed (``flush``), the lease is released, the host leaves. No denoising step is lost.
@@ -118,23 +122,17 @@ class SpotHostImpl:
             run_settings,
             sampler_config,
         )
-        from spotlight_jax.elastic.groups import GroupConfig, form_node_groups  # noqa: PLC0415
-        from spotlight_jax.sched.worker import (  # noqa: PLC0415
-            InProcessWorker,
-            SamplerCache,
-            SamplerStepper,
-        )
+        from spotlight_jax.sched.worker import InProcessWorker, SamplerCache  # noqa: PLC0415
 
         config = ml_collections.ConfigDict(config)
         mcfg = model_config(config)
+        self._name, self._mcfg = name, mcfg
         self._graphdef, self._abstract = abstract_model(mcfg, config.seed)
-        (group,) = form_node_groups(name, jax.local_devices(),
-                                    GroupConfig(heads=mcfg.num_heads), log=False)[:1]
-        cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
-                             sampler_config(config))
-        source = prompt_source(config)
-        stepper = SamplerStepper(cache.get(group), mcfg.text_len, group,
-                                 tokenize=source.tokenize)
+        group = self._group(jax.local_devices())
+        self._cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
+                                   sampler_config(config))
+        self._source = source = prompt_source(config)
+        stepper = self._stepper(group)
         self._worker = InProcessWorker(name, stepper, degree=group.degree,
                                        config=WorkerConfig(**(worker or {})), params=None,
                                        version=-1)
@@ -148,7 +146,61 @@ class SpotHostImpl:
         self._notice = False
         self._steps = 0
         self.warmup_s = self._warm_up(stepper, source.train_prompts[0])
+        # the groups of the device sets left after losing one device, compiled meanwhile
+        self._fallbacks = threading.Thread(target=self._warm_fallbacks, daemon=True)
+        self._fallbacks.start()
         signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _group(self, devices):
+        from spotlight_jax.elastic.groups import GroupConfig, form_node_groups  # noqa: PLC0415
+        return form_node_groups(self._name, devices, GroupConfig(heads=self._mcfg.num_heads),
+                                log=False)[0]
+
+    def _stepper(self, group):
+        from spotlight_jax.sched.worker import SamplerStepper  # noqa: PLC0415
+        return SamplerStepper(self._cache.get(group), self._mcfg.text_len, group,
+                              tokenize=self._source.tokenize)
+
+    def _warm_fallbacks(self) -> None:
+        import jax  # noqa: PLC0415
+        devices = jax.local_devices()
+        if len(devices) < 2:
+            return
+        for lost in devices:
+            self._warm_up(self._stepper(self._group([d for d in devices if d != lost])),
+                          self._source.train_prompts[0])
+
+    def set_devices(self, device_ids) -> dict:
+        """Regroups onto this process's devices ``device_ids`` (the ones left after a partial
+        failure): an SP group over them whose program was precompiled, the weights copied from
+        the resident copy on a surviving device. Only between leases. Returns the seconds, the
+        XLA compiles it caused and the new SP degree."""
+        import jax  # noqa: PLC0415
+
+        from spotlight_jax.elastic import count_backend_compiles  # noqa: PLC0415
+        from spotlight_jax.sched.worker import InProcessWorker  # noqa: PLC0415
+        w = self._worker
+        if w.lease_id is not None:
+            raise RuntimeError(f"host {self._name}: set_devices while holding lease "
+                               f"{w.lease_id}; regroup between leases")
+        want = {int(i) for i in device_ids}
+        devices = [d for d in jax.local_devices() if d.id in want]
+        if not devices or len(devices) != len(want):
+            raise ValueError(f"device_ids={sorted(want)}: this host has "
+                             f"{[d.id for d in jax.local_devices()]}")
+        self._fallbacks.join()          # a regroup never waits on a compile it could avoid
+        with count_backend_compiles() as compiles:
+            t0 = time.perf_counter()
+            group = self._group(devices)
+            stepper = self._stepper(group)
+            params = w.stepper.params
+            self._worker = InProcessWorker(self._name, stepper, degree=group.degree,
+                                           config=w.config, params=params,
+                                           version=w.policy_version)
+            jax.block_until_ready(stepper.params)
+            seconds = time.perf_counter() - t0
+        return {"regroup_s": seconds, "compiles": int(compiles["n"]), "degree": group.degree,
+                "capacity": self._worker.capacity, "devices": [d.id for d in devices]}
 
     def _warm_up(self, stepper, prompt: str) -> float:
         """Compiles the segment program a call runs (``microbatch`` rows, ``steps_per_call``
@@ -328,6 +380,12 @@ class RayWorker(Worker):
         self._call(self.actor.set_base, ref)
         self.has_base = True
 
+    def set_devices(self, device_ids) -> dict:
+        """Regroups the host onto ``device_ids`` (see ``SpotHostImpl.set_devices``)."""
+        out = self._call(self.actor.set_devices, list(device_ids))
+        self.degree, self._capacity = out["degree"], out["capacity"]
+        return out
+
     def load(self, lease) -> None:
         self._call(self.actor.load, lease)
         self._lease_id = lease.lease_id
@@ -464,10 +522,12 @@ def start_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None =
 
 
 def serve_in_threads(workers, queue, *, stop: threading.Event | None = None,
-                     rewards: dict | None = None) -> tuple[list[threading.Thread], dict]:
+                     rewards: dict | None = None,
+                     out: dict | None = None) -> tuple[list[threading.Thread], dict]:
     """Starts :func:`serve` for each worker in its own thread; returns the threads and the dict
-    that receives each worker's stats (by group id) when its loop ends."""
-    out: dict = {}
+    (``out``, or a new one) that receives each worker's stats (by group id) when its loop
+    ends."""
+    out = {} if out is None else out
 
     def loop(w):
         out[w.group_id] = serve(w, queue, stop=stop, rewards=rewards)

@@ -46,8 +46,21 @@ def chosen_rows(cands, chosen) -> np.ndarray:
     return np.concatenate([o + np.asarray(i) for o, i in zip(offsets, chosen)])
 
 
+def within_capacity(counts: list[int], group_size: int, capacity: float) -> list[bool]:
+    """Which prompts to score when only ``capacity`` candidates fit in the window: a prompt's
+    pool (its G base candidates plus the planner's extras) gains only as a whole, so the prompts
+    with the most extras are taken first while their whole pools fit; the others keep their G
+    base seeds unscored (the seeds the baseline trains on)."""
+    order = sorted(range(len(counts)), key=lambda i: (-(counts[i] - group_size), i))
+    keep, used = [False] * len(counts), 0
+    for i in order:
+        if counts[i] > group_size and used + counts[i] <= capacity:
+            keep[i], used = True, used + counts[i]
+    return keep
+
+
 def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float, *,
-            explorer, params, keep: bool = False):
+            explorer, params, keep: bool = False, capacity: float | None = None):
     """Plans candidates per prompt within ``budget_s`` device-seconds, scores them with
     ``params`` on ``explorer``'s devices, selects each prompt's max-variance G-subset, and
     updates the planner. Returns ``(candidates, chosen indices, batch or None, info)``.
@@ -55,14 +68,26 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
     An explorer with a deadline may leave candidates unscored (NaN rewards): a prompt's subset
     is chosen among its scored ones; a prompt with fewer than G scored keeps its G base
     candidates (unscored, so no trajectory of them is complete: ``info['explore_short']``
-    counts those prompts, and a mode must not train on the kept batch then)."""
+    counts those prompts, and a mode must not train on the kept batch then).
+
+    ``capacity`` (candidates that fit in a wall-clock window; without ``keep``): only the
+    prompts :func:`within_capacity` picks are scored."""
     G = state.settings.group_size
     plan = state.planner.plan(prompts, budget_s, per_candidate_s)
     cands = [candidate_seeds(state.settings.seed, k_next, i, plan[p],
                              state.train_sampler_cfg.shared_init_bits)
              for i, p in enumerate(prompts)]
-    out = explorer.score(params, prompts, cands, keep_trajectories=keep)
-    rewards, batch = out if keep else (out, None)
+    picked = (range(len(prompts)) if capacity is None or keep else
+              [i for i, ok in enumerate(within_capacity([plan[p] for p in prompts], G,
+                                                        capacity)) if ok])
+    rewards = [np.full(len(c), np.nan, np.float32) for c in cands]
+    batch = None
+    if picked:
+        out = explorer.score(params, [prompts[i] for i in picked], [cands[i] for i in picked],
+                             keep_trajectories=keep)
+        got, batch = out if keep else (out, None)
+        for i, r in zip(picked, got):
+            rewards[i] = r
     chosen, gains, short = [], [], 0
     for p, r in zip(prompts, rewards):
         scored = np.flatnonzero(np.isfinite(r))
@@ -76,7 +101,8 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
         gains.append(float(np.var(r[idx]) - np.var(r[scored[:G]])))
     n = int(sum(len(c) for c in cands))
     info = {"explore_candidates": n, "explore_extra": n - G * len(prompts),
-            "explore_var_gain": float(np.mean(gains)) if gains else 0.0}
+            "explore_var_gain": float(np.mean(gains)) if gains else 0.0,
+            "explore_prompts": len(picked)}
     if short:
         info["explore_short"] = short
     return cands, chosen, batch, info
@@ -145,23 +171,24 @@ class SpotExploration:
         return placed, time.perf_counter() - t0, nbytes * self.mesh.size
 
     def submit(self, params, k_next: int, prompts, budget_s: float, per_candidate_s: float,
-               keep: bool = False):
+               keep: bool = False, capacity: float | None = None):
         """Explores in the worker thread; returns a future of ``(explore(...) result, (start,
         end) wall times)``; ``keep``: with the candidates' rollout batch."""
         def work():
             t0 = time.perf_counter()
             out = explore(self.state, k_next, prompts, budget_s, per_candidate_s,
-                          explorer=self.explorer, params=params, keep=keep)
+                          explorer=self.explorer, params=params, keep=keep, capacity=capacity)
             return out, (t0, time.perf_counter())
         return self._pool.submit(work)
 
     def plan_budget(self, budget_s: float, per_candidate_s: float,
-                    base_candidates: int) -> tuple[float, float]:
-        """The planner's budget and seconds per candidate: the cost model's, unless the explorer
-        runs on the wall clock (the Ray hosts with a deadline) and has measured its own."""
+                    base_candidates: int) -> tuple[float, float, float | None]:
+        """The planner's budget, seconds per candidate and the candidates that fit in the window
+        (None: all are scored): the cost model's, unless the explorer runs on the wall clock
+        (the Ray hosts with a deadline) and has measured its own."""
         if self.ray is not None:
             return self.ray.plan_budget(budget_s, per_candidate_s, base_candidates)
-        return budget_s, per_candidate_s
+        return budget_s, per_candidate_s, None
 
     def update_done(self, update_s: float) -> None:
         """The update the exploration overlaps has ended after ``update_s`` wall seconds (an

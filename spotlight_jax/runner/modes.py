@@ -182,10 +182,11 @@ class SpotlightMode(Mode):
             base_candidates = st.prompts_per_iter * st.group_size
             budget = extras_budget_s(st.explore.budget_frac * train_s, d.spot_devices,
                                      base_candidates, per)
-            plan_budget, plan_per = self.spot.plan_budget(budget, per, base_candidates)
+            plan_budget, plan_per, capacity = self.spot.plan_budget(budget, per,
+                                                                    base_candidates)
             pulled, pull_s, pull_bytes = self.spot.pull(stale, k)
             future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), plan_budget, plan_per,
-                                      keep=self.keep_candidates)
+                                      keep=self.keep_candidates, capacity=capacity)
             t_train = time.perf_counter()
             m = s.train_on(batch, k, prompts, generator=self.batch_generator)
             t_train = (t_train, time.perf_counter())

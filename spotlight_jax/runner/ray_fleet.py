@@ -168,21 +168,48 @@ class RayFleet:
         return lost
 
     def serve(self, queue, *, stop: threading.Event | None = None,
-              rewards: dict | None = None) -> dict:
+              rewards: dict | None = None, poll_s: float = 0.2) -> dict:
         """Every host pulls from ``queue`` (one thread each) until it is drained, ``stop`` is
-        set or the host leaves; hosts that left are dropped. Returns how each loop ended and the
-        request-steps the hosts computed."""
+        set or the host leaves; a host that finishes starting meanwhile installs the current
+        version and joins at once; hosts that left are dropped. Returns how each loop ended,
+        the request-steps the hosts computed and how many joined mid-phase."""
         steps_before = {w.group_id: w.steps for w in self.hosts}
-        threads, stats = ray_hosts.serve_in_threads(self.hosts, queue, stop=stop,
-                                                    rewards=rewards)
-        for t in threads:
-            t.join()
+        stats: dict = {}
+        threads = ray_hosts.serve_in_threads(self.hosts, queue, stop=stop, rewards=rewards,
+                                             out=stats)[0]
+        joined = 0
+        while alive := [t for t in threads if t.is_alive()]:
+            alive[0].join(timeout=poll_s)
+            if self.starting and not queue.all_done and not (stop is not None and stop.is_set()):
+                new = self._join_now()
+                joined += len(new)
+                steps_before.update({w.group_id: w.steps for w in new})
+                threads += ray_hosts.serve_in_threads(new, queue, stop=stop, rewards=rewards,
+                                                      out=stats)[0]
         left = {g: st["left"] for g, st in stats.items()}
         computed = sum(w.steps - steps_before[w.group_id] for w in self.hosts)
         self.hosts = [w for w in self.hosts if left.get(w.group_id, "done") in _STILL_UP]
-        return {"left": left, "steps": computed,
+        return {"left": left, "steps": computed, "joined": joined,
                 "lost": sum(v == "lost" for v in left.values()),
                 "noticed": sum(v == "notice" for v in left.values())}
+
+    def _join_now(self) -> list:
+        """Hosts that finished starting, holding the published version: they join the phase
+        being served."""
+        before = len(self.hosts)
+        self._counts["dead"] += self._admit(0.0)
+        new, ok = self.hosts[before:], []
+        version, ref, lora = self._published
+        for w in new:
+            try:
+                if lora and not w.has_base:
+                    w.set_base(self._base_ref())
+                w.set_policy(ref, version)
+                ok.append(w)
+            except ray_hosts.WorkerLost:
+                self._counts["dead"] += 1
+        self.hosts = self.hosts[:before] + ok
+        return ok
 
     @staticmethod
     def accounting(queue, served: dict) -> dict:
@@ -240,6 +267,9 @@ class RayExplorer:
         self.version, self._params = int(version), params
         self._stop.clear()
         self.queue = None
+        self.last = dict.fromkeys(("explore_hosts", "explore_hosts_started",
+                                   "explore_hosts_dead", "explore_hosts_joined", "explore_lost",
+                                   "explore_dropped", "explore_rejected"), 0)
         return time.perf_counter() - t0, self.fleet.publish_bytes
 
     def update_done(self, update_s: float | None = None) -> None:
@@ -260,17 +290,19 @@ class RayExplorer:
                 for i, ss in enumerate(seeds_per_prompt) for j, s in enumerate(ss)]
 
     def plan_budget(self, budget_s: float, per_candidate_s: float,
-                    base_candidates: int) -> tuple[float, float]:
-        """The planner's ``(budget_s, per_candidate_s)``: with a deadline and measurements, the
-        wall seconds the next update is predicted to take (median of the last three) less the
-        base candidates' time at the hosts' measured rate (median of the last three
-        explorations, all hosts together), and that rate's seconds per candidate; else the
-        cost model's numbers as given."""
+                    base_candidates: int) -> tuple[float, float, float | None]:
+        """The planner's ``(budget_s, per_candidate_s, capacity)``: with a deadline and
+        measurements, the wall seconds the next update is predicted to take (median of the last
+        three), the seconds per candidate at the hosts' measured rate (median of the last three
+        explorations, all hosts together), and the candidates that fit in that window; the
+        planner spends the window on extras as if the base candidates were free, and only the
+        prompts whose whole pools fit are scored (``exploration.within_capacity``). Else the
+        cost model's numbers as given, every candidate scored."""
         if not (self.deadline and self._windows and self._rates):
-            return budget_s, per_candidate_s
+            return budget_s, per_candidate_s, None
         per = 1.0 / float(np.median(self._rates[-3:]))
         window = float(np.median(self._windows[-3:]))
-        return max(window - base_candidates * per, 0.0), per
+        return window, per, window / per
 
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories: bool = False):
         """Per-prompt reward arrays (NaN for a candidate dropped at the deadline) and, with
@@ -314,6 +346,7 @@ class RayExplorer:
         self.last = {"explore_hosts": len(done_by - {"od0"}),
                      "explore_hosts_started": counts["started"],
                      "explore_hosts_dead": counts["dead"],
+                     "explore_hosts_joined": served["joined"],
                      "explore_lost": served["lost"] + served["noticed"],
                      "explore_dropped": len(reqs) - len(results),
                      "explore_rejected": len(wrong),

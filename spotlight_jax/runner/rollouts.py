@@ -285,7 +285,7 @@ class RayRollouts(Rollouts):
                 "ray_hosts_lost_busy": served["lost"], "ray_hosts_live": len(fleet.hosts),
                 "ray_hosts_starting": len(fleet.starting),
                 "ray_publish_bytes": fleet.publish_bytes,
-                "ray_hosts_noticed": served["noticed"],
+                "ray_hosts_noticed": served["noticed"], "ray_hosts_joined": served["joined"],
                 "ray_request_steps": served["steps"], "ray_fallback_calls": fallback,
                 "ray_redone_steps": acc["redone_steps"], "ray_duplicates": acc["duplicates"],
                 "ray_rollout_wall_s": time.perf_counter() - t0}

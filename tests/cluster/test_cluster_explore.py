@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import mode_config
+from helpers import mode_config, qwen_fixture_config
 
 ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
 from spotlight_jax import runner  # noqa: E402
@@ -193,3 +193,57 @@ def test_wrong_version_rejected_and_deadline_drops_the_unfinished(cluster, tmp_p
         assert last["explore_hosts"] == 1
     finally:
         r.close()
+
+
+def test_a_host_that_finishes_starting_joins_the_exploration_under_way(cluster, tmp_path,
+                                                                        model):
+    r, ex = _explorer(tmp_path, model, deadline=False, spot_nodes=1)
+    try:
+        params = r.trainer.sampling_state()
+        cands = _candidates(64)               # seconds of work for one host: time to join
+        want = r.explorer.score(params, PROMPTS, cands)
+        ex.pull(params, 0)
+        ex.fleet._launch()                                   # a second host comes up ...
+        (_, info), = ex.fleet.starting
+        ray.wait([info], timeout=300)                        # ... ready, not yet in the fleet
+        got = ex.score(None, PROMPTS, cands)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+        assert ex.last["explore_hosts_joined"] == 1
+        assert ex.last["explore_hosts"] == 2                 # the joiner scored candidates
+        assert len(ex.fleet.hosts) == 2 and not ex.fleet.starting
+    finally:
+        r.close()
+
+
+def test_a_diffusers_base_end_to_end_over_ray_hosts(cluster, tmp_path):
+    """The tiny Qwen-Image fixture (transformer + VAE, prompts from an embedding file): each host
+    loads the base itself, scores candidates with its own VAE and reward exactly as the trainer
+    does, and a spotlight iteration trains on Ray rollouts equal to the trainer's own."""
+    from spotlight_jax.builders import load_diffusers_base
+    c = qwen_fixture_config(tmp_path, "nft", iterations=1, mode="spotlight")
+    c.explore.max_extra_per_prompt = 4
+    c.deployment.update({"transport": "ray", "spot_nodes": 1, "spot_devices_per_node": 2,
+                         "ray_explore_deadline": False, "ray_host_wait_s": 600.0})
+    c.trace.rate_per_node_hour = 0.0
+    graphdef, base = load_diffusers_base(c)
+    r = runner.RunState(c, str(tmp_path / "run"), graphdef, base)
+    try:
+        prompts = r.prompts(0)
+        seeds = [candidate_seeds(0, 1, i, 5) for i in range(len(prompts))]
+        params = r.trainer.sampling_state()
+        want = r.explorer.score(params, prompts, seeds)      # trainer: sampler, VAE, reward
+        ex = r.mode.spot.ray
+        ex.pull(params, 0)
+        (host,) = ex.fleet.hosts
+        assert host.has_base                                 # loaded from the folder itself
+        got = ex.score(None, prompts, seeds)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+        assert ex.last["explore_hosts"] == 1 and ex.last["explore_fallback_calls"] == 0
+        row = r.step(0)
+        assert row["ray_request_steps"] > 0 and row["ray_fallback_calls"] == 0
+        assert np.isfinite(row["loss"]) and row["explore_hosts"] == 1
+    finally:
+        r.close()
+

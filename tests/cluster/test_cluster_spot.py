@@ -128,6 +128,30 @@ def test_sigterm_notice_loses_no_step(cluster, setup):
     assert a.steps + b.steps == N * requests[0].num_steps     # nothing computed twice
 
 
+def test_host_regroups_onto_its_surviving_device_without_compiling(cluster, setup):
+    """A partial device failure (``set_devices``): the host regroups from its resident weights
+    onto the device left with a program compiled at start (0 XLA compiles), and its requests
+    come out as the undisturbed SP-2 run's up to float rounding (another signature)."""
+    import numpy as np
+    _, _, requests, want = setup
+    queue, _, (a,) = _queue_and_hosts(setup, ["spot5"])
+    assert a.degree == 2
+    info = ray.get(a.actor.info.remote())
+    out = a.set_devices([0])
+    assert out["compiles"] == 0 and out["degree"] == 1 and out["devices"] == [0], out
+    assert out["regroup_s"] < info["warmup_s"]            # no compile on the regroup's path
+    threads, stats = _serve_all([a], queue)
+    for t in threads:
+        t.join(timeout=300)
+    assert stats["spot5"]["left"] == "done" and queue.all_done
+    got = queue.results()
+    assert sorted(got) == sorted(want)
+    for rid, r in got.items():
+        assert all("/sp1/" in lay for lay in r.state.layouts), r.state.layouts
+        np.testing.assert_allclose(r.state.latent, want[rid].state.latent, atol=1e-5)
+        np.testing.assert_allclose(r.state.log_probs, want[rid].state.log_probs, atol=1e-5)
+
+
 def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_path):
     """``deployment.transport='ray'``: a spot_rollout run's rollouts go to real spot host
     actors; one is SIGKILLed between iterations, the next iteration starts a replacement and

@@ -4,31 +4,21 @@ MMDiT, its architecture comes from the checkpoint (the config chooses latent siz
 and dtypes), prompts come from an embedding file, and every rollout's latents are decoded by the
 Flax VAE before the reward. Both objectives post-train for an iteration; the held-out images
 are the VAE's pixels."""
-import pathlib
 
 import jax
 import numpy as np
 import pytest
-from helpers import micro_config, world_prompt_file
+from helpers import QWEN_PIPE, qwen_fixture_config
 
 from spotlight_jax import safetensors_io
 from spotlight_jax.builders import ConfigError, image_decoder, model_config, validate
 from spotlight_jax.train import train_and_evaluate
 
-PIPE = (pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers"
-        / "pipeline_qwen_image")
-DIM = 24                     # the fixture transformer's joint_attention_dim
+PIPE = QWEN_PIPE
 
 
 def _config(tmp_path, objective, **overrides):
-    path = tmp_path / "prompts.safetensors"
-    if not path.exists():
-        world_prompt_file(path, DIM, image_size=32)
-    return micro_config(1, **{
-        "base_checkpoint": str(PIPE), "model.image_size": 8, "model.text_len": 12,
-        "model.text_width": 0, "model.text_embed_dim": DIM,
-        "prompts.embeddings_file": str(path), "rl.objective": objective,
-        "rl.eval_prompts": 2, **overrides})
+    return qwen_fixture_config(tmp_path, objective, **overrides)
 
 
 def test_the_checkpoints_config_is_read_once(tmp_path, monkeypatch):

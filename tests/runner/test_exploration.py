@@ -8,7 +8,7 @@ import types
 import numpy as np
 
 from spotlight_jax.explore.planner import Planner, PlannerConfig
-from spotlight_jax.runner.exploration import explore
+from spotlight_jax.runner.exploration import explore, within_capacity
 
 G = 3
 
@@ -18,8 +18,10 @@ class _Explorer:
 
     def __init__(self, table):
         self.table = table
+        self.asked = []
 
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories=False):
+        self.asked.append(list(prompts))
         return [np.asarray(self.table[p][:len(s)], np.float32)
                 for p, s in zip(prompts, seeds_per_prompt)]
 
@@ -55,3 +57,26 @@ def test_a_complete_round_reports_no_short_prompt():
     _, chosen, _, info = explore(_state(), 1, list(table), 1e9, 1.0,
                                  explorer=_Explorer(table), params=None)
     assert "explore_short" not in info and len(chosen[0]) == G
+
+
+def test_a_window_scores_whole_pools_of_the_most_extended_prompts_first():
+    assert within_capacity([12, 10, 8, 12], 8, 25) == [True, False, False, True]
+    # the two 12-pools do not fit in 11; the 10-pool, next in line, does
+    assert within_capacity([12, 10, 8, 12], 8, 11) == [False, True, False, False]
+    assert within_capacity([12, 12], 8, 11.9) == [False, False]       # no whole pool fits
+    assert within_capacity([8, 8], 8, 100) == [False, False]          # no extras: nothing gains
+    # ties in extras go to the earlier prompt
+    assert within_capacity([10, 10, 10], 8, 20) == [True, True, False]
+
+
+def test_explore_within_a_capacity_scores_only_the_picked_prompts():
+    table = {"a red bar": [0.1, 0.4, 0.5, 0.9, 0.2, 0.7, 0.0],
+             "two blue squares": [0.3, 0.3, 0.8, 0.1, 0.6, 0.2, 0.5]}
+    ex = _Explorer(table)
+    cands, chosen, _, info = explore(_state(), 1, list(table), 1e9, 1.0, explorer=ex,
+                                     params=None, capacity=len(table["a red bar"]))
+    assert len(ex.asked) == 1 and len(ex.asked[0]) == 1        # one whole pool fits
+    assert info["explore_prompts"] == 1 and info["explore_short"] == 1
+    other = 1 - list(table).index(ex.asked[0][0])
+    np.testing.assert_array_equal(chosen[other], np.arange(G))  # unscored: its base seeds
+
