@@ -638,6 +638,13 @@ def _check_run_settings(s) -> None:
     if s.transport == "ray" and importlib.util.find_spec("ray") is None:
         bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
             "--config.deployment.transport=emulated)")
+    if s.ray_address and s.ray_address != "auto" and not re.fullmatch(
+            r"(ray://)?[\w.\-]+:\d+", s.ray_address):
+        bad("deployment.ray_address", s.ray_address, "give HOST:PORT of the Ray head (or "
+            "ray://HOST:PORT, 'auto'; '' = RAY_ADDRESS, else a local instance)")
+    if not (math.isfinite(s.ray_host_wait_s) and s.ray_host_wait_s >= 0):
+        bad("deployment.ray_host_wait_s", s.ray_host_wait_s, "must be >= 0 seconds (0 = a "
+            "phase never waits for hosts still starting)")
     if s.rollout_on_groups not in ("auto", "true", "false", True, False):
         bad("deployment.rollout_on_groups", s.rollout_on_groups, "choose 'auto', 'true' or "
             "'false'")
