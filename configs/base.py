@@ -245,6 +245,9 @@ def add_spotlight_sections(c):
     # 'ray': seconds a phase waits for the spot hosts it just started (0: none; hosts still
     # starting join a later phase; on a local instance started by the run: until they are up)
     d.ray_host_wait_s = 0.0
+    # 'ray': a host compiles, after joining, the programs of the groups it would regroup into
+    # after losing one device (its own devices; background CPU work), so a regroup compiles 0
+    d.spot_regroup_precompile = True
     # 'ray', spotlight modes: drop the exploration candidates not finished when the update ends
     # (exploration never lengthens the critical path); false = a fixed plan, every candidate
     # scored (the trainer's devices finish what no host can)

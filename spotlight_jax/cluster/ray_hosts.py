@@ -148,7 +148,8 @@ class SpotHostImpl:
         self.warmup_s = self._warm_up(stepper, source.train_prompts[0])
         # the groups of the device sets left after losing one device, compiled meanwhile
         self._fallbacks = threading.Thread(target=self._warm_fallbacks, daemon=True)
-        self._fallbacks.start()
+        if config.deployment.spot_regroup_precompile:
+            self._fallbacks.start()
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _group(self, devices):
@@ -188,7 +189,8 @@ class SpotHostImpl:
         if not devices or len(devices) != len(want):
             raise ValueError(f"device_ids={sorted(want)}: this host has "
                              f"{[d.id for d in jax.local_devices()]}")
-        self._fallbacks.join()          # a regroup never waits on a compile it could avoid
+        if self._fallbacks.is_alive():
+            self._fallbacks.join()      # a regroup never waits on a compile it could avoid
         with count_backend_compiles() as compiles:
             t0 = time.perf_counter()
             group = self._group(devices)

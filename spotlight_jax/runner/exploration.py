@@ -99,8 +99,8 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
         idx = scored[max_variance_subset(r[scored], G)]
         chosen.append(idx)
         gains.append(float(np.var(r[idx]) - np.var(r[scored[:G]])))
-    n = int(sum(len(c) for c in cands))
-    info = {"explore_candidates": n, "explore_extra": n - G * len(prompts),
+    n = int(sum(len(cands[i]) for i in picked))          # submitted for scoring
+    info = {"explore_candidates": n, "explore_extra": n - G * len(picked),
             "explore_var_gain": float(np.mean(gains)) if gains else 0.0,
             "explore_prompts": len(picked)}
     if short:

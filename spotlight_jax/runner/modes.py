@@ -268,10 +268,11 @@ class SpotlightPipelinedMode(SpotlightMode):
                          "iteration %d rolls out on the trainer", k, k + 1)
             return
         cands, chosen, cbatch, generator = result[:4]
-        if len(result) > 4 and result[4].get("explore_short"):
+        if cbatch is None or (len(result) > 4 and result[4].get("explore_short")):
+            short = result[4].get("explore_short", len(cands)) if len(result) > 4 else len(cands)
             logging.info("spotlight_pipelined: %d prompt(s) had fewer than G candidates scored "
                          "when update %d ended; iteration %d rolls out on the trainer",
-                         result[4]["explore_short"], k, k + 1)
+                         short, k, k + 1)
             return
         sel = chosen_rows(cands, chosen)
         batch = batches.take(jax.tree.map(np.asarray, cbatch), sel)

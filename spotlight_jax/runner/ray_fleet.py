@@ -375,12 +375,13 @@ class RayExplorer:
             out.update({r: float(x) for r, x in zip(rest, scores)})
         return out
 
-    def _batch(self, order, results, by_id, rewards) -> dict:
-        """The candidates' rollout batch in ``order`` (prompt after prompt)."""
+    def _batch(self, order, results, by_id, rewards) -> dict | None:
+        """The candidates' rollout batch in ``order`` (prompt after prompt); None when no
+        candidate finished."""
         s = self.fleet.state
         trajs = {r: results[r].trajectory() for r in order if r in results}
         if not trajs:
-            raise RuntimeError("no exploration candidate finished: no rollout batch to keep")
+            return None          # nothing finished (no host up): no batch to keep
         like = next(iter(trajs.values()))
         blank = {key: np.zeros_like(v) for key, v in like.items()}
         rows = [trajs.get(r, blank) for r in order]

@@ -40,6 +40,7 @@ def _config(mode, transport, iterations=3, deadline=False, spot_nodes=2):
     c.deployment.transport = transport
     c.deployment.ray_explore_deadline = deadline
     c.deployment.ray_host_wait_s = 600.0      # every host up before a phase (test's own Ray)
+    c.deployment.spot_regroup_precompile = False   # no regroups here: spare the 2 cores
     c.trace.rate_per_node_hour = 0.0          # no trace preemption: the same plan either way
     return c
 
@@ -224,7 +225,8 @@ def test_a_diffusers_base_end_to_end_over_ray_hosts(cluster, tmp_path):
     c = qwen_fixture_config(tmp_path, "nft", iterations=1, mode="spotlight")
     c.explore.max_extra_per_prompt = 4
     c.deployment.update({"transport": "ray", "spot_nodes": 1, "spot_devices_per_node": 2,
-                         "ray_explore_deadline": False, "ray_host_wait_s": 600.0})
+                         "ray_explore_deadline": False, "ray_host_wait_s": 600.0,
+                         "spot_regroup_precompile": False})
     c.trace.rate_per_node_hour = 0.0
     graphdef, base = load_diffusers_base(c)
     r = runner.RunState(c, str(tmp_path / "run"), graphdef, base)

@@ -66,22 +66,24 @@ def setup():
     return params, stepper.latent_shape, requests, ref_q.results()
 
 
-def _host(name):
-    return spot.start_host(name, load_config("tiny", OVERRIDES), cpu_devices=2, worker=WORKER)
+def _host(name, precompile=False):
+    """A spot host; ``precompile``: with its regroup programs (background compiles)."""
+    config = load_config("tiny", {**OVERRIDES, "deployment.spot_regroup_precompile": precompile})
+    return spot.start_host(name, config, cpu_devices=2, worker=WORKER)
 
 
 def _serve_all(workers, queue):
     return spot.serve_in_threads(workers, queue)
 
 
-def _queue_and_hosts(setup, names):
+def _queue_and_hosts(setup, names, precompile=False):
     """A locked queue holding the requests, the published weights, and started hosts that
     installed them."""
     params, shape, requests, _ = setup
     queue = spot.LockedQueue(RequestQueue(shape, QueueConfig(lease_s=600.0)))
     queue.submit(requests)
     ref = spot.publish(params)
-    hosts = [_host(n) for n in names]
+    hosts = [_host(n, precompile) for n in names]
     for w in hosts:
         w.set_policy(ref, 0)
     return queue, ref, hosts
@@ -134,7 +136,7 @@ def test_host_regroups_onto_its_surviving_device_without_compiling(cluster, setu
     come out as the undisturbed SP-2 run's up to float rounding (another signature)."""
     import numpy as np
     _, _, requests, want = setup
-    queue, _, (a,) = _queue_and_hosts(setup, ["spot5"])
+    queue, _, (a,) = _queue_and_hosts(setup, ["spot5"], precompile=True)
     assert a.degree == 2
     info = ray.get(a.actor.info.remote())
     out = a.set_devices([0])
@@ -163,7 +165,8 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
 
     c = load_config("tiny", {**MICRO_RUN_OVERRIDES, "mode": "spot_rollout", "rl.iterations": 2,
                              "deployment.transport": "ray", "deployment.spot_nodes": 2,
-                             "deployment.ray_host_wait_s": 600.0})
+                             "deployment.ray_host_wait_s": 600.0,
+                             "deployment.spot_regroup_precompile": False})
     graphdef, base = create_model(model_config(c))
     run = runner.RunState(c, str(tmp_path), graphdef, base)
     prompts = run.prompts(0)

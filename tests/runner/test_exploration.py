@@ -77,6 +77,7 @@ def test_explore_within_a_capacity_scores_only_the_picked_prompts():
                                      params=None, capacity=len(table["a red bar"]))
     assert len(ex.asked) == 1 and len(ex.asked[0]) == 1        # one whole pool fits
     assert info["explore_prompts"] == 1 and info["explore_short"] == 1
-    other = 1 - list(table).index(ex.asked[0][0])
-    np.testing.assert_array_equal(chosen[other], np.arange(G))  # unscored: its base seeds
+    picked = list(table).index(ex.asked[0][0])
+    np.testing.assert_array_equal(chosen[1 - picked], np.arange(G))  # unscored: base seeds
+    assert info["explore_candidates"] == len(cands[picked])        # what was scored
 
