@@ -64,8 +64,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# a throw-away cluster on this machine: no token authentication between its processes
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+# a throw-away cluster on this machine:
+# no token authentication between its processes; a node whose raylet starves on a loaded
+# machine survives 20 missed health checks (only the replayed kills should lose nodes)
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "JAX_PLATFORMS": "cpu",
+       "RAY_health_check_failure_threshold": "20"}
 
 
 class LocalCluster:

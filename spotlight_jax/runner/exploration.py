@@ -70,13 +70,16 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
     candidates (unscored, so no trajectory of them is complete: ``info['explore_short']``
     counts those prompts, and a mode must not train on the kept batch then).
 
-    ``capacity`` (candidates that fit in a wall-clock window; without ``keep``): only the
-    prompts :func:`within_capacity` picks are scored."""
+    ``capacity`` (candidates that fit in a wall-clock window): only the prompts
+    :func:`within_capacity` picks are scored; with ``keep``, only when a whole batch (G per
+    prompt) cannot fit (then no batch is kept: the pipelined mode explores as ``spotlight``)."""
     G = state.settings.group_size
     plan = state.planner.plan(prompts, budget_s, per_candidate_s)
     cands = [candidate_seeds(state.settings.seed, k_next, i, plan[p],
                              state.train_sampler_cfg.shared_init_bits)
              for i, p in enumerate(prompts)]
+    if keep and capacity is not None and capacity < G * len(prompts):
+        keep = False      # no whole batch fits in the window: explore for seeds, as spotlight
     picked = (range(len(prompts)) if capacity is None or keep else
               [i for i, ok in enumerate(within_capacity([plan[p] for p in prompts], G,
                                                         capacity)) if ok])

@@ -24,15 +24,6 @@ pytestmark = pytest.mark.cluster
 PROMPTS = ["a red bar", "two blue squares", 'the text "7"']
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env})
-    yield
-    ray.shutdown()
-
-
 def _config(mode, transport, iterations=3, deadline=False, spot_nodes=2):
     c = mode_config(mode, iterations=iterations)
     c.deployment.spot_nodes = spot_nodes

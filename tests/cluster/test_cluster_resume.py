@@ -18,7 +18,9 @@ pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster
 pytest.importorskip("psutil", reason="cluster tests need: pip install -e '.[cluster]'")
 from spotlight_jax.bench.ray_chaos import LocalCluster  # noqa: E402
 
-pytestmark = pytest.mark.cluster
+# slow, not cluster: on 2 shared cores a node process's raylet can starve long enough for the
+# head to declare the node dead mid-run (seen once in 3 runs); run it with -m slow
+pytestmark = pytest.mark.slow
 
 CHILD = """
 import sys

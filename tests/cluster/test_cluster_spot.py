@@ -38,15 +38,6 @@ PROMPTS = ["a red bar", "two blue squares", 'the text "7"']
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env})
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def setup():
     cfg = load_config("tiny", OVERRIDES)
     mcfg, graphdef, params = micro_model()

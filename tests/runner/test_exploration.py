@@ -22,6 +22,7 @@ class _Explorer:
 
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories=False):
         self.asked.append(list(prompts))
+        assert not keep_trajectories         # these tests never keep a batch
         return [np.asarray(self.table[p][:len(s)], np.float32)
                 for p, s in zip(prompts, seeds_per_prompt)]
 
@@ -80,4 +81,17 @@ def test_explore_within_a_capacity_scores_only_the_picked_prompts():
     picked = list(table).index(ex.asked[0][0])
     np.testing.assert_array_equal(chosen[1 - picked], np.arange(G))  # unscored: base seeds
     assert info["explore_candidates"] == len(cands[picked])        # what was scored
+
+
+def test_a_window_too_small_for_a_batch_explores_for_seeds_only():
+    """``keep`` (the pipelined batch) with a window that cannot hold G per prompt: no batch is
+    asked for or kept; the picked prompts are scored for their seeds, as ``spotlight``."""
+    table = {"a red bar": [0.1, 0.4, 0.5, 0.9, 0.2, 0.7, 0.0],
+             "two blue squares": [0.3, 0.3, 0.8, 0.1, 0.6, 0.2, 0.5],
+             "a green column": [0.5, 0.1, 0.2, 0.9, 0.4, 0.3, 0.6]}
+    ex = _Explorer(table)
+    _, _, batch, info = explore(_state(), 1, list(table), 1e9, 1.0, explorer=ex, params=None,
+                                keep=True, capacity=G * len(table) - 1)   # one pool of 7 fits
+    assert batch is None and len(ex.asked) == 1 and len(ex.asked[0]) == 1
+    assert info["explore_prompts"] == 1 and info["explore_short"] == 2
 
