@@ -151,11 +151,13 @@ class RayFleet:
         self.starting = still
         return died
 
-    def _install(self, ref, version: int) -> int:
-        """``version`` onto every live host that lacks it; drops (and counts) dead ones."""
+    def _install(self, ref, version: int, hosts=None) -> int:
+        """``version`` (and, for LoRA, the base) onto each of ``hosts`` (default: every live
+        host) that lacks it; drops the dead ones from the fleet and returns how many."""
+        hosts = self.hosts if hosts is None else hosts
         alive, lost = [], 0
         lora = self._published[2]
-        for w in self.hosts:
+        for w in hosts:
             try:
                 if lora and not w.has_base:
                     w.set_base(self._base_ref())
@@ -164,7 +166,8 @@ class RayFleet:
                 alive.append(w)
             except ray_hosts.WorkerLost:
                 lost += 1
-        self.hosts = alive
+        dead = {id(w) for w in hosts} - {id(w) for w in alive}
+        self.hosts = [w for w in self.hosts if id(w) not in dead]
         return lost
 
     def serve(self, queue, *, stop: threading.Event | None = None,
@@ -198,18 +201,10 @@ class RayFleet:
         being served."""
         before = len(self.hosts)
         self._counts["dead"] += self._admit(0.0)
-        new, ok = self.hosts[before:], []
-        version, ref, lora = self._published
-        for w in new:
-            try:
-                if lora and not w.has_base:
-                    w.set_base(self._base_ref())
-                w.set_policy(ref, version)
-                ok.append(w)
-            except ray_hosts.WorkerLost:
-                self._counts["dead"] += 1
-        self.hosts = self.hosts[:before] + ok
-        return ok
+        new = self.hosts[before:]
+        version, ref, _ = self._published
+        self._counts["dead"] += self._install(ref, version, new)
+        return [w for w in new if w in self.hosts]
 
     @staticmethod
     def accounting(queue, served: dict) -> dict:
@@ -280,12 +275,15 @@ class RayExplorer:
         if self.deadline:
             self._stop.set()
 
+    def _rid(self, prompt: int, candidate: int) -> str:
+        return f"v{self.version:05d}p{prompt:03d}c{candidate:04d}"
+
     def _requests(self, prompts, seeds_per_prompt, kind: str) -> list[sched.Request]:
         """One request per candidate, prompt after prompt: a deadline then leaves a few prompts
         fully explored rather than every prompt with fewer than G scored (a prompt's selection
         gains only from candidates beyond its G)."""
         T = self.fleet.state.train_sampler_cfg.num_steps
-        return [sched.Request(rid=f"v{self.version:05d}p{i:03d}c{j:04d}", prompt=prompts[i],
+        return [sched.Request(rid=self._rid(i, j), prompt=prompts[i],
                               seed=int(s), num_steps=T, kind=kind, policy_version=self.version)
                 for i, ss in enumerate(seeds_per_prompt) for j, s in enumerate(ss)]
 
@@ -335,7 +333,7 @@ class RayExplorer:
         by_id = {q.rid: q for q in reqs}
         per_prompt = []
         for i, ss in enumerate(seeds_per_prompt):
-            rids = [f"v{self.version:05d}p{i:03d}c{j:04d}" for j in range(len(ss))]
+            rids = [self._rid(i, j) for j in range(len(ss))]
             per_prompt.append(np.asarray([rewards.get(r, np.nan) for r in rids], np.float32))
         done_by = {c.group_id for r, c in queue.completed().items() if r in results}
         elapsed = time.perf_counter() - t0
@@ -358,8 +356,8 @@ class RayExplorer:
                      "explore_s": elapsed}
         if not keep_trajectories:
             return per_prompt
-        order = [f"v{self.version:05d}p{i:03d}c{j:04d}"
-                 for i, ss in enumerate(seeds_per_prompt) for j in range(len(ss))]
+        order = [self._rid(i, j) for i, ss in enumerate(seeds_per_prompt)
+                 for j in range(len(ss))]
         return per_prompt, self._batch(order, results, by_id, rewards)
 
     def _rewards(self, results, host_rewards) -> dict[str, float]:
