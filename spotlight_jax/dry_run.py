@@ -1,12 +1,15 @@
 """``--dry_run``: size a config without allocating it (``jax.eval_shape`` only).
 
-Prints the parameter count, bytes per device for parameters + AdamW state + an activation
-estimate under the config's mesh, and the resolved PartitionSpec of every parameter group. Works
-for the 20B paper-scale config on a laptop in seconds because nothing is materialised.
+Prints the parameter count, bytes per device for parameters + AdamW state + the activations of
+one gradient step of the update (the rows the objective's trainer pushes, the residuals its
+backward keeps) under the config's mesh, and the resolved PartitionSpec of every parameter
+group. Works for the 20B paper-scale config on a laptop in seconds because nothing is
+materialised.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 
 import jax
@@ -14,10 +17,19 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from spotlight_jax.builders import abstract_model, build_mesh, model_config, objective
+from spotlight_jax.builders import (
+    abstract_model,
+    build_mesh,
+    model_config,
+    rl_config,
+    sampler_config,
+)
+from spotlight_jax.diffusion import prompt, velocity
 from spotlight_jax.models import as_dtype
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib
+from spotlight_jax.rl import trainer_class
+from spotlight_jax.rl.policy import UpdateRows, merged_model
 
 
 def _shard_factor(spec: PartitionSpec, mesh) -> int:
@@ -28,29 +40,87 @@ def _shard_factor(spec: PartitionSpec, mesh) -> int:
     return n
 
 
-def activation_bytes(cfg, batch: int, mesh) -> float:
-    """Rough per-device activation memory of one training forward+backward.
+def _prompts(cfg, rows: int):
+    """Abstract prompts of ``rows`` rows in the form the model takes them: token ids, or a
+    prompt-embedding file's embeddings (and pooled vector)."""
+    mask = jax.ShapeDtypeStruct((rows, cfg.text_len), bool)
+    if not cfg.text_embed_dim:
+        return jax.ShapeDtypeStruct((rows, cfg.text_len), np.int32), mask
+    tokens = {prompt.EMBEDS: jax.ShapeDtypeStruct((rows, cfg.text_len, cfg.text_embed_dim),
+                                                  np.float32)}
+    if cfg.pooled == "input":
+        tokens[prompt.POOLED] = jax.ShapeDtypeStruct((rows, cfg.pooled_dim), np.float32)
+    return tokens, mask
 
-    Korthikanti et al. (2022) per-layer estimate for a transformer layer in 16-bit:
-    ``s*b*h*(34 + 5*a*s/h)`` bytes; with remat only the block input (``2*s*b*h``) is kept per layer
-    plus one layer's full set. Batch divides over data*fsdp, sequence over sp.
-    """
-    s = cfg.num_patches + cfg.text_len
-    h, a = cfg.width, cfg.num_heads
-    bytes_per = np.dtype(as_dtype(cfg.dtype)).itemsize / 2.0
-    per_layer = s * batch * h * (34 + 5 * a * s / h) * bytes_per
-    if cfg.remat:
-        total = cfg.depth * 2 * s * batch * h * bytes_per + per_layer
+
+def residual_bytes(graphdef, abstract, rl_cfg, guidance: float = 1.0) -> int:
+    """Bytes per row that the backward pass of the model's velocity keeps from its forward:
+    the residuals of ``jax.vjp`` with respect to what the update trains (the LoRA factors, or
+    every parameter), traced once for a symbolic row count (``jax.eval_shape``: nothing is
+    allocated). Residuals without a row dimension (parameters the backward reads) are not
+    counted here. With ``remat`` these are the blocks' inputs."""
+    cfg = graphdef_config(graphdef, abstract)
+    rows, = jax.export.symbolic_shape("rows")
+    s = cfg.image_size
+    x = jax.ShapeDtypeStruct((rows, s, s, cfg.channels), np.float32)
+    t = jax.ShapeDtypeStruct((rows,), np.float32)
+    tokens, mask = _prompts(cfg, rows)
+    if rl_cfg.lora_rank:
+        trainable = jax.eval_shape(lambda: lora_lib.init_lora(abstract, rl_cfg.lora_rank,
+                                                              jax.random.key(0)))
     else:
-        total = cfg.depth * per_layer
-    b_div = mesh.shape["data"] * mesh.shape["fsdp"]
-    return total / b_div / mesh.shape["sp"]
+        trainable = abstract
+
+    def backward(trainable, base, x, t, tokens, mask):
+        def loss(p):
+            model = merged_model(graphdef, rl_cfg, p, base)
+            return velocity(model, x, t, tokens, mask, guidance=guidance).sum()
+        return jax.vjp(loss, trainable)[1]
+
+    total = 0
+    for a in jax.tree.leaves(jax.eval_shape(backward, trainable, abstract, x, t, tokens, mask)):
+        per_row = [d for d in a.shape if not isinstance(d, int)]
+        if len(per_row) > 1:
+            raise ValueError(f"a residual of shape {a.shape} grows faster than the rows")
+        if per_row:
+            total += math.prod(d if isinstance(d, int) else d // rows
+                               for d in a.shape) * np.dtype(a.dtype).itemsize
+    return total
+
+
+def graphdef_config(graphdef, abstract):
+    """The ``MMDiTConfig`` a model graph was built with."""
+    return nnx.merge(graphdef, abstract).cfg
+
+
+def activation_bytes(graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) -> tuple[float, float]:
+    """``(per device, of which merged LoRA weights)``: the activation memory of one gradient
+    step of the update, from what it runs (``rows``: the trainer's ``update_rows``).
+
+    The rows' residuals (:func:`residual_bytes`) split over the batch axes ``data x fsdp`` and
+    the sequence axis ``sp``; with ``remat``, plus one block's full residuals for its recompute.
+    Under LoRA the merged attention kernels are new arrays the backward keeps (split over
+    ``fsdp``). Forwards without gradient (v_old, v_ref) hold one layer at a time: left out."""
+    cfg = graphdef_config(graphdef, abstract)
+    per_row = residual_bytes(graphdef, abstract, rl_cfg, rows.guidance)
+    if cfg.remat:   # the same graph with remat off (``cfg.remat`` is read per call)
+        model = nnx.merge(graphdef, abstract)
+        model.cfg = dataclasses.replace(cfg, remat=False)
+        plain, _ = nnx.split(model)
+        per_row += residual_bytes(plain, abstract, rl_cfg, rows.guidance) / cfg.depth
+    merged = 0.0
+    if rl_cfg.lora_rank:
+        merged = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for path, a in
+                     jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract))
+                     if lora_lib.is_target(path)) / mesh.shape["fsdp"]
+    act = rows.grad * per_row / (mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["sp"])
+    return act + merged, merged
 
 
 def dry_run(config, devices=None) -> str:
     cfg = model_config(config)
     mesh = build_mesh(config, devices)
-    _, abstract = abstract_model(cfg)
+    graphdef, abstract = abstract_model(cfg)
     specs = param_specs(abstract, mesh)
     leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract))
     spec_leaves = jax.tree.leaves(nnx.to_pure_dict(specs),
@@ -75,9 +145,9 @@ def dry_run(config, devices=None) -> str:
         opt = 2 * per_device * (4 / np.dtype(as_dtype(cfg.param_dtype)).itemsize)
         opt_name = "AdamW state"
     batch = config.rl.prompts_per_iter * config.rl.group_size
-    minibatches = (config.rl.nft.minibatches if objective(config) == "nft"
-                   else config.rl.minibatches)
-    act = activation_bytes(cfg, batch // max(minibatches, 1), mesh)
+    rl_cfg = rl_config(config)
+    rows = trainer_class(rl_cfg).update_rows(rl_cfg, sampler_config(config), batch)
+    act, fixed = activation_bytes(graphdef, abstract, rl_cfg, rows, mesh)
     gib = 1024**3
     lines = [
         f"model: width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} "
@@ -87,8 +157,11 @@ def dry_run(config, devices=None) -> str:
         f"{mesh.devices.flat[0].platform} devices",
         f"parameters: {total:,} ({total / 1e9:.2f}B)",
         f"per device: params {per_device / gib:.3f} GiB + {opt_name} {opt / gib:.3f} GiB + "
-        f"activations (est., {batch // max(minibatches, 1)} samples/minibatch) "
-        f"{act / gib:.3f} GiB = {(per_device + opt + act) / gib:.3f} GiB",
+        f"activations {act / gib:.3f} GiB = {(per_device + opt + act) / gib:.3f} GiB",
+        f"activations: the backward's residuals of {rows.grad} rows per gradient step"
+        f"{' at CFG ' + format(rows.guidance, 'g') if rows.guidance != 1 else ''} "
+        f"(+{rows.forward} rows forward only)"
+        + (f", {fixed / gib:.3f} GiB of them merged LoRA weights" if fixed else ""),
         "parameter groups (count, PartitionSpec, shape, dtype):",
     ]
     for name, (n, spec, shape, dtype) in groups.items():

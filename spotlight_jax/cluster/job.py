@@ -208,6 +208,10 @@ class TrainerJob:
     def generator(self):
         return self.local.generator()
 
+    @staticmethod
+    def update_rows(cfg, sampler, batch: int):
+        return trainer_class(cfg).update_rows(cfg, sampler, batch)
+
     def eval_state(self):
         return self.local.eval_state()
 

@@ -3,7 +3,7 @@ KL) and the forward-process objective (`rl.nft`), their trainers over LoRA or fu
 from spotlight_jax.rl.advantages import advantages, decoupled_advantages, group_stats
 from spotlight_jax.rl.grpo import GRPOConfig, GRPOTrainer, grpo_loss, select_steps
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
-from spotlight_jax.rl.policy import Trainer
+from spotlight_jax.rl.policy import Trainer, UpdateRows
 
 # rl.objective -> its trainer (registry.OBJECTIVES names them; a test checks they match)
 TRAINERS = {"nft": NFTTrainer, "flow_grpo": GRPOTrainer}
@@ -15,5 +15,6 @@ def trainer_class(cfg):
 
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "TRAINERS", "Trainer",
-           "trainer_class", "advantages", "decoupled_advantages", "grpo_loss", "group_stats",
+           "UpdateRows", "trainer_class", "advantages", "decoupled_advantages", "grpo_loss",
+           "group_stats",
            "select_steps"]

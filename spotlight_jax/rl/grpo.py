@@ -23,6 +23,7 @@ from spotlight_jax.diffusion.rollout import project_at, step_at
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
+    UpdateRows,
     check_policy_fields,
     make_optimizer,
     merged_model,
@@ -224,6 +225,16 @@ class GRPOTrainer(PolicyTrainer):
         super().__init__(graphdef, base_state, cfg, mesh, attn, seed)
         self.sampler = sampler
 
+    @staticmethod
+    def update_rows(cfg: GRPOConfig, sampler: SamplerConfig, batch: int) -> UpdateRows:
+        """A minibatch's trajectories at each of their trained SDE steps, at the rollout's CFG
+        scale; the reference policy's forward of the same rows when a KL term is on."""
+        stochastic = int(np.sum(sampler.stochastic_steps()))
+        steps = cfg.train_steps if 0 < cfg.train_steps < stochastic else stochastic
+        rows = batch // cfg.minibatches * steps
+        ref = cfg.beta > 0 or bool(cfg.detail_beta)
+        return UpdateRows(grad=rows, forward=rows if ref else 0, guidance=sampler.guidance)
+
     # -- update ------------------------------------------------------------------------------
     # The jitted programs are built by module-level cached builders keyed by the (hashable) graph
     # and configs, so every trainer of the same model shares compiled executables.
@@ -250,6 +261,31 @@ class GRPOTrainer(PolicyTrainer):
         ``cfg.rescore`` log-probs re-scored with the pre-update weights before any update
         (``rescore_dev`` reports how far those were from the rollout's).
         """
+        plan, devs = self._plan(batch, key, step)
+        metrics = []
+        for i, (sub, idx) in enumerate(plan):
+            self.trainable, self.opt_state, self.ema, m = self._step(
+                self.trainable, self.opt_state, self.ema, self.base, sub, idx,
+                np.bool_(i == 0))
+            metrics.append(m)
+        out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]}
+        out["first_ratio_dev"] = float(jax.device_get(metrics[0]["ratio_dev"]))
+        # on the sampling weights only (first minibatch): pure numerics, no policy change
+        out["rollout_logp_dev"] = float(jax.device_get(metrics[0]["rollout_logp_dev"]))
+        if devs:
+            out["rescore_dev"] = float(np.max(jax.device_get(devs)))
+        self.check_finite(out, step, "GRPO", "lower rl.lr or raise rl.beta")
+        return out
+
+    def lower_update(self, batch: dict, generator=None):
+        """The update's program (one per minibatch, all of one shape) lowered for ``batch``'s
+        shapes (``jax.stages.Lowered``: ``.compile().memory_analysis()`` is what it takes)."""
+        sub, idx = self._plan(batch, jax.random.key(0), 0, rescore=False)[0][0]
+        return self._step.lower(self.trainable, self.opt_state, self.ema, self.base, sub, idx,
+                                np.bool_(True))
+
+    def _plan(self, batch: dict, key, step: int, rescore: bool | None = None):
+        """``([(minibatch, trained step indices)] in update order, re-score deviations)``."""
         n = batch["latents"].shape[0]
         mb = self.cfg.minibatches
         if n % mb:
@@ -265,7 +301,7 @@ class GRPOTrainer(PolicyTrainer):
                 idx = self._select(jax.random.fold_in(key, 2 * (epoch * mb + i) + 1), size)
                 plan.append((sub, idx))
         devs = []
-        for sub, idx in plan[1:] if self.cfg.rescore else ():
+        for sub, idx in plan[1:] if (self.cfg.rescore if rescore is None else rescore) else ():
             logp, dev = self._score(self.trainable, self.base, sub, idx)
             sub["logp_old"] = logp
             devs.append(dev)
@@ -275,20 +311,7 @@ class GRPOTrainer(PolicyTrainer):
         for sub, idx in plan:
             if "logp_old" not in sub:
                 sub["logp_old"] = jnp.take_along_axis(sub["log_probs"], idx, axis=1).reshape(-1)
-        metrics = []
-        for i, (sub, idx) in enumerate(plan):
-            self.trainable, self.opt_state, self.ema, m = self._step(
-                self.trainable, self.opt_state, self.ema, self.base, sub, idx,
-                np.bool_(i == 0))
-            metrics.append(m)
-        out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]}
-        out["first_ratio_dev"] = float(jax.device_get(metrics[0]["ratio_dev"]))
-        # on the sampling weights only (first minibatch): pure numerics, no policy change
-        out["rollout_logp_dev"] = float(jax.device_get(metrics[0]["rollout_logp_dev"]))
-        if devs:
-            out["rescore_dev"] = float(np.max(jax.device_get(devs)))
-        self.check_finite(out, step, "GRPO", "lower rl.lr or raise rl.beta")
-        return out
+        return plan, devs
 
 
 def _program_config(cfg: GRPOConfig) -> GRPOConfig:

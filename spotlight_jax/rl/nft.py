@@ -37,6 +37,7 @@ from spotlight_jax.diffusion import SamplerConfig, batches, encode_prompt, veloc
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
+    UpdateRows,
     check_policy_fields,
     make_optimizer,
     merged_model,
@@ -183,6 +184,13 @@ class NFTTrainer(PolicyTrainer):
                              f"{sampler.num_steps}; lower rl.nft.times or raise the steps")
         self.old = jax.tree.map(jnp.copy, self.trainable)
 
+    @staticmethod
+    def update_rows(cfg: NFTConfig, sampler: SamplerConfig, batch: int) -> UpdateRows:
+        """Each of the ``cfg.minibatches`` chunks trains its images at ``cfg.times`` flow times
+        (no CFG); v_old (and v_ref with ``kl_beta``) are forwards of the same rows."""
+        rows = batch // cfg.minibatches * cfg.times
+        return UpdateRows(grad=rows, forward=rows * (2 if cfg.kl_beta else 1))
+
     def sampling_state(self):
         return self.merged(self.old)
 
@@ -204,6 +212,19 @@ class NFTTrainer(PolicyTrainer):
         sampling policy that drew the batch (:meth:`generator` when it sampled) when that is not
         the current θ_old; the loss's v_old is then its velocity, and θ_old still moves from its
         current value."""
+        self.trainable, self.opt_state, self.ema, self.old, m = self._step(
+            *self._step_args(batch, key, step, generator))
+        out = {k: float(v) for k, v in jax.device_get(m).items()}
+        self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "
+                          "rl.nft.kl_beta")
+        return out
+
+    def lower_update(self, batch: dict, generator=None):
+        """The update's one program lowered for ``batch``'s shapes (``jax.stages.Lowered``:
+        ``.compile().memory_analysis()`` is what it takes on the device)."""
+        return self._step.lower(*self._step_args(batch, jax.random.key(0), 0, generator))
+
+    def _step_args(self, batch: dict, key, step: int, generator):
         x0 = np.asarray(batch["latents"])[:, -1]
         n, mb = x0.shape[0], self.cfg.minibatches
         if n % mb:
@@ -213,13 +234,8 @@ class NFTTrainer(PolicyTrainer):
                 "mask": np.asarray(batch["mask"]), "p": p,
                 "group": np.asarray(batch["prompt_ids"], np.int32)}
         args = {k: self._place(v) for k, v in args.items()}
-        self.trainable, self.opt_state, self.ema, self.old, m = self._step(
-            self.trainable, self.opt_state, self.ema, self.old, self.base, args,
-            jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)), generator)
-        out = {k: float(v) for k, v in jax.device_get(m).items()}
-        self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "
-                          "rl.nft.kl_beta")
-        return out
+        return (self.trainable, self.opt_state, self.ema, self.old, self.base, args,
+                jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)), generator)
 
 
 @functools.lru_cache(maxsize=16)

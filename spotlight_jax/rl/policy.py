@@ -6,6 +6,7 @@ multi-process ``TrainerJob`` implement (``tests/test_interfaces.py`` checks all 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -20,6 +21,22 @@ from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl.advantages import advantages, decoupled_advantages
 
 ADVANTAGES = ("reward", "decoupled")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateRows:
+    """What one gradient step of an update pushes through the model (what ``--dry_run`` sizes
+    the activations from).
+
+    ``grad``: rows whose forward is differentiated (their activations are kept for the
+    backward pass). ``forward``: rows through forwards without gradient in the same step (an old
+    or reference policy's velocity: transient, one layer at a time). ``guidance``: the CFG scale
+    of those forwards (> 1 doubles every row: conditional and unconditional).
+    """
+
+    grad: int
+    forward: int
+    guidance: float = 1.0
 
 
 @runtime_checkable
@@ -62,6 +79,11 @@ class Trainer(Protocol):
 
     def generator(self):
         """What a later ``update(..., generator=...)`` needs of the policy that samples now."""
+
+    @staticmethod
+    def update_rows(cfg, sampler, batch: int) -> UpdateRows:
+        """The rows one gradient step of an update on ``batch`` samples pushes through the
+        model, under the objective's config ``cfg`` and rollout ``sampler``."""
 
 
 def check_policy_fields(cfg) -> None:
