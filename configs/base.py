@@ -99,7 +99,7 @@ def get_config():
     # SDE (and trained) steps [start, end), slice-style: (0, -2) = all but the last two, which
     # are ODE steps. Their tiny std makes their log-prob gradients (eps / std) hold most of the
     # update's gradient energy while their noise only moves fine detail
-    # (python -m spotlight_jax.bench.grpo_gradient; docs/flow_grpo.md). None = every step.
+    # (python -m spotlight_jax.studies.grpo_gradient; docs/flow_grpo.md). None = every step.
     s.sde_window = ml_collections.config_dict.placeholder(tuple)
     s.sde_window = (0, -2)
     # True: a prompt's rollouts (and exploration candidates) share their initial noise x_T and
@@ -302,9 +302,9 @@ def add_spotlight_sections(c):
     k.network_gbit_s = 100.0        # ASSUMPTION: node-to-node bandwidth for the weight broadcast
     #                                 (a common cloud NIC tier; GPU fabrics such as EFA are faster)
     # --- SP regroup latencies -------------------------------------------------------------
-    k.regroup_shrink_s = 7.6e-3     # MEASURED: bench.regroup, warm regroup after losing 2 of 8
-    #                                 devices, 50M params (commit 32721c0 message: 7.6 ms)
-    k.regroup_grow_measured_s = 0.644  # MEASURED: bench.regroup rejoin (device-to-device copy,
+    k.regroup_shrink_s = 7.6e-3     # MEASURED: bench.reconfig --stand_in (then bench.regroup),
+    #                                 warm regroup after losing 2 of 8 devices, 50M params: 7.6 ms
+    k.regroup_grow_measured_s = 0.644  # MEASURED: the same, rejoin (device-to-device copy,
     #                                    50M params, CPU): 644 ms; profile derives it from NVLink
     k.regroup_cold_s = 120.0        # ASSUMPTION: reload from storage + recompile takes
     #                                 "minutes" (paper abstract: minutes -> sub-second)

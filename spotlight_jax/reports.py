@@ -1,6 +1,6 @@
 """The mode comparison's reports, written from run histories: the target, each mode's time,
 cost and iterations to it, the ratios to ``baseline``, the plots, and the ratios' spread over
-config seeds. ``runner.compare`` runs the modes and calls these; ``bench.compare_grid`` rebuilds
+config seeds. ``runner.compare`` runs the modes and calls these; ``studies.compare_grid`` rebuilds
 them from archived runs.
 
 Target: ``base + target_frac x (best validation reward of baseline - base)`` (or ``base +

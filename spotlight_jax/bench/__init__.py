@@ -1,6 +1,10 @@
-"""Benchmarks, one program each: ``python -m spotlight_jax.bench.<name> [--flags]``.
+"""Benchmarks, one program each: ``python -m spotlight_jax.bench.<name> [--flags]``: how fast a
+piece of the system is (attention strategies, rollouts, the scheduler, the planner, recovering a
+spot group, the accelerator check). Studies (what the system learns or costs, over runs) are in
+``spotlight_jax.studies``.
 
 Every benchmark has absl flags, defined by its ``define_flags()`` when it runs as the program, and
-a ``main(argv)`` for ``absl.app.run``; ``_setup`` holds what they share (the emulated-device
-set-up, the repository's paths). The numbers they printed are in docs/performance.md.
+a ``main(argv)`` for ``absl.app.run``; ``spotlight_jax.programs`` holds what programs share (the
+emulated-device set-up, the repository's paths). The numbers they printed are in
+docs/performance.md.
 """

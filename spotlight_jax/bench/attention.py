@@ -35,7 +35,7 @@ from absl import app, flags
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
@@ -167,7 +167,7 @@ def print_table(rows, header=True):
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This benchmark's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("seqs", "1024,2048,4096,8192", "Comma-separated sequence lengths.", **fv)
     flags.DEFINE_integer("repeats", 3, "Timed runs per configuration.", **fv)
@@ -180,7 +180,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _setup.emulate_devices(NUM_DEVICES, cpu=False)
+    programs.emulate_devices(NUM_DEVICES, cpu=False)
     if len(jax.devices()) < NUM_DEVICES:
         raise SystemExit(f"need {NUM_DEVICES} devices, found {len(jax.devices())}; run with "
                          f"JAX_PLATFORMS=cpu before anything initialises a JAX backend")

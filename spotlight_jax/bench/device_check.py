@@ -28,14 +28,14 @@ import time
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("config", str(_setup.REPO / "configs" / "qwen_image.py"),
+    flags.DEFINE_string("config", str(programs.REPO / "configs" / "qwen_image.py"),
                         "Config file whose model shapes are checked.", **fv)
     flags.DEFINE_integer("depth", 2, "Blocks of the model (reduced depth, real width).", **fv)
     flags.DEFINE_integer("latent", 128, "Latent cells per side (128 = a 1024^2 image at /8).",

@@ -16,7 +16,7 @@ import logging
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 _CONFIG = None
@@ -26,7 +26,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
     global _CONFIG
     fv = dict(flag_values=flag_values)
-    _CONFIG = _setup.define_config_flag(flag_values)
+    _CONFIG = programs.define_config_flag(flag_values)
     flags.DEFINE_string("coordinator", None, "host:port of process 0 (default: auto-detect).",
                         **fv)
     flags.DEFINE_integer("num_processes", None, "Processes in the job.", **fv)

@@ -219,7 +219,7 @@ SCENARIOS = {
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This benchmark's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_list("scenarios", list(SCENARIOS), f"Which of {sorted(SCENARIOS)} to run.", **fv)
     flags.DEFINE_integer("num_seeds", 10, "Seeds 0..N-1 per algorithm (paired over seeds).", **fv)

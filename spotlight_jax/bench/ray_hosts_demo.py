@@ -18,7 +18,7 @@ import time
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 _CONFIG = None
@@ -28,7 +28,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
     global _CONFIG
     fv = dict(flag_values=flag_values)
-    _CONFIG = _setup.define_config_flag(flag_values)
+    _CONFIG = programs.define_config_flag(flag_values)
     flags.DEFINE_string("address", "auto", "Ray cluster address ('' = start a local one).", **fv)
     flags.DEFINE_integer("hosts", 2, "Spot host actors.", **fv)
     flags.DEFINE_integer("cpu_devices", 2, "Emulated devices per host (CPU).", **fv)

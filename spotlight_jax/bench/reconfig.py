@@ -1,7 +1,7 @@
 """Benchmark: recovering a spot node's SP group, warm (on-node state + cached executable) vs cold.
 
     python -m spotlight_jax.bench.reconfig [--configs tiny,small,large] [--repeats 5]
-        [--cold_repeats 1] [--steps 2] [--batch 1]
+        [--cold_repeats 1] [--steps 2] [--batch 1] [--stand_in 2e6,50e6]
 
 One spot node of 4 emulated CPU devices (devices 4-7 of 8; an on-demand node holds 0-3) runs the
 real MMDiT rollout of each config through :class:`spotlight_jax.elastic.node.SpotNode`. Two events:
@@ -29,6 +29,15 @@ Configs: ``tiny`` and ``small`` are ``configs/tiny.py`` and ``configs/small.py``
 ``small`` at width 768, depth 12, 12 heads, 32x32 images and a scan over blocks (~260M parameters).
 Weights are random (drawn on the host; no training needed to time a recovery). The last line
 extrapolates to the 20B ``configs/qwen_image.py`` from bytes and assumed bandwidths.
+
+``--stand_in`` times the same recovery without a model, for large parameter trees: a replicated
+stand-in tree of each size on one node of 8 devices loses devices 2 and 5 (re-formed on 6,
+ring attention: 8 heads do not divide 6), then gets them back. Warm = ``move_tree`` (re-wrap, or
+a device-to-device copy from a live replica) + ``ExecutableCache.get``; cold compile = the same
+move + ``jit(...).lower(...).compile()``; cold reload = the tree put again from host memory (it
+leaves out the disk read, so it flatters the cold path) + compile. The step (per-token MLP
+layers over a sequence-sharded activation) compiles faster than a real DiT step, a lower bound.
+The cost model's regroup constants (``configs/base.py``, ``cost.regroup_*``) come from it.
 """
 from __future__ import annotations
 
@@ -39,6 +48,7 @@ _T0 = time.perf_counter()  # the restarted process (c) reports its import time f
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -48,20 +58,28 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from spotlight_jax import builders, checkpoint  # noqa: E402
-from spotlight_jax.bench import _setup  # noqa: E402
+from spotlight_jax import (  # noqa: E402
+    builders,
+    checkpoint,
+    programs,  # noqa: E402
+)
 from spotlight_jax.elastic import (  # noqa: E402
     DevicePool,
+    ExecutableCache,
     GroupConfig,
     PoolConfig,
     count_backend_compiles,
+    form_groups,
     form_node_groups,
+    move_tree,
+    shard_views,
 )
 from spotlight_jax.elastic.node import (  # noqa: E402
     SpotNode,
@@ -74,7 +92,7 @@ from spotlight_jax.elastic.node import (  # noqa: E402
 _T_IMPORTED = time.perf_counter()
 
 FLAGS = flags.FLAGS
-REPO = _setup.REPO
+REPO = programs.REPO
 LAYOUT = PoolConfig(nodes=(("od0", "on_demand", 4), ("spot0", "spot", 4)))
 NODE, LOST = "spot0", 4
 CONFIGS = {
@@ -360,11 +378,159 @@ def load_config_path(path: Path):
     return builders.model_config(config), config
 
 
+# ---- stand-in parameter trees (no model): the state move at any size -------------------------
+STAND_IN_LAYERS, STAND_IN_SEQ, STAND_IN_BATCH, STAND_IN_HEADS = 4, 24, 1, 8
+STAND_IN_LOST = (2, 5)
+
+
+def stand_in_params(num_params: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``STAND_IN_LAYERS`` square float32 matrices, about ``num_params`` parameters (host)."""
+    d = max(8, int(math.sqrt(num_params / STAND_IN_LAYERS)))
+    rng = np.random.default_rng(seed)
+    return {f"w{i}": (rng.standard_normal((d, d), dtype=np.float32) / math.sqrt(d))
+            for i in range(STAND_IN_LAYERS)}
+
+
+def stand_in_step():
+    """A fresh function object each call, so JAX's in-memory caches cannot serve a cold compile."""
+    def step(params, x):
+        h = x
+        for i in range(STAND_IN_LAYERS):
+            h = jnp.tanh(h @ params[f"w{i}"])
+            h = h - jnp.mean(h, axis=1, keepdims=True)  # mixes over the (sharded) sequence
+        return jnp.sum(h, axis=1)
+    return step
+
+
+def stand_in_args(host_params):
+    def fn(mesh):
+        rep = NamedSharding(mesh, P())
+        params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rep)
+                  for k, v in host_params.items()}
+        d = next(iter(host_params.values())).shape[0]
+        x = jax.ShapeDtypeStruct((STAND_IN_BATCH, STAND_IN_SEQ, d), jnp.float32,
+                                 sharding=NamedSharding(mesh, P(None, "sp", None)))
+        return params, x
+    return fn
+
+
+def stand_in_cold_compile(host_params, mesh):
+    args = stand_in_args(host_params)(mesh)
+    shardings = jax.tree.map(lambda a: a.sharding, args)
+    return jax.jit(stand_in_step(), in_shardings=shardings).lower(*args).compile()
+
+
+def _ready(tree):
+    for leaf in jax.tree.leaves(tree):
+        leaf.block_until_ready()
+    return tree
+
+
+def run_stand_in(num_params: int, repeats: int) -> list[dict]:
+    host = stand_in_params(num_params)
+    nbytes = sum(v.nbytes for v in host.values())
+    cfg = GroupConfig(heads=STAND_IN_HEADS, sp_degree=8)
+    pool = DevicePool(PoolConfig(nodes=(("spot0", "spot", 8),)))
+    (g8,) = form_groups(pool, cfg)
+    pool.mark_lost(STAND_IN_LOST)
+    (g6,) = form_groups(pool, cfg, log=False)
+    pool.mark_joined(STAND_IN_LOST)
+    cache = ExecutableCache()
+    pre_s = cache.precompile("step", stand_in_step(), stand_in_args(host), [g8, g6])
+    d = next(iter(host.values())).shape[0]
+    x_host = np.random.default_rng(1).standard_normal((STAND_IN_BATCH, STAND_IN_SEQ, d),
+                                                      dtype=np.float32)
+    times: dict[tuple[str, str], list[float]] = {}
+    compiles: dict[tuple[str, str], list[int]] = {}
+
+    moves: dict[tuple[str, str], list[float]] = {}
+
+    def record(event, path, seconds, n_compiles, move_s):
+        times.setdefault((event, path), []).append(seconds)
+        compiles.setdefault((event, path), []).append(n_compiles)
+        moves.setdefault((event, path), []).append(move_s)
+
+    for _ in range(repeats):
+        for path in ("warm", "cold compile", "cold reload"):
+            # --- lose 2 devices of the 8-device group
+            params8 = _ready(jax.device_put(host, NamedSharding(g8.mesh, P())))
+            views = shard_views(params8)
+            for leaf in jax.tree.leaves(params8):  # the loss, for real (before the clock)
+                for s in leaf.addressable_shards:
+                    if s.device.id in STAND_IN_LOST:
+                        s.data.delete()
+            with count_backend_compiles() as c:
+                t0 = time.perf_counter()
+                pool.mark_lost(STAND_IN_LOST)
+                (group,) = form_groups(pool, cfg, log=False)
+                if path == "cold reload":
+                    params6 = _ready(jax.device_put(host, NamedSharding(group.mesh, P())))
+                else:
+                    params6, _ = move_tree(views, group.mesh, pool, log=False)
+                t_move = time.perf_counter() - t0
+                exe = (cache.get("step", group) if path == "warm"
+                       else stand_in_cold_compile(host, group.mesh))
+                record("lose 2", path, time.perf_counter() - t0, c["n"], t_move)
+            out6 = exe(params6, jax.device_put(x_host, NamedSharding(group.mesh,
+                                                                     P(None, "sp", None))))
+            out6.block_until_ready()
+            # --- the 2 devices rejoin
+            with count_backend_compiles() as c:
+                t0 = time.perf_counter()
+                pool.mark_joined(STAND_IN_LOST)
+                (group,) = form_groups(pool, cfg, log=False)
+                if path == "cold reload":
+                    params8b = _ready(jax.device_put(host, NamedSharding(group.mesh, P())))
+                else:
+                    params8b, _ = move_tree(params6, group.mesh, pool, log=False)
+                t_move = time.perf_counter() - t0
+                exe = (cache.get("step", group) if path == "warm"
+                       else stand_in_cold_compile(host, group.mesh))
+                record("rejoin", path, time.perf_counter() - t0, c["n"], t_move)
+            out8 = exe(params8b, jax.device_put(x_host, NamedSharding(group.mesh,
+                                                                      P(None, "sp", None))))
+            np.testing.assert_allclose(np.asarray(out8), np.asarray(out6), rtol=1e-4, atol=1e-4)
+            del params8, views, params6, params8b
+    assert cache.num_misses == 0
+    rows = []
+    for event in ("lose 2", "rejoin"):
+        med = {p: statistics.median(times[(event, p)]) for p in
+               ("warm", "cold compile", "cold reload")}
+        rows.append(dict(params=num_params, nbytes=nbytes, event=event, precompile_s=pre_s,
+                         warm_move=statistics.median(moves[(event, "warm")]),
+                         compiles={p: max(compiles[(event, p)]) for p in med}, **med))
+    return rows
+
+
+def print_stand_in(rows, repeats: int) -> None:
+    """The stand-in trees' table."""
+    print(f"SP-group regroup latency, 8 emulated CPU devices, median of {repeats} runs "
+          f"(ms; ratios = cold / warm; compiles = XLA compiles on the critical path)")
+    hdr = (f"{'params':>8} {'MiB':>6} {'event':<7} {'warm':>8} {'(move)':>8} {'cold compile':>13} "
+           f"{'cold reload':>12} {'compile/warm':>13} {'reload/warm':>12} {'compiles w/c/r':>15}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        c = r["compiles"]
+        print(f"{r['params'] / 1e6:>7.1f}M {r['nbytes'] / 2**20:>6.0f} {r['event']:<7} "
+              f"{1e3 * r['warm']:>8.2f} {1e3 * r['warm_move']:>8.2f} "
+              f"{1e3 * r['cold compile']:>13.1f} {1e3 * r['cold reload']:>12.1f} "
+              f"{r['cold compile'] / r['warm']:>12.0f}x "
+              f"{r['cold reload'] / r['warm']:>11.0f}x "
+              f"{c['warm']:>7}/{c['cold compile']}/{c['cold reload']}")
+    pre = ", ".join(f"{r['precompile_s']:.2f}s" for r in rows[::2])
+    print(f"(precompile ahead of time, off the critical path, 2 groups per size: {pre}; "
+          "warm (move) = the state move alone: re-wrap on lose 2, device-to-device copy on rejoin)")
+
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This benchmark's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("configs", "tiny,small,large",
-                        f"Comma separated, from {sorted(CONFIGS)}.", **fv)
+                        f"Comma separated, from {sorted(CONFIGS)}; empty: none.", **fv)
+    flags.DEFINE_string("stand_in", "", "Parameter counts of stand-in trees to time the state "
+                        "move with, comma separated (e.g. 2e6,50e6); empty: none.", **fv)
     flags.DEFINE_integer("repeats", 5, "Warm runs per event (median).", **fv)
     flags.DEFINE_integer("cold_repeats", 1, "Cold runs per event and process restarts (median); "
                          "each compiles.", **fv)
@@ -382,7 +548,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _setup.emulate_devices(8)
+    programs.emulate_devices(8)
     if FLAGS.child:
         child(json.loads(FLAGS.child))
         return
@@ -391,12 +557,16 @@ def main(argv) -> None:
     assert len(jax.devices()) >= 8, jax.devices()
     workdir = Path(FLAGS.workdir or tempfile.mkdtemp(prefix="reconfig_"))
     rows = []
-    for name in FLAGS.configs.split(","):
+    for name in filter(None, FLAGS.configs.split(",")):
         t0 = time.perf_counter()
         rows.append(run_config(name.strip(), FLAGS, workdir))
         print(f"[{name}: {time.perf_counter() - t0:.0f}s]", file=sys.stderr, flush=True)
-    print_table(rows, FLAGS)
-    extrapolate(rows, FLAGS)
+    if rows:
+        print_table(rows, FLAGS)
+        extrapolate(rows, FLAGS)
+    sizes = [int(float(s)) for s in filter(None, FLAGS.stand_in.split(","))]
+    if sizes:
+        print_stand_in([r for s in sizes for r in run_stand_in(s, FLAGS.repeats)], FLAGS.repeats)
     if FLAGS.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
@@ -39,9 +39,9 @@ def _median_time(fn, repeats):
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This benchmark's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
+    flags.DEFINE_string("config", programs.TINY_CONFIG, "Path to a config file (configs/*.py).",
                         **fv)
     flags.DEFINE_integer("batch", 64, "Rollouts per batch.", **fv)
     flags.DEFINE_integer("steps", 10, "Denoising steps.", **fv)
@@ -58,7 +58,7 @@ def main(argv):
     if FLAGS.devices < 1 or FLAGS.batch % FLAGS.devices:
         raise app.UsageError(f"--devices={FLAGS.devices}: must be >= 1 and divide --batch="
                              f"{FLAGS.batch}")
-    _setup.emulate_devices(FLAGS.devices)
+    programs.emulate_devices(FLAGS.devices)
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -36,7 +36,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig, form_groups
 from spotlight_jax.emulation import ReplayConfig, replay, synthetic_trace
@@ -296,7 +296,7 @@ def commit_path(shape, n, steps, ks, group, reps=30):
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This benchmark's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_bool("quick", False, "Smaller sizes (a smoke run).", **fv)
     flags.DEFINE_enum("model", "micro", ["micro", "tiny"], "(c) the model.", **fv)
@@ -309,7 +309,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _setup.emulate_devices(8)
+    programs.emulate_devices(8)
     steps = 10
     print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}; pool {POOL.nodes}")
     if "a" in FLAGS.parts:

@@ -64,7 +64,7 @@ def calibrate(fn_rollout_step: Callable[[int], Any], fn_train_step: Callable[[],
         ``cost.reward_s_per_image``.
       fn_broadcast: optional ``fn()`` moving the policy weights to another device set; else 0.
       repeats, warmup: median of ``repeats`` runs after ``warmup`` untimed ones (compilation).
-      cost: supplies prices and the regroup constants (measured by ``bench.regroup``).
+      cost: supplies prices and the regroup constants (measured by ``bench.reconfig --stand_in``).
     """
     cost = cost or CostConfig(model="measured")
     workload = workload or Workload()

@@ -393,7 +393,7 @@ class ProfileCost(CostModel):
             Assumption("broadcast_bytes", self.broadcast_bytes(), "bytes",
                        "derived: LoRA factors (float32) or all weights (bf16)"),
             Assumption("regroup_shrink", c.regroup_shrink_s, "s",
-                       "measured: bench.regroup warm re-wrap, 50M params (commit 32721c0)"),
+                       "measured: bench.reconfig --stand_in warm re-wrap, 50M params"),
             Assumption("regroup_grow", self.regroup("grow"), "s",
                        "derived: weights over one NVLink direction + shrink"),
             Assumption("regroup_cold", c.regroup_cold_s, "s",
@@ -506,9 +506,9 @@ class MeasuredCost(CostModel):
                 Assumption("broadcast", self.broadcast_s, "s",
                            "measured" if "broadcast" in self.timings else "assumption: 0"),
                 Assumption("regroup_shrink", self.regroup_s["shrink"], "s",
-                           "measured: bench.regroup (CPU)"),
+                           "measured: bench.reconfig --stand_in (CPU)"),
                 Assumption("regroup_grow", self.regroup_s["grow"], "s",
-                           "measured: bench.regroup (CPU)"),
+                           "measured: bench.reconfig --stand_in (CPU)"),
                 Assumption("regroup_cold", self.regroup_s["cold"], "s", "assumption")]
         return rows + self._workload_rows() + self._price_rows()
 

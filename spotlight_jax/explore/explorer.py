@@ -6,7 +6,7 @@ scorer is the training SDE rollout itself (``diffusion.engine.RolloutEngine``): 
 SDE the first step's noise washes out the initial noise, so an ODE rollout from the initial noise
 alone does not rank seeds (Kendall tau ~0 was measured). Cheaper scorers (fewer steps, lower
 noise) are a ``SamplerConfig`` away, but should only be used with their tau against the training
-rollout measured (``python -m spotlight_jax.bench.staleness_study``).
+rollout measured (``python -m spotlight_jax.studies.staleness_study``).
 """
 from __future__ import annotations
 

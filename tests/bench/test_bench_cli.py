@@ -12,11 +12,14 @@ from absl import app, flags  # noqa: F401 - app defines absl's own flags (--pdb,
 
 import spotlight_jax
 import spotlight_jax.bench
+import spotlight_jax.studies
 
 PACKAGE = Path(spotlight_jax.__file__).parent
 ROOT = PACKAGE.parent
-BENCHES = sorted(m.name for m in pkgutil.iter_modules(spotlight_jax.bench.__path__)
-                 if not m.name.startswith("_"))
+# every benchmark and study: "<package>.<module>"
+PROGRAMS = sorted(f"{pkg.__name__.split('.')[-1]}.{m.name}"
+                  for pkg in (spotlight_jax.bench, spotlight_jax.studies)
+                  for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 # Flags app.run defines itself (help) or FlagValues handles (flagfile, undefok).
 ABSL_RESERVED = {"help", "helpshort", "helpfull", "helpxml", "flagfile", "undefok"}
 
@@ -61,9 +64,9 @@ def test_every_program_runs_through_absl_app():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("name", BENCHES)
+@pytest.mark.parametrize("name", PROGRAMS)
 def test_bench_uses_absl_flags_defined_only_when_run(name):
-    mod = importlib.import_module(f"spotlight_jax.bench.{name}")
+    mod = importlib.import_module(f"spotlight_jax.{name}")
     assert hasattr(mod, "main") and hasattr(mod, "define_flags"), name
     tree = ast.parse(Path(mod.__file__).read_text())
     assert "absl" in _imports(tree) and "argparse" not in _imports(tree)
@@ -100,8 +103,8 @@ def test_emulate_devices_sets_the_count_before_jax_runs():
     """Called first in a fresh process (no JAX_PLATFORMS / XLA_FLAGS set): n CPU devices, and the
     settings exported for child processes."""
     code = ("import os, jax\n"
-            "from spotlight_jax.bench import _setup\n"
-            "_setup.emulate_devices(3)\n"
+            "from spotlight_jax import programs\n"
+            "programs.emulate_devices(3)\n"
             "print(jax.device_count(), jax.default_backend(), os.environ['JAX_PLATFORMS'],\n"
             "      os.environ['XLA_FLAGS'])\n")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
@@ -109,3 +112,16 @@ def test_emulate_devices_sets_the_count_before_jax_runs():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["3", "cpu", "cpu", "--xla_force_host_platform_device_count=3"]
+
+
+def test_reconfig_times_stand_in_trees_without_a_model():
+    """``bench.reconfig --stand_in``: the state move of a tree with no model behind it (where the
+    cost model's regroup constants come from); warm regroups compile nothing."""
+    proc = subprocess.run([sys.executable, "-m", "spotlight_jax.bench.reconfig", "--configs=",
+                           "--stand_in=1e6", "--repeats=1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith("1.0M")]
+    assert [r[2] for r in rows] == ["lose", "rejoin"], proc.stdout
+    for r in rows:
+        assert r[-1].split("/")[0] == "0", r    # warm: 0 compiles on the critical path

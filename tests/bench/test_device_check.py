@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spotlight_jax.bench import device_check
-from spotlight_jax.bench._setup import TINY_CONFIG
+from spotlight_jax.programs import TINY_CONFIG
 
 
 @pytest.mark.e2e

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 
 @pytest.mark.e2e
@@ -15,7 +15,7 @@ def test_sampler_bench_with_two_devices_and_torch():
     out = subprocess.run(
         [sys.executable, "-m", "spotlight_jax.bench.sampler", "--batch=4", "--steps=2",
          "--repeats=1", "--torch", "--devices=2"],
-        cwd=_setup.REPO, capture_output=True, text=True, timeout=600)
+        cwd=programs.REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     gap = float(re.search(r"images within (\S+) of one device's", out.stdout).group(1))
     assert gap < 1e-5
@@ -27,6 +27,6 @@ def test_sampler_bench_with_two_devices_and_torch():
 def test_sampler_bench_rejects_devices_that_do_not_divide_the_batch():
     out = subprocess.run(
         [sys.executable, "-m", "spotlight_jax.bench.sampler", "--batch=5", "--devices=2"],
-        cwd=_setup.REPO, capture_output=True, text=True, timeout=120)
+        cwd=programs.REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "--devices=2: must be >= 1 and divide --batch=5" in out.stderr

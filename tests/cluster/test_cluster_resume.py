@@ -16,7 +16,7 @@ from helpers import child_env
 
 pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
 pytest.importorskip("psutil", reason="cluster tests need: pip install -e '.[cluster]'")
-from spotlight_jax.bench.ray_chaos import LocalCluster  # noqa: E402
+from spotlight_jax.studies.ray_chaos import LocalCluster  # noqa: E402
 
 # slow, not cluster: on 2 shared cores a node process's raylet can starve long enough for the
 # head to declare the node dead mid-run (seen once in 3 runs); run it with -m slow

@@ -187,7 +187,7 @@ def test_bootstrap_mean_ci():
 
 
 def test_contrast_table_compares_first_g_with_the_max_variance_subset():
-    from spotlight_jax.bench.contrast import contrast_table
+    from spotlight_jax.studies.contrast import contrast_table
     r = np.array([[0.5, 0.5, 0.0, 1.0],     # first 2 equal (no signal); best pair: 0.0 and 1.0
                   [0.2, 0.4, 0.3, 0.3]])
     t = contrast_table(r, 2)

@@ -269,15 +269,15 @@ def test_block_noise_kl_splits_into_subspace_and_detail_terms(rollout_batch):
 
 
 def test_gradient_bench_summary_shares_and_cosines():
-    """bench.grpo_gradient's per-step table: energy shares sum to 1, cosines of agreeing and
+    """studies.grpo_gradient's per-step table: energy shares sum to 1, cosines of agreeing and
     opposing batch gradients are +1 and -1."""
-    from spotlight_jax.bench.grpo_gradient import summarize
+    from spotlight_jax.studies.grpo_gradient import summarize
     grads = {0: [np.array([1.0, 0.0]), np.array([1.0, 0.0])],
              1: [np.array([0.0, 3.0]), np.array([0.0, -3.0])]}
     (j0, share0, cos0), (j1, share1, cos1) = summarize(grads)
     assert (j0, j1) == (0, 1)
     np.testing.assert_allclose([share0, share1, cos0, cos1], [0.1, 0.9, 1.0, -1.0], atol=1e-12)
-    from spotlight_jax.bench.grpo_gradient import update_cosine
+    from spotlight_jax.studies.grpo_gradient import update_cosine
     # whole update: step 1 dominates the plain sum (cos -1); weighing it down to step 0's
     # scale leaves the agreeing step 0 in charge
     assert update_cosine(grads, {0: 1.0, 1: 1.0}) == pytest.approx((1 - 9) / 10)

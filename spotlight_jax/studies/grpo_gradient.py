@@ -1,6 +1,6 @@
 """Where the GRPO update's gradient comes from, per denoising step, and how noisy it is.
 
-  python -m spotlight_jax.bench.grpo_gradient [--batches 6] [--prompts 8]
+  python -m spotlight_jax.studies.grpo_gradient [--batches 6] [--prompts 8]
 
 At the shipped base, for several independent iteration batches (``--prompts`` prompts x
 ``rl.group_size`` SDE rollouts, as one GRPO iteration samples them) it takes the LoRA gradient of
@@ -21,7 +21,7 @@ import tempfile
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
@@ -89,7 +89,7 @@ def update_cosine(grads: dict, weights) -> float:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_integer("batches", 6, "Independent iteration batches at the base.", **fv)
     flags.DEFINE_integer("prompts", 8, "Prompts per batch (x rl.group_size rollouts).", **fv)
@@ -101,7 +101,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _setup.emulate_devices(12, cpu=False)
+    programs.emulate_devices(12, cpu=False)
     from spotlight_jax import train
     from spotlight_jax.builders import load_config
     from spotlight_jax.rl import grpo

@@ -1,8 +1,8 @@
-"""bench.headroom's per-constraint table, against counts by hand."""
+"""studies.headroom's per-constraint table, against counts by hand."""
 import numpy as np
 import pytest
 
-from spotlight_jax.bench.headroom import success_table
+from spotlight_jax.studies.headroom import success_table
 
 
 def test_success_table_counts_rates_and_prompts_by_hand():
@@ -29,7 +29,7 @@ def test_headroom_of_the_shipped_base_counts_every_held_out_prompt(tmp_path):
     from pathlib import Path
 
     from spotlight_jax import world
-    from spotlight_jax.bench.headroom import constraint_headroom
+    from spotlight_jax.studies.headroom import constraint_headroom
 
     config = runpy.run_path(str(Path(__file__).parents[2] / "configs" / "tiny.py"))["get_config"]()
     config.mode = "baseline"

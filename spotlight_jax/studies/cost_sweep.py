@@ -1,6 +1,6 @@
 """How the cost model's assumptions move each mode's emulated time per iteration.
 
-  python -m spotlight_jax.bench.cost_sweep [--config=configs/tiny.py] [--config.x=y ...]
+  python -m spotlight_jax.studies.cost_sweep [--config=configs/tiny.py] [--config.x=y ...]
       [--sweep rl.nft.times=1,2,4,8 --sweep cost.cfg_passes=1,2] [--out DIR]
 
 A mode's speed-up over ``baseline`` is (iterations to the target, measured by a run) x (emulated
@@ -27,7 +27,7 @@ import os
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 MODES = ("baseline", "spotlight", "spotlight_pipelined")
@@ -149,8 +149,8 @@ def markdown(result: dict) -> str:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
-    _setup.define_config_flag(flag_values)
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
+    programs.define_config_flag(flag_values)
     flags.DEFINE_multi_string("sweep", list(DEFAULT_SWEEPS),
                               "KEY=V1,V2,...: an assumption and its values (repeatable).",
                               flag_values=flag_values)

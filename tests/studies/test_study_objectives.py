@@ -1,10 +1,10 @@
-"""bench.objectives reads runs' rl.jsonl into curves, tables and a plot (no training here)."""
+"""studies.objectives reads runs' rl.jsonl into curves, tables and a plot (no training here)."""
 import json
 
 import numpy as np
 import pytest
 
-from spotlight_jax.bench import objectives
+from spotlight_jax.studies import objectives
 
 
 def _run(path, points, s_per_it):

@@ -1,7 +1,7 @@
 """A real-process chaos run: post-training against a local Ray cluster whose spot nodes are
 really preempted on the wall clock by a spot trace.
 
-    python -m spotlight_jax.bench.ray_chaos --config=configs/tiny.py --mode=spotlight \\
+    python -m spotlight_jax.studies.ray_chaos --config=configs/tiny.py --mode=spotlight \\
         --hosts=3 --trace=synthetic --speedup=20 --iterations=40 --workdir=/tmp/chaos
 
 Starts a Ray head and one worker node process per spot host (``ray start --address ...
@@ -28,7 +28,7 @@ import time
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
@@ -36,7 +36,7 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Config file of the post-training.", **fv)
+    flags.DEFINE_string("config", programs.TINY_CONFIG, "Config file of the post-training.", **fv)
     flags.DEFINE_enum("mode", "spotlight", ["spot_rollout", "spotlight", "spotlight_pipelined"],
                       "Spot mode to run.", **fv)
     flags.DEFINE_integer("hosts", 3, "Spot nodes (one host actor each).", **fv)

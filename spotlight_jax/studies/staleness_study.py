@@ -1,6 +1,6 @@
 """Staleness study: do seed rankings under stale weights agree with the current weights'?
 
-  python -m spotlight_jax.bench.staleness_study [--iterations 12] [--at 4,8,12] [--prompts 8]
+  python -m spotlight_jax.studies.staleness_study [--iterations 12] [--at 4,8,12] [--prompts 8]
       [--seeds 32] [--lr LR] [--objective flow_grpo|nft] [--out DIR]
 
 Runs a short post-training run (``mode=baseline``, the objective of ``--objective``) of the
@@ -26,7 +26,7 @@ import time
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 STALENESS = (1, 2, 4)
@@ -37,9 +37,9 @@ def _fmt(ci) -> str:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
+    flags.DEFINE_string("config", programs.TINY_CONFIG, "Path to a config file (configs/*.py).",
                         **fv)
     flags.DEFINE_integer("iterations", 12, "baseline-mode iterations to train.", **fv)
     flags.DEFINE_string("at", "4,8,12", f"Iterations k to study (k >= {max(STALENESS)}).", **fv)

@@ -1,6 +1,6 @@
 """What a policy draws right, per constraint: the room RL has to sharpen it.
 
-  python -m spotlight_jax.bench.headroom [--workdir RUN] [--seeds 32] [--config PATH]
+  python -m spotlight_jax.studies.headroom [--workdir RUN] [--seeds 32] [--config PATH]
 
 Samples every held-out prompt ``--seeds`` times with the config's training rollout (nft: the
 ODE sampler) under the base policy and, with ``--workdir``, under that run's evaluated policy
@@ -17,7 +17,7 @@ import tempfile
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
@@ -75,8 +75,8 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
-    _setup.define_config_flag(flag_values)
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
+    programs.define_config_flag(flag_values)
     flags.DEFINE_string("workdir", None, "A run to compare with the base (optional).",
                         flag_values=flag_values)
     flags.DEFINE_integer("seeds", 32, "Samples per held-out prompt.", flag_values=flag_values)

@@ -1,6 +1,6 @@
 """How much contrast does seed exploration add to the training groups?
 
-  python -m spotlight_jax.bench.contrast [--prompts 64] [--pool 16] [--seed 0] [--config PATH]
+  python -m spotlight_jax.studies.contrast [--prompts 64] [--pool 16] [--seed 0] [--config PATH]
 
 Scores ``--prompts`` training prompts x ``--pool`` candidate seeds with the config's base policy
 and its training SDE rollout (the explorer's scorer), then compares the groups GRPO would train
@@ -16,7 +16,7 @@ import tempfile
 
 from absl import app, flags
 
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 
@@ -46,9 +46,9 @@ def contrast_table(rewards, group_size: int, global_std: bool = False) -> dict:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("config", _setup.TINY_CONFIG, "Path to a config file (configs/*.py).",
+    flags.DEFINE_string("config", programs.TINY_CONFIG, "Path to a config file (configs/*.py).",
                         **fv)
     flags.DEFINE_integer("prompts", 64, "Training prompts to score.", **fv)
     flags.DEFINE_integer("pool", 16, "Candidate seeds per prompt.", **fv)

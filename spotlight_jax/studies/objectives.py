@@ -1,8 +1,8 @@
 """Flow-GRPO vs the forward-process objective from the shipped base: same seeds, same RL minutes.
 
-  python -m spotlight_jax.bench.objectives [--seeds 0,1,2] [--minutes 15] [--out DIR]
-  python -m spotlight_jax.bench.objectives --out DIR --report_only     # tables from DIR's runs
-  python -m spotlight_jax.bench.objectives --seeds 0 -- --config.rl.lr=1e-3  # more config flags
+  python -m spotlight_jax.studies.objectives [--seeds 0,1,2] [--minutes 15] [--out DIR]
+  python -m spotlight_jax.studies.objectives --out DIR --report_only     # tables from DIR's runs
+  python -m spotlight_jax.studies.objectives --seeds 0 -- --config.rl.lr=1e-3  # more config flags
 
 Each (objective, seed) is one ``python -m spotlight_jax.main`` run of ``configs/tiny.py`` in
 ``baseline`` mode (no spot devices: the objective alone) into ``DIR/<objective>_s<seed>``; a run
@@ -26,8 +26,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from spotlight_jax import registry
-from spotlight_jax.bench import _setup
+from spotlight_jax import programs, registry
 
 FLAGS = flags.FLAGS
 
@@ -46,7 +45,7 @@ def run_one(out: str, objective: str, seed: int, minutes: float, eval_seeds: int
            f"--config.rl.eval_seeds={eval_seeds}", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
     with open(workdir + ".log", "a") as log:
-        subprocess.run(cmd, check=True, cwd=_setup.REPO, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(cmd, check=True, cwd=programs.REPO, stdout=log, stderr=subprocess.STDOUT)
     return workdir
 
 
@@ -160,7 +159,7 @@ def plot(curves: dict, path: str, minutes: float) -> None:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``_setup``)."""
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("seeds", "0,1,2", "Comma-separated seeds, one run per objective each.",
                         **fv)

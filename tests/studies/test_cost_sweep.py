@@ -1,10 +1,10 @@
-"""bench.cost_sweep: the per-iteration critical path it computes without training is what the
+"""studies.cost_sweep: the per-iteration critical path it computes without training is what the
 modes really charge, and its sweep crosses the two assumptions that move the ratio most."""
 import pytest
 from helpers import mode_config
 
 from spotlight_jax import runner
-from spotlight_jax.bench import cost_sweep
+from spotlight_jax.studies import cost_sweep
 
 
 def _charged(r, k):

@@ -1,7 +1,7 @@
 """The mode comparison over config seeds and spot traces, assembled from finished runs.
 
-  python -m spotlight_jax.bench.compare_grid archive --workdir=RUN --grid=DIR --trace=NAME --seed=S
-  python -m spotlight_jax.bench.compare_grid report --grid=DIR [--target_gain=0.08]
+  python -m spotlight_jax.studies.compare_grid archive --workdir=RUN --grid=DIR --trace=T --seed=S
+  python -m spotlight_jax.studies.compare_grid report --grid=DIR [--target_gain=0.08]
 
 The full comparison (every mode x config seeds x traces) is many hours of CPU, more than one
 sitting; its runs are kept as they finish. ``archive`` copies what the report needs out of each
@@ -154,7 +154,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
     runs = grid_runs(grid)
     all_modes = modes()
     lines = ["# Mode comparison: every trace and config seed", "",
-             f"Built by `python -m spotlight_jax.bench.compare_grid report --grid={grid} "
+             f"Built by `python -m spotlight_jax.studies.compare_grid report --grid={grid} "
              f"--target_gain={target_gain:g}` from the archived runs below it. Each cell: "
              "mean [min, max] over the seeds where both the mode and baseline reached the "
              "target (n of the seeds run), then the seeds where only one did, bounded by the "

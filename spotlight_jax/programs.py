@@ -1,11 +1,12 @@
-"""What every benchmark shares: the emulated-device set-up and the repository's paths.
+"""What the benchmarks and studies share: the emulated-device set-up and the repository's paths.
 
-A benchmark is a program (``python -m spotlight_jax.bench.<name>``), so unlike library code it may
-set JAX's global configuration, but only from its ``main``: importing a benchmark (tests read
-their tables and helpers) changes nothing. Each benchmark's flags are defined by its
-``define_flags()``, which runs only when the module is the program (``if __name__ ==
-"__main__"``), so benchmarks that share flag names (``--out``, ``--seeds``, ``--config``) can be
-imported together, and with ``spotlight_jax.main``.
+A benchmark or study is a program (``python -m spotlight_jax.bench.<name>``,
+``python -m spotlight_jax.studies.<name>``), so unlike library code it may set JAX's global
+configuration, but only from its ``main``: importing one (tests read their tables and helpers)
+changes nothing. Each one's flags are defined by its ``define_flags()``, which runs only when the
+module is the program (``if __name__ == "__main__"``), so programs that share flag names
+(``--out``, ``--seeds``, ``--config``) can be imported together, and with
+``spotlight_jax.main``.
 """
 from __future__ import annotations
 
