@@ -1,4 +1,8 @@
-"""The run loop: resume, step the mode, evaluate and checkpoint on cadence, stop on budget.
+"""The run loop: resume, step the mode, run the hooks at their cadence, stop on budget.
+
+What runs beside the mode's step (held-out evaluation, checkpoints, the reward curve, the LoRA
+export) is a hook (``spotlight_jax.runner.hooks``): :func:`default_hooks` are the run's own, and
+a caller adds more with ``run(..., hooks=Hooks().add(fn, every=N))``.
 
 The run ends at ``rl.iterations`` or when the RL compute time (rollouts + updates +
 exploration; not evaluation or start-up) reaches ``rl.max_minutes``, whichever comes first; the
@@ -10,6 +14,9 @@ from __future__ import annotations
 from absl import logging
 from tqdm.auto import tqdm
 
+from spotlight_jax.runner import outputs
+from spotlight_jax.runner.checkpointing import RunCheckpoints
+from spotlight_jax.runner.hooks import Hooks
 from spotlight_jax.runner.state import RunState
 
 
@@ -43,24 +50,42 @@ class _Progress:
         self.bar.close()
 
 
+def default_hooks(run: RunState, checkpoints: RunCheckpoints, base_source: str = "") -> Hooks:
+    """Held-out evaluation every ``rl.eval_every`` (none at 0), a checkpoint and the reward
+    curve every ``checkpoint_every``, the LoRA export after the last iteration; each also after
+    the last."""
+    st = run.settings
+    hooks = Hooks()
+    if st.eval_every:
+        hooks.add(lambda r, last: {f"val_{k}": v
+                                   for k, v in outputs.evaluate(r, r.iteration).items()},
+                  every=st.eval_every, metrics=True)
+    hooks.add(lambda r, last: checkpoints.save(r), every=st.checkpoint_every)
+    hooks.add(lambda r, last: outputs.plot_rewards(r), every=st.checkpoint_every)
+    hooks.add(lambda r, last: outputs.export_lora(r, base_source), every=0)
+    return hooks
+
+
 def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress: bool = True,
-        devices=None, trainer=None):
+        devices=None, trainer=None, hooks: Hooks | None = None):
     """Runs the config's mode in ``workdir`` (resuming whatever is there); returns the history.
 
     ``devices``: the trainer's devices (default: ``trainer_devices`` of this process's); the
     mesh comes from ``config.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob``
-    (process 0).
+    (process 0). ``hooks``: more hooks, run after :func:`default_hooks` at their cadence.
     """
     r = RunState(config, workdir, graphdef, base, devices, trainer=trainer)
     st = r.settings
-    restored = r.maybe_restore()
+    checkpoints = RunCheckpoints(workdir, st.max_to_keep)
+    hooks = default_hooks(r, checkpoints, base_source).extend(hooks)
+    restored = checkpoints.restore(r)
     # rows written after the checkpoint (a killed run) are redone: keep each iteration once
     dropped = r.writer.drop_after(r.iteration if restored else -1)
     if dropped:
         logging.info("rl.jsonl: dropped %d row(s) past iteration %d, which this run redoes",
                      dropped, r.iteration)
     if r.iteration == 0 and not r.history:
-        res = {f"val_{k}": v for k, v in r.evaluate(0).items()}
+        res = {f"val_{k}": v for k, v in outputs.evaluate(r, 0).items()}
         r.history.append({"iteration": 0, "vtime_s": 0.0, "dollars": 0.0, **res})
         r.writer.write(0, **res)
     budget_s = 60.0 * st.max_minutes
@@ -73,26 +98,21 @@ def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress
         row["rl_time_s"] = spent
         out_of_time = bool(budget_s) and spent >= budget_s
         last = out_of_time or r.iteration == st.iterations
-        if st.eval_every and (r.iteration % st.eval_every == 0 or last):
-            row.update({f"val_{kk}": v for kk, v in r.evaluate(r.iteration).items()})
+        row.update(hooks.metrics(r, last))
         r.history.append(row)
         r.writer.write(r.iteration, **{k2: v for k2, v in row.items() if k2 != "iteration"})
         post = {"it": r.iteration, "reward": f"{row['reward_mean']:.3f}"}
         if r.mode.uses_spot:
             post.update(spot=row["spot_alive"], preempt=row["preemptions"])
         bar.update(r.iteration, spent, post)
-        if r.iteration % st.checkpoint_every == 0 or last:
-            r.save()
-            r.plot()
-            if last:
-                r.export_lora(base_source)
+        hooks.after_row(r, last)
         if out_of_time:
             logging.info("rl.max_minutes=%s reached after %d iterations", st.max_minutes,
                          r.iteration)
             break
     bar.close()
     r.close()
-    r.ckpt.close()
+    checkpoints.close()
     r.writer.close()
-    r.write_phases()
+    outputs.write_phases(r)
     return r.history

@@ -1,16 +1,13 @@
 """The state of one post-training run: what every mode steps on.
 
 A :class:`RunState` holds the trainer's mesh, the samplers, the objective's trainer, the rollout
-engine and explorer, the emulated deployment, the planner, the checkpointer and metric writer,
-and the mode object (``spotlight_jax.runner.modes``) that defines an iteration. Everything random
-is a function of (seed, iteration), and the full state (policy, optimizer, EMA, planner, next
-seeds, clock, trace cursor, history) is checkpointed, so a resumed run repeats the same numbers.
+engine and explorer, the emulated deployment, the planner, the metric writer, and the mode
+object (``spotlight_jax.runner.modes``) that defines an iteration. Everything random is a
+function of (seed, iteration), and the full state (policy, optimizer, EMA, planner, next seeds,
+clock, trace cursor, history) is checkpointed (``checkpointing``), so a resumed run repeats the
+same numbers. Evaluations, plots and exports are ``outputs``, called by the loop's hooks.
 """
 from __future__ import annotations
-
-import dataclasses
-import json
-import os
 
 import jax
 import numpy as np
@@ -29,17 +26,13 @@ from spotlight_jax.builders import (
     run_settings,
     sampler_config,
 )
-from spotlight_jax.checkpoint import RunCheckpointer
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.diffusion.engine import RolloutEngine
-from spotlight_jax.evaluate import evaluate
 from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
-from spotlight_jax.plots import plot_curves, save_grid
 from spotlight_jax.rewards import get_components
-from spotlight_jax.rl import lora_export
 from spotlight_jax.runner.modes import MODES, make_mode
 from spotlight_jax.runner.ray_fleet import RayFleet
 from spotlight_jax.runner.rollouts import (
@@ -130,8 +123,6 @@ class RunState:
         self.ray_fleet = RayFleet(self) if st.transport == "ray" else None
         self.spot_rollouts = self._spot_rollouts()
         self.writer = MetricWriter(workdir, "rl")
-        self.ckpt = RunCheckpointer(os.path.join(workdir, "checkpoints"), st.max_to_keep,
-                                    this_process_only=jax.process_count() > 1)
         self.key = jax.random.key(st.seed)
         self.iteration = 0
         self.history: list[dict] = []
@@ -169,84 +160,6 @@ class RunState:
         """Whether spot rollouts go through the pull scheduler's emulated pool."""
         return isinstance(self.spot_rollouts, ScheduledRollouts)
 
-    # -- checkpointing -------------------------------------------------------------------------
-    def _tree(self):
-        parts = {p: getattr(self.trainer, p) for p in self.trainer.state_parts}
-        return {p: {} if v is None else v for p, v in parts.items()}
-
-    def _extra_path(self, step: int) -> str:
-        return os.path.join(self.ckpt.directory, f"mode_{step}.npz")
-
-    LORA_EXPORT = "lora_diffusers.safetensors"
-
-    def export_lora(self, base_source: str = "") -> str | None:
-        """Writes the evaluated policy's LoRA (the EMA's when kept) in the PEFT/diffusers format
-        to ``workdir/lora_diffusers.safetensors`` (for ``pipeline.load_lora_weights``); None
-        when the run fine-tunes every weight or its trainer lives in another process."""
-        cfg = self.trainer.cfg
-        lora = getattr(self.trainer, "ema", None) or getattr(self.trainer, "trainable", None)
-        if not cfg.lora_rank or not isinstance(lora, dict) or jax.process_index() != 0:
-            return None
-        path = os.path.join(self.workdir, self.LORA_EXPORT)
-        lora_export.export(jax.device_get(lora), cfg.lora_alpha / cfg.lora_rank, path,
-                           rank=cfg.lora_rank, base=str(base_source))
-        return path
-
-    def save(self):
-        # the mode's extra arrays go first: a checkpoint never exists without them
-        extra = self.mode.extra_state()
-        if extra is not None and jax.process_index() == 0:
-            os.makedirs(self.ckpt.directory, exist_ok=True)
-            tmp = self._extra_path(self.iteration) + ".tmp.npz"
-            np.savez(tmp, **extra)
-            os.replace(tmp, self._extra_path(self.iteration))
-        self.ckpt.save(self.iteration, self._tree(), {
-            "iteration": self.iteration, "history": self.history, "mode": self.settings.mode,
-            "objective": self.settings.objective,
-            "next_seeds": self.next_seeds, "planner": self.planner.state_dict(),
-            "deployment": self.deploy.state_dict(), "mode_extra": extra is not None})
-        keep = set(self.ckpt.steps(reload=False)) | {self.iteration}
-        for name in os.listdir(self.ckpt.directory):
-            if name.startswith("mode_") and name.endswith(".npz") \
-                    and name[5:-4].isdigit() and int(name[5:-4]) not in keep:
-                os.remove(os.path.join(self.ckpt.directory, name))
-
-    def maybe_restore(self) -> bool:
-        meta = self.ckpt.latest_meta()
-        if meta is not None:
-            # checkpoints from before rl.objective existed are Flow-GRPO runs
-            saved, want = meta.get("objective", "flow_grpo"), self.settings.objective
-            if saved != want:
-                raise ValueError(
-                    f"{self.ckpt.directory} holds a rl.objective={saved!r} run, this config "
-                    f"trains rl.objective={want!r}; use another --workdir or "
-                    f"--config.rl.objective={saved}")
-        got = self.ckpt.restore(self._tree())
-        if got is None:
-            return False
-        step, tree, meta = got
-        for part in self.trainer.state_parts:
-            if getattr(self.trainer, part) is not None:
-                setattr(self.trainer, part, tree[part])
-        self.iteration, self.history = int(meta["iteration"]), list(meta["history"])
-        self.next_seeds = meta.get("next_seeds")
-        if "planner" in meta:
-            self.planner.load_state_dict(meta["planner"])
-        if "deployment" in meta:
-            self.deploy.load_state_dict(meta["deployment"])
-            self.mode.sync(self)
-        extra = None
-        if meta.get("mode_extra"):
-            path = self._extra_path(step)
-            if not os.path.exists(path):
-                raise RuntimeError(f"checkpoint {step} in {self.ckpt.directory} needs {path}, "
-                                   "which is missing; restore it or move the directory away")
-            with np.load(path) as f:
-                extra = {key: f[key] for key in f.files}
-        self.mode.load_extra_state(self, extra)
-        logging.info("resumed from iteration %d in %s", step, self.ckpt.directory)
-        return True
-
     # -- what every mode uses ------------------------------------------------------------------
     def step(self, k: int) -> dict:
         """Iteration ``k`` of the run's mode; returns its metrics row."""
@@ -274,63 +187,8 @@ class RunState:
             return self.trainer.update(train, self.key, k)
         return self.trainer.update(train, self.key, k, generator=generator)
 
-    def evaluate(self, k: int) -> dict:
-        """Held-out reward with the evaluation state (ODE sampler, fixed prompts and seeds);
-        saves the captioned sample grid ``samples/val_<k>.png``."""
-        st = self.settings
-        res, images, _ = evaluate(self.eval_sampler, self.trainer.eval_state(), self.val_prompts,
-                                  num_seeds=st.eval_seeds, text_len=self.mcfg.text_len,
-                                  reward=st.eval_reward, tokenize=self.prompt_source.tokenize)
-        self.save_samples(k, images[::st.eval_seeds][:32], self.val_prompts[:32])
-        return res
-
-    def save_samples(self, k: int, images, prompts) -> None:
-        """``samples/val_<k>.png``: one image per validation prompt (its first seed, the same
-        prompts and seeds every time) captioned with its prompt and reward; from the second
-        evaluation on also ``samples/before_after_<k>.png``: the first evaluation's image (the
-        base) next to this one for each prompt."""
-        folder = os.path.join(self.workdir, "samples")
-        os.makedirs(folder, exist_ok=True)
-        scores = np.asarray(rewards.get(self.settings.eval_reward)(images, prompts), np.float64)
-        save_grid(os.path.join(folder, f"val_{k:05d}.png"), images, cols=8,
-                  captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
-        first = os.path.join(folder, "val_first.npz")
-        if not os.path.exists(first):
-            np.savez(first, images=images, scores=scores, iteration=k)
-            return
-        with np.load(first) as f:
-            before, was, k0 = f["images"], f["scores"], int(f["iteration"])
-        n = min(16, len(before), len(images))
-        pairs = np.stack([before[:n], images[:n]], 1).reshape(2 * n, *images.shape[1:])
-        captions = [c for p, r0, r1 in zip(prompts[:n], was, scores)
-                    for c in (f"{p} | it {k0}: {r0:.2f}", f"it {k}: {r1:.2f}")]
-        save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), pairs, cols=8,
-                  captions=captions)
-
     def close(self):
         self.mode.close()
         self.spot_rollouts.close()
         if self.ray_fleet is not None:
             self.ray_fleet.close()
-
-    def write_phases(self):
-        """``phases.json``: the emulated clock's per-phase breakdown and the cost model's
-        assumptions (read by the comparison report)."""
-        info = {"phases": self.deploy.clock.breakdown(),
-                "assumptions": [dataclasses.asdict(a) for a in self.deploy.assumptions()]}
-        with open(os.path.join(self.workdir, "phases.json"), "w") as f:
-            json.dump(info, f, indent=1, default=str)
-
-    def plot(self):
-        evals = [h for h in self.history if "val_reward" in h]
-        if not evals:
-            return
-        x = [h["iteration"] for h in evals]
-        series = {"held-out (ODE)": (x, [h["val_reward"] for h in evals])}
-        trains = [h for h in self.history if "reward_mean" in h]
-        if trains:
-            label = f"train rollouts ({self.train_sampler_cfg.sde_type.upper()})"
-            series[label] = ([h["iteration"] for h in trains], [h["reward_mean"] for h in trains])
-        st = self.settings
-        plot_curves(os.path.join(self.workdir, "reward_curve.png"), series,
-                    title=f"{st.mode}: {st.reward} (held-out: {st.eval_reward})")

@@ -50,7 +50,7 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
 
     from spotlight_jax import train, world
     from spotlight_jax.rewards.geneval import constraint_breakdown, shape_binding
-    from spotlight_jax.runner import RunState
+    from spotlight_jax.runner import RunState, checkpointing
 
     graphdef, base, _ = train.load_or_pretrain_base(config, tempfile.mkdtemp())
     prompts = world.val_prompts()
@@ -67,7 +67,7 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
     out["base"], out["base_binding"] = tables(fresh, fresh.trainer.sampling_state())
     if workdir:
         r = RunState(config, workdir, graphdef, base)
-        if not r.maybe_restore():
+        if not checkpointing.restore(r):
             raise FileNotFoundError(f"--workdir={workdir}: no checkpoint to restore; give a "
                                     "run's workdir")
         out["run"], out["run_binding"] = tables(r, r.trainer.eval_state())

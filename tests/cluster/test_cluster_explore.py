@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[c
 from spotlight_jax import runner  # noqa: E402
 from spotlight_jax.builders import create_model, model_config  # noqa: E402
 from spotlight_jax.diffusion.engine import candidate_seeds  # noqa: E402
+from spotlight_jax.runner import outputs  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -49,7 +50,7 @@ def _run(c, workdir, model, iterations):
     for k in range(iterations):
         rows.append(r.step(k))
         seeds.append(r.next_seeds)
-    val = r.evaluate(iterations)
+    val = outputs.evaluate(r, iterations)
     return r, rows, seeds, val
 
 

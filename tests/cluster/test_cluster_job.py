@@ -27,6 +27,7 @@ from helpers import (
 )
 
 from spotlight_jax import checkpoint, runner
+from spotlight_jax.runner import checkpointing
 
 ITERATIONS = 3
 
@@ -66,10 +67,9 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
 
     # the job's checkpoint restores in single-process mode
     run = runner.RunState(c, str(job_dir), graphdef, base, jax.devices()[:4])
-    assert run.maybe_restore()
+    assert checkpointing.restore(run)
     assert run.iteration == ITERATIONS
     got = run.history
-    run.ckpt.close()
     assert [h["iteration"] for h in got] == [h["iteration"] for h in ref]
     assert all(h["reward_std"] > 0 for h in ref[1:])     # GRPO had advantages to follow
     for g, r in zip(got[1:], ref[1:]):
@@ -78,8 +78,7 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
     np.testing.assert_allclose(got[-1]["val_reward"], ref[-1]["val_reward"], atol=1e-4)
 
     want_run = runner.RunState(c, str(ref_dir), graphdef, base, jax.devices()[:4])
-    assert want_run.maybe_restore()
-    want_run.ckpt.close()
+    assert checkpointing.restore(want_run)
     before = jax.tree.leaves(runner.RunState(c, str(tmp_path / "fresh"), graphdef, base,
                                             jax.devices()[:4]).trainer.trainable)
     want = jax.tree.leaves(want_run.trainer.trainable)

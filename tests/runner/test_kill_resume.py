@@ -17,6 +17,7 @@ from helpers import spotlight_config
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
 from spotlight_jax.metrics import read_jsonl
+from spotlight_jax.runner import checkpointing
 
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
                    "overlap_wall_s", "explore_overlap", "pull_s", "fleet_regroup_s",
@@ -44,7 +45,7 @@ def _state(workdir, objective="flow_grpo", mode="spotlight"):
     c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
     r = runner.RunState(c, str(workdir), graphdef, base)
-    assert r.maybe_restore()
+    assert checkpointing.restore(r)
     return r
 
 

@@ -8,6 +8,7 @@ from helpers import mode_config
 from spotlight_jax import runner, world
 from spotlight_jax.diffusion.engine import candidate_seeds
 from spotlight_jax.explore import max_variance_subset
+from spotlight_jax.runner import outputs
 from spotlight_jax.runner.exploration import extras_budget_s
 from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
 
@@ -276,7 +277,7 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     flat = [prompts[i] for i in batch["prompt_ids"]]
     np.testing.assert_array_equal(batch["rewards"],
                                   rewards.get("geneval_lite_shaped")(batch["images"], flat))
-    got = r.evaluate(0)
+    got = outputs.evaluate(r, 0)
     want, _, _ = evaluate(r.eval_sampler, r.trainer.eval_state(), r.val_prompts,
                           num_seeds=c.rl.eval_seeds, text_len=r.mcfg.text_len,
                           reward="geneval_lite")

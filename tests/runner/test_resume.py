@@ -10,6 +10,7 @@ from helpers import MICRO, micro_config  # noqa: F401
 
 from spotlight_jax import runner
 from spotlight_jax.builders import create_model, model_config
+from spotlight_jax.runner import checkpointing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -17,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def params_of(workdir, c, devices=None):
     graphdef, base = create_model(model_config(c))
     r = runner.RunState(c, str(workdir), graphdef, base, devices)
-    assert r.maybe_restore()
+    assert checkpointing.restore(r)
     return r
 
 
@@ -72,7 +73,7 @@ def test_resuming_with_another_objective_names_both(tmp_path, base):
     runner.run(micro_config(1), str(tmp_path), graphdef, state, progress=False)
     r = runner.RunState(micro_config(2, **{"rl.objective": "nft"}), str(tmp_path), graphdef, state)
     with pytest.raises(ValueError, match="holds a rl.objective='flow_grpo' run.*'nft'"):
-        r.maybe_restore()
+        checkpointing.restore(r)
 
 
 def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplog):
@@ -89,7 +90,7 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplo
     graphdef2, base2 = create_model(model_config(c))
     r = runner.RunState(c, str(tmp_path), graphdef2, base2)
     with caplog.at_level("WARNING"):
-        assert r.maybe_restore()
+        assert checkpointing.restore(r)
     assert r.iteration == latest - 1
     assert "unreadable" in caplog.text
 

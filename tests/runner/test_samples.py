@@ -6,7 +6,7 @@ import numpy as np
 from PIL import Image
 
 from spotlight_jax import rewards, world
-from spotlight_jax.runner.state import RunState
+from spotlight_jax.runner import outputs
 
 
 def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
@@ -15,10 +15,10 @@ def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
     prompts = world.val_prompts(world.WorldConfig(image_size=16))[:4]
     rng = np.random.default_rng(0)
     first, later = rng.uniform(size=(2, 4, 16, 16, 3)).astype(np.float32)
-    RunState.save_samples(run, 0, first, prompts)
+    outputs.save_samples(run, 0, first, prompts)
     assert (tmp_path / "samples" / "val_00000.png").exists()
     assert not list((tmp_path / "samples").glob("before_after_*"))
-    RunState.save_samples(run, 40, later, prompts)
+    outputs.save_samples(run, 40, later, prompts)
     kept = np.load(tmp_path / "samples" / "val_first.npz")
     np.testing.assert_array_equal(kept["images"], first)          # not overwritten by it 40
     np.testing.assert_allclose(kept["scores"], rewards.get("geneval_lite")(first, prompts))

@@ -8,8 +8,8 @@ import pytest
 from helpers import mode_config
 
 from spotlight_jax import runner
-from spotlight_jax.studies import compare_grid
 from spotlight_jax.metrics import MetricWriter, read_jsonl
+from spotlight_jax.studies import compare_grid
 
 CLOCK = ("iteration", "val_reward", "vtime_s", "dollars", "reward_mean")
 

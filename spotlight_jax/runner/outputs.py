@@ -1,0 +1,96 @@
+"""What a run leaves besides checkpoints and metric rows: held-out evaluations with their sample
+grids, the reward curve, the exported LoRA and the emulated clock's phases.
+
+Each is a function of the :class:`~spotlight_jax.runner.state.RunState`; the loop calls them
+through its hooks (``spotlight_jax.runner.hooks``) at their cadence.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+
+from spotlight_jax import rewards
+from spotlight_jax.evaluate import evaluate as evaluate_policy
+from spotlight_jax.plots import plot_curves, save_grid
+from spotlight_jax.rl import lora_export
+
+LORA_EXPORT = "lora_diffusers.safetensors"
+
+
+def evaluate(run, k: int) -> dict:
+    """Held-out reward with the evaluation state (ODE sampler, fixed prompts and seeds); saves
+    the captioned sample grid ``samples/val_<k>.png``."""
+    st = run.settings
+    res, images, _ = evaluate_policy(run.eval_sampler, run.trainer.eval_state(),
+                                     run.val_prompts, num_seeds=st.eval_seeds,
+                                     text_len=run.mcfg.text_len, reward=st.eval_reward,
+                                     tokenize=run.prompt_source.tokenize)
+    save_samples(run, k, images[::st.eval_seeds][:32], run.val_prompts[:32])
+    return res
+
+
+def save_samples(run, k: int, images, prompts) -> None:
+    """``samples/val_<k>.png``: one image per validation prompt (its first seed, the same
+    prompts and seeds every time) captioned with its prompt and reward; from the second
+    evaluation on also ``samples/before_after_<k>.png``: the first evaluation's image (the
+    base) next to this one for each prompt."""
+    folder = os.path.join(run.workdir, "samples")
+    os.makedirs(folder, exist_ok=True)
+    scores = np.asarray(rewards.get(run.settings.eval_reward)(images, prompts), np.float64)
+    save_grid(os.path.join(folder, f"val_{k:05d}.png"), images, cols=8,
+              captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
+    first = os.path.join(folder, "val_first.npz")
+    if not os.path.exists(first):
+        np.savez(first, images=images, scores=scores, iteration=k)
+        return
+    with np.load(first) as f:
+        before, was, k0 = f["images"], f["scores"], int(f["iteration"])
+    n = min(16, len(before), len(images))
+    pairs = np.stack([before[:n], images[:n]], 1).reshape(2 * n, *images.shape[1:])
+    captions = [c for p, r0, r1 in zip(prompts[:n], was, scores)
+                for c in (f"{p} | it {k0}: {r0:.2f}", f"it {k}: {r1:.2f}")]
+    save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), pairs, cols=8,
+              captions=captions)
+
+
+def plot_rewards(run) -> None:
+    """``reward_curve.png``: the held-out reward and the training rollouts' mean so far."""
+    evals = [h for h in run.history if "val_reward" in h]
+    if not evals:
+        return
+    x = [h["iteration"] for h in evals]
+    series = {"held-out (ODE)": (x, [h["val_reward"] for h in evals])}
+    trains = [h for h in run.history if "reward_mean" in h]
+    if trains:
+        label = f"train rollouts ({run.train_sampler_cfg.sde_type.upper()})"
+        series[label] = ([h["iteration"] for h in trains], [h["reward_mean"] for h in trains])
+    st = run.settings
+    plot_curves(os.path.join(run.workdir, "reward_curve.png"), series,
+                title=f"{st.mode}: {st.reward} (held-out: {st.eval_reward})")
+
+
+def export_lora(run, base_source: str = "") -> str | None:
+    """Writes the evaluated policy's LoRA (the EMA's when kept) in the PEFT/diffusers format to
+    ``workdir/lora_diffusers.safetensors`` (for ``pipeline.load_lora_weights``); None when the
+    run fine-tunes every weight or its trainer lives in another process."""
+    cfg = run.trainer.cfg
+    lora = getattr(run.trainer, "ema", None) or getattr(run.trainer, "trainable", None)
+    if not cfg.lora_rank or not isinstance(lora, dict) or jax.process_index() != 0:
+        return None
+    path = os.path.join(run.workdir, LORA_EXPORT)
+    lora_export.export(jax.device_get(lora), cfg.lora_alpha / cfg.lora_rank, path,
+                       rank=cfg.lora_rank, base=str(base_source))
+    return path
+
+
+def write_phases(run) -> None:
+    """``phases.json``: the emulated clock's per-phase breakdown and the cost model's
+    assumptions (read by the comparison report)."""
+    info = {"phases": run.deploy.clock.breakdown(),
+            "assumptions": [dataclasses.asdict(a) for a in run.deploy.assumptions()]}
+    with open(os.path.join(run.workdir, "phases.json"), "w") as f:
+        json.dump(info, f, indent=1, default=str)
