@@ -17,15 +17,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from spotlight_jax.builders import (
-    abstract_model,
-    build_mesh,
-    model_config,
-    rl_config,
-    sampler_config,
-)
+from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion import prompt, velocity
 from spotlight_jax.models import as_dtype
+from spotlight_jax.models.build import abstract_model
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl import trainer_class
@@ -118,8 +113,11 @@ def activation_bytes(graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) -> tupl
 
 
 def dry_run(config, devices=None) -> str:
-    cfg = model_config(config)
-    mesh = build_mesh(config, devices)
+    """The report of the run ``config`` (a RunSpec, or a ConfigDict built into one here) over
+    ``devices`` (default: all)."""
+    run = RunSpec.of(config)
+    cfg = run.model
+    mesh = run.build_mesh(devices)
     graphdef, abstract = abstract_model(cfg)
     specs = param_specs(abstract, mesh)
     leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract))
@@ -128,14 +126,15 @@ def dry_run(config, devices=None) -> str:
     total = sum(math.prod(a.shape) for _, a in leaves)
     per_device = 0.0
     groups = collections.OrderedDict()
-    for (path, a), spec in zip(leaves, spec_leaves):
+    for (path, a), pspec in zip(leaves, spec_leaves):
         nbytes = math.prod(a.shape) * np.dtype(a.dtype).itemsize
-        per_device += nbytes / _shard_factor(spec, mesh)
+        per_device += nbytes / _shard_factor(pspec, mesh)
         name = "/".join(str(getattr(p, "key", p)) for p in path)
         name = ".".join(part for part in name.split("/") if not part.isdigit())
-        g = groups.setdefault(name, [0, str(spec), a.shape, str(a.dtype)])
+        g = groups.setdefault(name, [0, str(pspec), a.shape, str(a.dtype)])
         g[0] += math.prod(a.shape)
-    rank = int(config.rl.lora_rank)
+    rl_cfg = run.rl
+    rank = int(rl_cfg.lora_rank)
     if rank:   # LoRA: the trainable factors (f32, replicated), AdamW mu and nu of them
         lora = sum(math.prod(a.shape[:-2]) * rank * (a.shape[-2] + a.shape[-1])
                    for path, a in leaves if lora_lib.is_target(path))
@@ -144,9 +143,8 @@ def dry_run(config, devices=None) -> str:
     else:      # full fine-tuning: AdamW mu, nu in f32 of every (sharded) parameter
         opt = 2 * per_device * (4 / np.dtype(as_dtype(cfg.param_dtype)).itemsize)
         opt_name = "AdamW state"
-    batch = config.rl.prompts_per_iter * config.rl.group_size
-    rl_cfg = rl_config(config)
-    rows = trainer_class(rl_cfg).update_rows(rl_cfg, sampler_config(config), batch)
+    batch = run.settings.prompts_per_iter * run.settings.group_size
+    rows = trainer_class(rl_cfg).update_rows(rl_cfg, run.sampler, batch)
     act, fixed = activation_bytes(graphdef, abstract, rl_cfg, rows, mesh)
     gib = 1024**3
     lines = [

@@ -48,7 +48,7 @@ def _message(e: BaseException) -> str:
 def _config_errors():
     """A bad config value ends the command with one line on stderr and exit code 2, before any
     work (``--debug`` shows the traceback instead)."""
-    from spotlight_jax.builders import ConfigError  # noqa: PLC0415
+    from spotlight_jax.config import ConfigError  # noqa: PLC0415
     try:
         yield
     except (ConfigError, KeyError, FileNotFoundError) as e:
@@ -106,31 +106,31 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     config = _loaded_config()
-    from spotlight_jax import builders  # noqa: PLC0415
+    from spotlight_jax.config import RunSpec  # noqa: PLC0415
     with _config_errors():
-        builders.validate(config)       # every section, before any backend use
+        # the one place the ConfigDict is read: every section validated and built, before any
+        # backend use
+        spec = RunSpec.from_config(config)
     if _DISTRIBUTED.value or _NUM_PROCESSES.value is not None or _COORDINATOR.value:
-        return _trainer_job(config)
+        return _trainer_job(spec)
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
 
     with _config_errors():
-        if builders.cpu_device_count(config):
-            jax.config.update("jax_num_cpu_devices", builders.cpu_device_count(config))
-        builders.check_devices(config, jax.devices())
-    if config.compilation_cache_dir:
-        import os  # noqa: PLC0415
-
+        if spec.cpu_device_count():
+            jax.config.update("jax_num_cpu_devices", spec.cpu_device_count())
+        spec.check_devices(jax.devices())
+    if spec.compilation_cache_dir:
         from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415
-        enable_persistent_cache(os.path.expanduser(config.compilation_cache_dir))
+        enable_persistent_cache(spec.compilation_cache_dir)
     from spotlight_jax import train  # noqa: PLC0415
     if _DRY_RUN.value:
-        print(train.dry_run(config))
+        print(train.dry_run(spec))
         return
     logging.info("config:\n%s", config)
-    train.train_and_evaluate(config, _WORKDIR.value)
+    train.train_and_evaluate(spec, _WORKDIR.value)
 
 
-def _trainer_job(config):
+def _trainer_job(spec):
     """One process of the trainer's ``jax.distributed`` job; process 0 prints one JSON line with
     the run's iterations and held-out rewards."""
     import json  # noqa: PLC0415
@@ -141,7 +141,7 @@ def _trainer_job(config):
     from spotlight_jax.cluster.distributed import initialize  # noqa: PLC0415
     initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                cpu_devices=_CPU_DEVICES.value)
-    history = train.run_trainer_job(config, _WORKDIR.value, progress=jax.process_index() == 0)
+    history = train.run_trainer_job(spec, _WORKDIR.value, progress=jax.process_index() == 0)
     if history is not None:
         evals = [h for h in history if "val_reward" in h]
         print(json.dumps({"process": 0, "iterations": history[-1]["iteration"],

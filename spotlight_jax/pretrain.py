@@ -164,7 +164,7 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
              tokenize=world.tokenize):
     """Runs ``cfg.steps`` of flow-matching pretraining; returns ``(state, opt_state, ema,
     history)``. ``on_eval(step, state, ema, result)`` is called after each evaluation (snapshots).
-    ``tokenize``: the run's prompt source's (``builders.prompt_source``; default the world's
+    ``tokenize``: the run's prompt source's (``config.prompt_source``; default the world's
     tokenizer): the images are the world's, rendered from its prompts, whatever encodes them.
     """
     world_cfg = world_cfg or world.WorldConfig(image_size=model_cfg.image_size)

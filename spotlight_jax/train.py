@@ -1,5 +1,6 @@
 """Library entry point: ``train_and_evaluate(config, workdir)`` (called by main, tests, notebooks).
 
+``config``: a :class:`~spotlight_jax.config.RunSpec`, or a ConfigDict it is built from once.
 Order of business: (1) the base model — the shipped checkpoint for this model config if there is
 one, else ``<workdir>/base`` if a previous run pretrained it, else pretrain now and save it there;
 (2) the post-training mode (``config.mode``) run by ``spotlight_jax.runner``, resuming from
@@ -17,22 +18,11 @@ from absl import logging
 from flax import nnx
 
 from spotlight_jax import checkpoint, registry, world
-from spotlight_jax.builders import (
-    abstract_model,
-    build_mesh,
-    create_model,
-    diffusers_base,
-    eval_reward,
-    load_diffusers_base,
-    model_config,
-    pretrain_config,
-    prompt_source,
-    rl_config,
-    sampler_config,
-)
 from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow
+from spotlight_jax.config import RunSpec
 from spotlight_jax.dry_run import dry_run
 from spotlight_jax.models import MMDiTConfig
+from spotlight_jax.models.build import abstract_model, create_model
 from spotlight_jax.pretrain import pretrain
 from spotlight_jax.runner import run, run_compare
 
@@ -41,28 +31,28 @@ __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain
            "shipped_base_dir"]
 
 
-def _model_fingerprint(config) -> dict:
-    return dataclasses.asdict(model_config(config))
+def _model_fingerprint(cfg: MMDiTConfig) -> dict:
+    return dataclasses.asdict(cfg)
 
 
-def _world_fingerprint(config) -> dict:
+def _world_fingerprint(cfg: MMDiTConfig) -> dict:
     """The world a base model is pretrained on (the default world at the model's image size),
     with derived sizes resolved (a default that changes how the world is drawn changes it)."""
-    w = world.WorldConfig(image_size=model_config(config).image_size)
+    w = world.WorldConfig(image_size=cfg.image_size)
     return json.loads(json.dumps(dataclasses.asdict(
         dataclasses.replace(w, text_scale=w.glyph_scale))))
 
 
-def shipped_base_dir(config) -> str | None:
-    """The shipped base checkpoint whose model config and world equal this config's, if any
-    (a checkpoint that records no world was pretrained on an earlier world and never matches)."""
+def shipped_base_dir(cfg: MMDiTConfig) -> str | None:
+    """The shipped base checkpoint whose model config and world equal ``cfg``'s, if any (a
+    checkpoint that records no world was pretrained on an earlier world and never matches)."""
     if not os.path.isdir(ASSETS):
         return None
-    want = _model_fingerprint(config)
+    want = _model_fingerprint(cfg)
     # fields added to MMDiTConfig after a checkpoint was recorded take their defaults (which
     # leave the recorded model unchanged, e.g. pixel_head=0)
     defaults = dataclasses.asdict(MMDiTConfig())
-    want_world = _world_fingerprint(config)
+    want_world = _world_fingerprint(cfg)
     for name in sorted(os.listdir(ASSETS)):
         path = os.path.join(ASSETS, name)
         meta = os.path.join(path, "meta.json")
@@ -76,26 +66,27 @@ def shipped_base_dir(config) -> str | None:
     return None
 
 
-def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
+def load_or_pretrain_base(spec: RunSpec, workdir: str, *, progress: bool = True,
                           allow_pretrain: bool = True):
-    """``(graphdef, base_state, source)`` following the priority order in the module docstring.
-    With ``allow_pretrain=False`` a missing base is a ValueError instead of a pretraining run."""
-    if diffusers_base(config) is not None:
-        graphdef, state = load_diffusers_base(config)
-        logging.info("base model: converted %s/transformer (diffusers)", config.base_checkpoint)
-        return graphdef, state, config.base_checkpoint
-    cfg = model_config(config)
-    choice = config.base_checkpoint
+    """``(graphdef, base_state, source)`` of the run ``spec`` following the priority order in
+    the module docstring. With ``allow_pretrain=False`` a missing base is a ValueError instead
+    of a pretraining run."""
+    choice = spec.process.base_checkpoint
+    if spec.diffusers_base is not None:
+        graphdef, state = spec.load_diffusers_base()
+        logging.info("base model: converted %s/transformer (diffusers)", choice)
+        return graphdef, state, choice
+    cfg = spec.model
     candidates = []
     if choice not in ("auto", "none", "", None):
         candidates.append(choice)
     elif choice == "auto":
-        shipped = shipped_base_dir(config)
+        shipped = shipped_base_dir(cfg)
         if shipped:
             candidates.append(shipped)
     local = os.path.join(workdir, "base")
     candidates.append(local)
-    graphdef, abstract = abstract_model(cfg, config.seed)
+    graphdef, abstract = abstract_model(cfg, spec.seed)
     for path in candidates:
         if os.path.isdir(os.path.join(path, "params")):
             state = checkpoint.load_params(path, abstract)
@@ -108,38 +99,39 @@ def load_or_pretrain_base(config, workdir: str, *, progress: bool = True,
         raise ValueError(f"no base model for this config: no shipped checkpoint matches it and "
                          f"{local} has none; pretrain one first (python -m spotlight_jax.main "
                          "... --config.rl.iterations=0) or set config.base_checkpoint")
-    tokenize = prompt_source(config).tokenize      # a bad embedding file fails before work
-    logging.info("base model: pretraining %d steps into %s", config.pretrain.steps, local)
-    graphdef, state = create_model(cfg, seed=config.seed)
-    pcfg = pretrain_config(config)
+    tokenize = spec.prompt_source().tokenize      # a bad embedding file fails before work
+    pcfg = spec.pretrain
+    logging.info("base model: pretraining %d steps into %s", pcfg.steps, local)
+    graphdef, state = create_model(cfg, seed=spec.seed)
     if pcfg.init_from:
         state, loaded, new = checkpoint.grow_params(pcfg.init_from, state)
         logging.info("base model: %d parameters from %s, %d new: %s", len(loaded),
                      pcfg.init_from, len(new), ", ".join(new))
-    _, _, ema, history = pretrain(graphdef, state, cfg, pcfg, sampler_config(config,
-                                  evaluation=True), workdir=workdir, seed=config.seed,
-                                  progress=progress, tokenize=tokenize)
+    _, _, ema, history = pretrain(graphdef, state, cfg, pcfg, spec.eval_sampler,
+                                  workdir=workdir, seed=spec.seed, progress=progress,
+                                  tokenize=tokenize)
     checkpoint.save_params(local, ema, {
-        "model": _model_fingerprint(config), "world": _world_fingerprint(config),
+        "model": _model_fingerprint(cfg), "world": _world_fingerprint(cfg),
         "pretrain": dataclasses.asdict(pcfg),
         "code_version": checkpoint.code_version(), "history": history})
     return graphdef, ema, local
 
 
 def train_and_evaluate(config, workdir: str):
-    """Runs ``config.mode`` end to end in ``workdir`` (resuming whatever is there);
-    ``compare`` runs every mode into ``workdir/<mode>`` and writes ``report.md``."""
-    spec = registry.mode_spec(config.mode)
+    """Runs the mode of ``config`` (a RunSpec, or a ConfigDict built into one here) end to end
+    in ``workdir`` (resuming whatever is there); ``compare`` runs every mode into
+    ``workdir/<mode>`` and writes ``report.md``."""
+    spec = RunSpec.of(config)
     os.makedirs(workdir, exist_ok=True)
     logging.info("devices: %s", jax.devices())
-    graphdef, base, source = load_or_pretrain_base(config, workdir)
-    if spec is registry.COMPARE:
-        path = run_compare(config, workdir, graphdef, base, base_source=source)
+    graphdef, base, source = load_or_pretrain_base(spec, workdir)
+    if registry.mode_spec(spec.settings.mode) is registry.COMPARE:
+        path = run_compare(spec, workdir, graphdef, base, base_source=source)
         print(open(path).read().split("\n## ")[0])
         print(f"report: {path}  (plots next to it; each mode's run in {workdir}/<mode>)")
         return path
-    history = run(config, workdir, graphdef, base, base_source=source)
-    print(summary(config, workdir, history, source))
+    history = run(spec, workdir, graphdef, base, base_source=source)
+    print(summary(spec, workdir, history, source))
     return history
 
 
@@ -153,14 +145,15 @@ def gain_line(first: dict, last: dict) -> str:
     return f"gain {gain:+.3f}: {verdict} the 95% interval of the difference (±{half:.3f})"
 
 
-def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
+def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) -> str:
     """The end-of-run table: held-out reward before/after, time and cost axes, where things are."""
     evals = [h for h in history if "val_reward" in h]
     last = history[-1] if history else {}
-    lines = [f"== {config.mode}: {last.get('iteration', 0)} iterations  (base: {base_source})"]
+    lines = [f"== {spec.settings.mode}: {last.get('iteration', 0)} iterations  "
+             f"(base: {base_source})"]
     if evals:
         a, b = evals[0], evals[-1]
-        lines.append(f"held-out {eval_reward(config)}: {a['val_reward']:.3f} -> "
+        lines.append(f"held-out {spec.settings.eval_reward}: {a['val_reward']:.3f} -> "
                      f"{b['val_reward']:.3f} (±{b.get('val_reward_ci95', 0):.3f} 95%)")
         lines.append(gain_line(a, b))
         if any(k.startswith("val_acc_") for k in b):
@@ -187,23 +180,23 @@ def summary(config, workdir: str, history: list[dict], base_source: str) -> str:
     return "\n".join(lines)
 
 
-def run_trainer_job(config, workdir: str, *, progress: bool = False):
-    """Post-training of ``config`` by this trainer job: process 0 runs the runner
+def run_trainer_job(spec: RunSpec, workdir: str, *, progress: bool = False):
+    """Post-training of ``spec`` by this trainer job: process 0 runs the runner
     (``runner.run``) with a ``TrainerJob`` over every process's devices, writing the run
     (metrics, samples, checkpoints) to ``workdir``; the other processes follow its commands.
-    The base model is process 0's (shipped, ``config.base_checkpoint`` or ``workdir/base``),
+    The base model is process 0's (shipped, ``base_checkpoint`` or ``workdir/base``),
     broadcast to the others. Returns the history in process 0, None in the others."""
-    mesh = build_mesh(config, jax.devices())
-    graphdef, abstract = abstract_model(model_config(config), config.seed)
+    mesh = spec.build_mesh(jax.devices())
+    graphdef, abstract = abstract_model(spec.model, spec.seed)
     base = None
     if jax.process_index() == 0:
         try:
-            if config.base_checkpoint == "none":
+            if spec.process.base_checkpoint == "none":
                 raise ValueError("a trainer job does not pretrain: run the pretraining first "
                                  "(python -m spotlight_jax.main ... --config.rl.iterations=0) "
                                  "and point --config.base_checkpoint at it")
             graphdef, base, source = load_or_pretrain_base(
-                config, workdir, progress=False, allow_pretrain=False)
+                spec, workdir, progress=False, allow_pretrain=False)
         except Exception:
             broadcast_base({})     # releases the followers with an empty base
             raise
@@ -213,14 +206,14 @@ def run_trainer_job(config, workdir: str, *, progress: bool = False):
         raise RuntimeError("process 0 found no base model; see its log")
     host = jax.tree.map(lambda x: x, abstract)
     nnx.replace_by_pure_dict(host, pure)
-    rl_cfg, samp = rl_config(config), sampler_config(config)
+    rl_cfg, samp = spec.rl, spec.sampler
     if jax.process_index() != 0:
-        follow(graphdef, host, rl_cfg, samp, mesh, seed=int(config.seed))
+        follow(graphdef, host, rl_cfg, samp, mesh, seed=spec.seed)
         return None
-    local = build_mesh(config, jax.local_devices())   # process 0's samplers and shadow weights
-    job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local, seed=int(config.seed))
+    local = spec.build_mesh(jax.local_devices())   # process 0's samplers and shadow weights
+    job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local, seed=spec.seed)
     try:
-        return run(config, workdir, graphdef, host, base_source=source,
+        return run(spec, workdir, graphdef, host, base_source=source,
                               progress=progress, trainer=job, devices=list(local.devices.flat))
     finally:
         job.stop()

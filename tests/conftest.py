@@ -26,7 +26,8 @@ def base():
     """``(graphdef, state)`` of the micro model of the micro run config (tests/helpers.py)."""
     from helpers import micro_config  # noqa: PLC0415 - after the device count is set
 
-    from spotlight_jax.builders import create_model, model_config  # noqa: PLC0415
+    from spotlight_jax.config import model_config  # noqa: PLC0415
+    from spotlight_jax.models.build import create_model
     return create_model(model_config(micro_config(1)))
 
 

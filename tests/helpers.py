@@ -39,7 +39,7 @@ MICRO_RUN_OVERRIDES = {
 
 
 def micro_config(iterations, **overrides):
-    from spotlight_jax.builders import load_config
+    from spotlight_jax.config import load_config
     return load_config("tiny", {**MICRO_RUN_OVERRIDES, "rl.iterations": iterations, **overrides})
 
 

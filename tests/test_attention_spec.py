@@ -1,12 +1,13 @@
-"""builders.attention_spec: the trainer (and its samplers) lay attention out by
+"""config.attention_spec: the trainer (and its samplers) lay attention out by
 ``config.attention`` over the mesh's sp axis; dense without an sp axis or with 'dense'; and
 make_trainer hands that layout to the objective's trainer."""
 import jax
 from helpers import micro_config
 
-from spotlight_jax.builders import attention_spec, build_mesh, create_model, make_trainer
-from spotlight_jax.builders import model_config as mcfg
+from spotlight_jax.config import attention_spec, build_mesh, make_trainer
+from spotlight_jax.config import model_config as mcfg
 from spotlight_jax.models import AttentionSpec
+from spotlight_jax.models.build import create_model
 
 
 def test_attention_spec_follows_the_config_and_the_mesh():

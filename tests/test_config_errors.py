@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from spotlight_jax.builders import ConfigError, cpu_device_count, load_config, validate
+from spotlight_jax.config import ConfigError, cpu_device_count, load_config, validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")

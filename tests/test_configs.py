@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from spotlight_jax.builders import mesh_config, model_config, sampler_config
+from spotlight_jax.config import mesh_config, model_config, sampler_config
 from spotlight_jax.dry_run import dry_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

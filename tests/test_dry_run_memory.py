@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from spotlight_jax import builders
+from spotlight_jax import config as conf
 from spotlight_jax.dry_run import activation_bytes
+from spotlight_jax.models.build import abstract_model, create_model
 
 
 def _batch(config, mcfg, trainer):
@@ -31,17 +32,17 @@ def _batch(config, mcfg, trainer):
 # of the suite for its time, docs/performance.md has the numbers).
 @pytest.mark.parametrize("name,objective", [("tiny", "flow_grpo"), ("small", "nft")])
 def test_activation_estimate_is_within_1_5x_of_the_compiled_update(name, objective):
-    config = builders.load_config(name, {"rl.objective": objective})
-    mcfg = builders.model_config(config)
-    graphdef, state = builders.create_model(mcfg)
-    trainer = builders.make_trainer(config, graphdef, state)
+    config = conf.load_config(name, {"rl.objective": objective})
+    mcfg = conf.model_config(config)
+    graphdef, state = create_model(mcfg)
+    trainer = conf.make_trainer(config, graphdef, state)
     batch = _batch(config, mcfg, trainer)
     compiled = trainer.lower_update(batch).compile()
     measured = compiled.memory_analysis().temp_size_in_bytes
 
-    mesh = builders.build_mesh(config, jax.devices()[:1])
+    mesh = conf.build_mesh(config, jax.devices()[:1])
     rows = trainer.update_rows(trainer.cfg, trainer.sampler, len(batch["advantages"]))
-    _, abstract = builders.abstract_model(mcfg)
+    _, abstract = abstract_model(mcfg)
     estimate, merged = activation_bytes(graphdef, abstract, trainer.cfg, rows, mesh)
     assert rows.grad >= len(batch["advantages"])   # several rows per image or trajectory
     assert 0 < merged < estimate

@@ -10,7 +10,7 @@ from flax import nnx
 from helpers import micro_model
 
 from spotlight_jax import checkpoint
-from spotlight_jax.builders import create_model
+from spotlight_jax.models.build import create_model
 
 
 def _velocity(cfg, graphdef, state):

@@ -20,7 +20,7 @@ from helpers import micro_config
 
 from spotlight_jax import prompt_embeddings as pe
 from spotlight_jax import world
-from spotlight_jax.builders import ConfigError, prompt_source, validate
+from spotlight_jax.config import ConfigError, prompt_source, validate
 from spotlight_jax.diffusion import (
     Sampler,
     SamplerConfig,

@@ -13,7 +13,7 @@ from helpers import micro_config, world_prompt_file
 
 from spotlight_jax import prompt_embeddings as pe
 from spotlight_jax import safetensors_io, world
-from spotlight_jax.builders import ConfigError, prompt_source, validate
+from spotlight_jax.config import ConfigError, prompt_source, validate
 from spotlight_jax.train import train_and_evaluate
 
 DIM, TEXT_LEN = 8, 12

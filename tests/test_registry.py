@@ -6,7 +6,7 @@ import pytest
 from helpers import micro_config
 
 from spotlight_jax import registry, rl, runner
-from spotlight_jax.builders import ConfigError, cpu_device_count, validate
+from spotlight_jax.config import ConfigError, cpu_device_count, validate
 
 
 def test_every_mode_is_declared_once_and_has_one_runner_class():

@@ -97,12 +97,13 @@ def check_attention(batch, seq, heads, head_dim, dtype, repeats):
 def build(config_path: str, depth: int, latent: int):
     """``(model config, graphdef, state)`` of the config's model at ``depth`` blocks and a
     ``latent``^2 input, initialised at random on the default device."""
-    from spotlight_jax import builders  # noqa: PLC0415
+    from spotlight_jax import config as conf  # noqa: PLC0415
+    from spotlight_jax.models.build import create_model  # noqa: PLC0415
 
-    config = builders.load_config(config_path, {"model.depth": depth, "model.image_size": latent,
-                                                "model.scan_blocks": False})
-    cfg = builders.model_config(config)
-    graphdef, state = builders.create_model(cfg)
+    config = conf.load_config(config_path, {"model.depth": depth, "model.image_size": latent,
+                                            "model.scan_blocks": False})
+    cfg = conf.model_config(config)
+    graphdef, state = create_model(cfg)
     return cfg, graphdef, state
 
 

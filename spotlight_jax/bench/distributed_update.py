@@ -17,6 +17,7 @@ import logging
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.config import RunSpec
 
 FLAGS = flags.FLAGS
 _CONFIG = None
@@ -49,7 +50,7 @@ def main(argv):
     logging.basicConfig(level=logging.INFO)
     initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
                cpu_devices=FLAGS.cpu_devices)
-    metrics = update_from_files(_CONFIG.value, FLAGS.base, FLAGS.batch, FLAGS.out)
+    metrics = update_from_files(RunSpec.of(_CONFIG.value), FLAGS.base, FLAGS.batch, FLAGS.out)
     print(json.dumps({"process": jax.process_index(), **metrics}), flush=True)
     jax.distributed.shutdown()
 

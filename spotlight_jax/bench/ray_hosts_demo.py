@@ -19,6 +19,7 @@ import time
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.config import RunSpec
 
 FLAGS = flags.FLAGS
 _CONFIG = None
@@ -46,18 +47,19 @@ def main(argv):
     import ray  # noqa: PLC0415
 
     from spotlight_jax import train, world  # noqa: PLC0415
-    from spotlight_jax.builders import model_config  # noqa: PLC0415
     from spotlight_jax.cluster import ray_hosts as spot  # noqa: PLC0415
+    from spotlight_jax.config import model_config  # noqa: PLC0415
     from spotlight_jax.sched import QueueConfig, RequestQueue, make_requests  # noqa: PLC0415
 
     config = _CONFIG.value
     mcfg = model_config(config)
-    graphdef, base, source = train.load_or_pretrain_base(config, "/tmp/spotlight_cluster_base")
+    graphdef, base, source = train.load_or_pretrain_base(RunSpec.of(config),
+                                                         "/tmp/spotlight_cluster_base")
     ray.init(address=FLAGS.address or None, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}})
     t0 = time.time()
     resources = {FLAGS.resource: 1} if FLAGS.resource else None
-    workers = [spot.start_host(f"spot{i}", config, cpu_devices=FLAGS.cpu_devices,
+    workers = [spot.start_host(f"spot{i}", RunSpec.of(config), cpu_devices=FLAGS.cpu_devices,
                                worker={"commit_every": 2, "steps_per_call": 1, "microbatch": 2},
                                resources=resources) for i in range(FLAGS.hosts)]
     ref = spot.publish(base)

@@ -65,11 +65,8 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from spotlight_jax import (  # noqa: E402
-    builders,
-    checkpoint,
-    programs,  # noqa: E402
-)
+from spotlight_jax import checkpoint, programs  # noqa: E402
+from spotlight_jax import config as conf  # noqa: E402
 from spotlight_jax.elastic import (  # noqa: E402
     DevicePool,
     ExecutableCache,
@@ -88,6 +85,7 @@ from spotlight_jax.elastic.node import (  # noqa: E402
     input_specs,
     rollout_fn,
 )
+from spotlight_jax.models.build import abstract_model  # noqa: E402
 
 _T_IMPORTED = time.perf_counter()
 
@@ -108,12 +106,12 @@ def load_config(name: str):
     if name not in CONFIGS:
         raise SystemExit(f"unknown config {name!r}; choose from {sorted(CONFIGS)}")
     path, overrides = CONFIGS[name]
-    config = builders.load_config(REPO / "configs" / path)
-    return dataclasses.replace(builders.model_config(config), **overrides).validate(), config
+    config = conf.load_config(REPO / "configs" / path)
+    return dataclasses.replace(conf.model_config(config), **overrides).validate(), config
 
 
 def sampler_for(config, steps: int):
-    return dataclasses.replace(builders.sampler_config(config), num_steps=steps,
+    return dataclasses.replace(conf.sampler_config(config), num_steps=steps,
                                sde_window=None).validate()
 
 
@@ -180,7 +178,7 @@ def child(spec: dict) -> None:
     """Runs in the restarted process: restore, compile and run one rollout on the survivors."""
     mcfg, config = load_config(spec["config"])
     scfg = sampler_for(config, spec["steps"])
-    graphdef, abstract = builders.abstract_model(mcfg)
+    graphdef, abstract = abstract_model(mcfg)
     devices = [d for d in jax.devices() if d.id in spec["devices"]]
     (group,) = form_node_groups(NODE, devices, GroupConfig(heads=mcfg.num_heads), log=False)
     t0 = time.perf_counter()
@@ -232,7 +230,7 @@ def restart(spec: dict) -> dict:
 def run_config(name: str, args, workdir: Path) -> dict:
     mcfg, config = load_config(name)
     scfg = sampler_for(config, args.steps)
-    graphdef, abstract = builders.abstract_model(mcfg)
+    graphdef, abstract = abstract_model(mcfg)
     pure = host_weights(abstract)
     size = nbytes(pure)
     nparams = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(pure))
@@ -354,7 +352,7 @@ def print_table(rows, args) -> None:
 def extrapolate(rows, args) -> None:
     """Bytes / bandwidth for the 20B config, with the largest measured compile as a floor."""
     mcfg, _ = load_config_path(REPO / "configs" / "qwen_image.py")
-    _, abstract = builders.abstract_model(mcfg)
+    _, abstract = abstract_model(mcfg)
     size = nbytes(nnx.to_pure_dict(abstract))
     nparams = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(abstract)))
     big = max(rows, key=lambda r: r["params"])
@@ -374,8 +372,8 @@ def extrapolate(rows, args) -> None:
 
 
 def load_config_path(path: Path):
-    config = builders.load_config(path)
-    return builders.model_config(config), config
+    config = conf.load_config(path)
+    return conf.model_config(config), config
 
 
 # ---- stand-in parameter trees (no model): the state move at any size -------------------------

@@ -213,7 +213,7 @@ def part_c(model: str, n: int, steps: int, repeats: int, ks):
     if model == "micro":
         mcfg = MICRO
     else:
-        from spotlight_jax.builders import load_config, model_config
+        from spotlight_jax.config import load_config, model_config
         config = load_config(model)
         mcfg = model_config(config)
     shape = (mcfg.image_size, mcfg.image_size, mcfg.channels)

@@ -30,9 +30,9 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from spotlight_jax import checkpoint
-from spotlight_jax.builders import abstract_model, build_mesh, make_trainer, model_config
 from spotlight_jax.cluster.distributed import broadcast_tree
 from spotlight_jax.diffusion import batches
+from spotlight_jax.models.build import abstract_model
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.rl import trainer_class
 
@@ -261,28 +261,28 @@ class TrainerJob:
             self.stopped = True
 
 
-def update_from_files(config, base_dir: str, batch_path: str, out_path: str | None,
+def update_from_files(spec, base_dir: str, batch_path: str, out_path: str | None,
                       step: int = 0) -> dict:
-    """One GRPO update of ``config``'s trainer on the batch saved at ``batch_path`` (read by
+    """One GRPO update of the run ``spec``'s trainer on the batch saved at ``batch_path`` (read by
     process 0, broadcast to all; a pytree entry such as tokens with a pooled embedding is saved
     under flat names, ``tokens/embeds``..., see ``diffusion.prompt.flatten``), over a mesh of
     every process's devices. Process 0 writes the updated trainable parameters
     (``leaf_00000``... in ``jax.tree.leaves`` order) to ``out_path``. Returns the metrics."""
 
-    mesh = build_mesh(config, jax.devices())
-    graphdef, abstract = abstract_model(model_config(config), config.seed)
+    mesh = spec.build_mesh(jax.devices())
+    graphdef, abstract = abstract_model(spec.model, spec.seed)
     # every process reads the checkpoint to host memory, then places it on the global mesh
     # (device_put of identical host values; arrays committed to one process's device cannot
     # be moved onto devices of other processes)
     host = jax.tree.map(np.asarray, checkpoint.load_params(base_dir, abstract))
     base = shard_state(host, mesh)
-    trainer = make_trainer(config, graphdef, base, mesh=mesh)
+    trainer = spec.make_trainer(graphdef, base, mesh=mesh)
     batch = None
     if jax.process_index() == 0:
         with np.load(batch_path) as f:
             batch = {k: f[k] for k in f.files}
     batch = batches.unflatten(broadcast_tree(batch))   # "tokens/embeds"... -> nested
-    metrics = trainer.update(batch, jax.random.key(config.seed), step)
+    metrics = trainer.update(batch, jax.random.key(spec.seed), step)
     leaves = [np.asarray(x) for x in jax.tree.leaves(trainer.trainable)]
     if jax.process_index() == 0 and out_path:   # in jax.tree.leaves order (LoRA or full)
         np.savez(out_path, **{f"leaf_{i:05d}": x for i, x in enumerate(leaves)})

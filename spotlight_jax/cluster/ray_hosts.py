@@ -99,56 +99,47 @@ class SpotHostImpl:
 
     Args:
       name: the host's group id in the queue.
-      config: the run's config as a plain dict (``ConfigDict.to_dict()``).
+      spec: the run's spec as plain data (``RunSpec.plain()``); the host rebuilds the same
+        spec from it.
       cpu_devices: emulated CPU devices of this process (0 = leave as is).
       worker: ``WorkerConfig`` fields (commit_every, steps_per_call, microbatch).
     """
 
-    def __init__(self, name: str, config: dict, cpu_devices: int = 0,
+    def __init__(self, name: str, spec: dict, cpu_devices: int = 0,
                  worker: dict | None = None):
         import jax  # noqa: PLC0415 - device count before any backend use
         if cpu_devices:
             jax.config.update("jax_num_cpu_devices", int(cpu_devices))
-        import ml_collections  # noqa: PLC0415
-
         from spotlight_jax import rewards  # noqa: PLC0415
-        from spotlight_jax.builders import (  # noqa: PLC0415
-            abstract_model,
-            diffusers_base,
-            image_decoder,
-            load_diffusers_base,
-            model_config,
-            prompt_source,
-            run_settings,
-            sampler_config,
-        )
+        from spotlight_jax.config import RunSpec  # noqa: PLC0415
+        from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
         from spotlight_jax.sched.worker import InProcessWorker, SamplerCache  # noqa: PLC0415
 
-        config = ml_collections.ConfigDict(config)
-        mcfg = model_config(config)
+        spec = RunSpec.from_plain(spec)
+        mcfg = spec.model
         self._name, self._mcfg = name, mcfg
-        self._graphdef, self._abstract = abstract_model(mcfg, config.seed)
+        self._graphdef, self._abstract = abstract_model(mcfg, spec.seed)
         group = self._group(jax.local_devices())
         self._cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
-                                   sampler_config(config))
-        self._source = source = prompt_source(config)
+                                   spec.sampler)
+        self._source = source = spec.prompt_source()
         stepper = self._stepper(group)
         self._worker = InProcessWorker(name, stepper, degree=group.degree,
                                        config=WorkerConfig(**(worker or {})), params=None,
                                        version=-1)
-        # the run's training reward (a remote one is registered by run_settings) and, for a
-        # latent model, the VAE: a host rewards the requests it completes
-        self._reward_fn = rewards.get(run_settings(config).reward)
-        self._decoder = image_decoder(config)
+        # the run's training reward (a remote one is registered by the spec's settings) and,
+        # for a latent model, the VAE: a host rewards the requests it completes
+        self._reward_fn = rewards.get(spec.settings.reward)
+        self._decoder = spec.image_decoder()
         # the resident base a LoRA version is merged into: a diffusers base is loaded here
         # (shared storage); any other comes once from the object store (set_base)
-        self._base = load_diffusers_base(config)[1] if diffusers_base(config) else None
+        self._base = spec.load_diffusers_base()[1] if spec.diffusers_base else None
         self._notice = False
         self._steps = 0
         self.warmup_s = self._warm_up(stepper, source.train_prompts[0])
         # the groups of the device sets left after losing one device, compiled meanwhile
         self._fallbacks = threading.Thread(target=self._warm_fallbacks, daemon=True)
-        if config.deployment.spot_regroup_precompile:
+        if spec.deployment.spot_regroup_precompile:
             self._fallbacks.start()
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -504,21 +495,21 @@ def serve(worker: RayWorker, queue, *, now: Callable[[], float] = time.monotonic
     return stats
 
 
-def launch_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None = None,
+def launch_host(name: str, spec, *, cpu_devices: int = 0, worker: dict | None = None,
                 resources: dict | None = None) -> tuple[object, object]:
     """Starts one spot host actor (a new process, once Ray can place it) for the run's
-    ``config`` (a ConfigDict or plain dict) without waiting for it; returns the actor and the
-    ref of its ``info()``, ready when the host has built its model."""
+    ``spec`` (a ``RunSpec`` or its ``plain()`` data) without waiting for it; returns the actor
+    and the ref of its ``info()``, ready when the host has built its model."""
     cls = spot_host_class(resources=resources)
-    plain = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    plain = spec.plain() if hasattr(spec, "plain") else dict(spec)
     actor = cls.remote(name, plain, cpu_devices=cpu_devices, worker=worker)
     return actor, actor.info.remote()
 
 
-def start_host(name: str, config, *, cpu_devices: int = 0, worker: dict | None = None,
+def start_host(name: str, spec, *, cpu_devices: int = 0, worker: dict | None = None,
                resources: dict | None = None) -> RayWorker:
     """:func:`launch_host` and wait for the host: its :class:`RayWorker`."""
-    actor, _ = launch_host(name, config, cpu_devices=cpu_devices, worker=worker,
+    actor, _ = launch_host(name, spec, cpu_devices=cpu_devices, worker=worker,
                            resources=resources)
     return RayWorker(actor)
 

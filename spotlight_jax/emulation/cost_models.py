@@ -44,7 +44,7 @@ class CostConfig:
 
     ``profile_model`` is the paper-scale model whose FLOPs time the ``profile`` cost model; the
     config names it by config file (``cost.profile_model = "qwen_image"``) and
-    ``builders.cost_config`` loads that file's model section, so its shapes live in one place.
+    ``config.cost_config`` loads that file's model section, so its shapes live in one place.
     """
 
     model: str = "profile"
@@ -128,7 +128,7 @@ class Prices:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one run does per rollout and per trained trajectory (``builders.workload`` makes it
+    """What one run does per rollout and per trained trajectory (``config.workload`` makes it
     from the run's sampler and rl sections).
 
     ``train_steps``: trained timesteps per trajectory (already resolved: 0 in the rl config means
@@ -543,7 +543,7 @@ def make_cost_model(cost: CostConfig, workload: Workload = Workload(), *,
         model_cfg = model_cfg or cost.profile_model
         if model_cfg is None:
             raise ValueError("profile_model=None: the profile cost model needs the paper-scale "
-                             "model's config (builders.cost_config loads the config that "
+                             "model's config (config.cost_config loads the config that "
                              "cost.profile_model names)")
         return profile_for(model_cfg, cost.image_pixels, cost, workload)
     if cost.model == "measured":

@@ -8,7 +8,7 @@ on a named accelerator, or measured timings). Preemptions inside a phase cost wh
 scheduler's rules say they cost: a notice commits in-flight state (only a regroup latency), an
 abrupt loss redoes the work since the last periodic commit.
 
-:class:`Deployment` takes frozen configs only; ``builders.make_deployment(config)`` makes them
+:class:`Deployment` takes frozen configs only; ``config.make_deployment(config)`` makes them
 from a run's config.
 """
 from __future__ import annotations

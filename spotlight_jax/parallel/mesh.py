@@ -89,3 +89,32 @@ def place_batch(x, mesh: Mesh | None):
         return jax.device_put(a, NamedSharding(mesh, spec))
 
     return jax.tree.map(place, x)
+
+
+# -- where the explorers and the emulated spot nodes live -----------------------------------
+
+def explore_mesh(trainer_mesh: Mesh, devices=None, batch_multiple: int = 1) -> Mesh | None:
+    """Where ``spotlight`` mode explores while the trainer updates: a data-parallel mesh over
+    devices the trainer's mesh does not use (of ``devices``, default all), as many as the largest
+    power of two that divides ``batch_multiple`` (the explorer's padded batch). None when the
+    trainer holds every device: exploration then shares the trainer's devices."""
+    used = {d.id for d in trainer_mesh.devices.flat}
+    free = [d for d in (jax.devices() if devices is None else devices) if d.id not in used]
+    n = 1
+    while 2 * n <= len(free) and batch_multiple % (2 * n) == 0:
+        n *= 2
+    if not free:
+        return None
+    return make_mesh(free[-n:], MeshConfig(data=-1, fsdp=1, sp=1))
+
+
+def fleet_devices(trainer_mesh: Mesh, devices, num_nodes: int, per_node: int):
+    """Where the emulated spot nodes live in ``spotlight`` mode: ``(devices, per_node)`` with
+    the last ``num_nodes * per_node`` devices the trainer's mesh does not use, or one device per
+    node when fewer are free (the groups then run unsharded), or None when not even that fits."""
+    used = {d.id for d in trainer_mesh.devices.flat}
+    free = [d for d in devices if d.id not in used]
+    for n in (per_node, 1):
+        if n >= 1 and len(free) >= num_nodes * n:
+            return free[len(free) - num_nodes * n:], n
+    return None

@@ -2,7 +2,7 @@
 
 A prompt source has ``train_prompts`` and ``val_prompts`` (the run's training pool and the
 held-out pool its evaluation draws from) and ``tokenize(prompts, max_len) -> (tokens, mask)``,
-the model input of a batch of prompts. ``spotlight_jax.builders.prompt_source`` picks it from
+the model input of a batch of prompts. ``spotlight_jax.config.prompt_source`` picks it from
 the config and the runner, the explorers, the rollout workers, the evaluation and pretraining
 take its ``tokenize``, so no call site decides between the two kinds:
 

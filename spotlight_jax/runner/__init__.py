@@ -2,8 +2,9 @@
 
 ``loop.run`` is the run (resume, hooks at their cadence, time budget); ``hooks`` what runs
 beside the step (``checkpointing``: the run's checkpoints; ``outputs``: evaluations, sample
-grids, the reward curve, the LoRA export); ``state`` holds what an iteration steps on; ``modes`` has one small class per mode; ``rollouts`` is the
-one rollout interface with its direct / scheduled / Ray backends; ``exploration`` and ``fleet``
+grids, the reward curve, the LoRA export); ``state`` holds what an iteration steps on; ``modes``
+has one small class per mode; ``rollouts`` is the one rollout interface with its direct /
+scheduled / Ray backends; ``exploration`` and ``fleet``
 are the seed exploration (stale weights on spot devices); ``compare`` runs every mode and writes
 the report. The learning is real computation; the time and dollar axes come from
 ``spotlight_jax.emulation``.

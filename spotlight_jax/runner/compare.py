@@ -11,12 +11,7 @@ import os
 
 from absl import logging
 
-from spotlight_jax.builders import (
-    deployment_config,
-    make_deployment,
-    run_settings,
-    trace_config,
-)
+from spotlight_jax.config import RunSpec
 from spotlight_jax.emulation.cost_models import Assumption
 from spotlight_jax.plots import spot_timeline
 from spotlight_jax.reports import write_report, write_seed_report
@@ -24,43 +19,38 @@ from spotlight_jax.runner.loop import run
 from spotlight_jax.runner.modes import MODES
 
 
-def run_compare(config, workdir: str, graphdef, base, *, base_source: str = "",
+def run_compare(spec: RunSpec, workdir: str, graphdef, base, *, base_source: str = "",
                 progress: bool = True) -> str:
-    """Runs every mode with the same seeds, prompts and trace; writes and returns the report.
-    With ``compare.seeds`` set, once per config seed into ``workdir/seed_<s>``, then the
-    seeds' report (``report_seeds.md``: every ratio's mean and spread)."""
-    st = run_settings(config)
+    """Runs every mode of the run ``spec`` with the same seeds, prompts and trace; writes and
+    returns the report. With ``compare.seeds`` set, once per config seed into
+    ``workdir/seed_<s>``, then the seeds' report (``report_seeds.md``: every ratio's mean and
+    spread)."""
+    st = spec.settings
     seeds = st.compare_seeds
     if seeds:
         dirs = {}
         for seed in seeds:
-            c = config.copy_and_resolve_references()
-            with c.unlocked():
-                c.seed, c.compare.seeds = seed, ()
             dirs[seed] = os.path.join(workdir, f"seed_{seed}")
-            run_compare(c, dirs[seed], graphdef, base, base_source=base_source,
-                        progress=progress)
+            run_compare(spec.replace({"seed": seed, "compare.seeds": ()}), dirs[seed],
+                        graphdef, base, base_source=base_source, progress=progress)
         return write_seed_report(workdir, dirs, header=f"Base: {base_source}.")
     histories, phases, assumptions = {}, {}, None
     for mode in MODES:
-        c = config.copy_and_resolve_references()
-        with c.unlocked():
-            c.mode = mode
         logging.info("compare: running %s", mode)
         mode_dir = os.path.join(workdir, mode)
-        histories[mode] = run(c, mode_dir, graphdef, base, base_source=base_source,
-                              progress=progress)
+        histories[mode] = run(spec.replace({"mode": mode}), mode_dir, graphdef, base,
+                              base_source=base_source, progress=progress)
         with open(os.path.join(mode_dir, "phases.json")) as f:
             info = json.load(f)
         phases[mode], assumptions = info["phases"], info["assumptions"]
-    tc, dc = trace_config(config), deployment_config(config)
+    tc, dc = spec.trace, spec.deployment
     trace = tc.path or "synthetic"
     if tc.path and tc.start_s:
         trace += f" from {tc.start_s:g} s on"
-    header = (f"Config seed {config.seed}; trace: {trace}; base: {base_source}. Learning is real "
+    header = (f"Config seed {spec.seed}; trace: {trace}; base: {base_source}. Learning is real "
               "(tiny model); time and cost are emulated from the cost model below.")
     timeline = "spot_timeline.png"
-    spot_timeline(os.path.join(workdir, timeline), make_deployment(config).replay,
+    spot_timeline(os.path.join(workdir, timeline), spec.make_deployment().replay,
                   dc.spot_devices_per_node, histories["spotlight"],
                   title=f"spotlight on the {'SkyPilot' if tc.path else 'synthetic'} "
                         "trace")

@@ -21,11 +21,11 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spotlight_jax.builders import explore_mesh, fleet_devices
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
 from spotlight_jax.explore import max_variance_subset
 from spotlight_jax.explore.explorer import LocalExplorer
+from spotlight_jax.parallel.mesh import explore_mesh, fleet_devices
 from spotlight_jax.runner.fleet import FleetExplorer
 from spotlight_jax.runner.ray_fleet import RayExplorer
 

@@ -40,7 +40,7 @@ class FleetExplorer:
     """Spot nodes ``spot0..spot{n-1}`` of ``per_node`` devices each, on ``devices``.
 
     Args:
-      devices: ``num_nodes * per_node`` devices (see :func:`spotlight_jax.builders.fleet_devices`).
+      devices: ``num_nodes * per_node`` devices (see ``parallel.mesh.fleet_devices``).
       alive_nodes: the nodes up at the start (the others are built lost).
       chunk: rollouts per program call (the one precompiled batch size).
       tokenize: the run's prompt source's ``tokenize(prompts, text_len)`` (default the world's).

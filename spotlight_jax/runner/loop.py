@@ -14,6 +14,7 @@ from __future__ import annotations
 from absl import logging
 from tqdm.auto import tqdm
 
+from spotlight_jax.config import RunSpec
 from spotlight_jax.runner import outputs
 from spotlight_jax.runner.checkpointing import RunCheckpoints
 from spotlight_jax.runner.hooks import Hooks
@@ -66,15 +67,16 @@ def default_hooks(run: RunState, checkpoints: RunCheckpoints, base_source: str =
     return hooks
 
 
-def run(config, workdir: str, graphdef, base, *, base_source: str = "", progress: bool = True,
-        devices=None, trainer=None, hooks: Hooks | None = None):
-    """Runs the config's mode in ``workdir`` (resuming whatever is there); returns the history.
+def run(spec: RunSpec, workdir: str, graphdef, base, *, base_source: str = "",
+        progress: bool = True, devices=None, trainer=None, hooks: Hooks | None = None):
+    """Runs the mode of the run ``spec`` in ``workdir`` (resuming whatever is there); returns
+    the history.
 
     ``devices``: the trainer's devices (default: ``trainer_devices`` of this process's); the
-    mesh comes from ``config.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob``
+    mesh comes from ``spec.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob``
     (process 0). ``hooks``: more hooks, run after :func:`default_hooks` at their cadence.
     """
-    r = RunState(config, workdir, graphdef, base, devices, trainer=trainer)
+    r = RunState(spec, workdir, graphdef, base, devices, trainer=trainer)
     st = r.settings
     checkpoints = RunCheckpoints(workdir, st.max_to_keep)
     hooks = default_hooks(r, checkpoints, base_source).extend(hooks)

@@ -123,7 +123,7 @@ class RayFleet:
         i, self._next_host = self._next_host, self._next_host + 1
         res = s.settings.ray_spot_resource
         actor, info = ray_hosts.launch_host(
-            f"spot{i}", s.host_config, cpu_devices=d.cfg.spot_devices_per_node,
+            f"spot{i}", s.spec.plain(), cpu_devices=d.cfg.spot_devices_per_node,
             worker=self.worker_config(), resources={res: 1} if res else None)
         self.starting.append((actor, info))
 

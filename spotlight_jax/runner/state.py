@@ -14,18 +14,7 @@ import numpy as np
 from absl import logging
 
 from spotlight_jax import rewards, world
-from spotlight_jax.builders import (
-    attention_spec,
-    build_mesh,
-    host_config,
-    image_decoder,
-    make_deployment,
-    make_trainer,
-    model_config,
-    prompt_source,
-    run_settings,
-    sampler_config,
-)
+from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.diffusion.engine import RolloutEngine
 from spotlight_jax.explore.explorer import LocalExplorer
@@ -68,42 +57,47 @@ def prompt_kind(prompt: str) -> str:
 class RunState:
     """State and helpers of one post-training run in ``workdir``.
 
-    ``devices``: the trainer's devices (default: ``trainer_devices`` of this process's, 0 =
-    all). ``trainer``: a multi-process trainer job's ``TrainerJob``, whose update runs on its own
-    mesh while this one holds the sampling weights.
+    ``spec``: the run's :class:`~spotlight_jax.config.RunSpec`. ``devices``: the trainer's
+    devices (default: ``trainer_devices`` of this process's, 0 = all). ``trainer``: a
+    multi-process trainer job's ``TrainerJob``, whose update runs on its own mesh while this one
+    holds the sampling weights.
     """
 
-    def __init__(self, config, workdir, graphdef, base, devices=None, trainer=None):
-        self.settings = st = run_settings(config)
+    def __init__(self, spec: RunSpec, workdir, graphdef, base, devices=None, trainer=None):
+        if not isinstance(spec, RunSpec):
+            raise TypeError(f"RunState takes a RunSpec (RunSpec.from_config(config)), not "
+                            f"{type(spec).__name__}")
+        self.spec = spec
+        self.settings = st = spec.settings
         self.workdir = workdir
         # This process's devices: the runner never places work on another process's devices
         # (in a multi-process trainer job only the trainer's collectives span them).
         self.devices = list(jax.local_devices())
         if devices is None and st.trainer_devices:
             devices = self.devices[:st.trainer_devices]
-        self.mesh = build_mesh(config, devices if devices is not None else self.devices)
+        self.mesh = spec.build_mesh(devices if devices is not None else self.devices)
         base = shard_state(base, self.mesh)
         self.base_state = base                  # the frozen base (LoRA's reference policy)
-        self.mcfg = model_config(config)
-        self.train_sampler_cfg = sampler_config(config)
+        self.mcfg = spec.model
+        self.train_sampler_cfg = spec.sampler
         self.image_shape = (self.mcfg.image_size,) * 2 + (self.mcfg.channels,)
         self.graphdef = graphdef
         self.trainer = (trainer if trainer is not None
-                        else make_trainer(config, graphdef, base, mesh=self.mesh))
+                        else spec.make_trainer(graphdef, base, mesh=self.mesh))
         self.reward_parts = self._reward_parts()
         # a latent model's VAE (None for pixels) and the attention layout on the trainer's mesh
-        self.decoder = image_decoder(config)
-        self.attn = attention_spec(config, self.mesh)
+        self.decoder = spec.image_decoder()
+        self.attn = spec.attention_spec(self.mesh)
         self.sampler = Sampler(graphdef, self.image_shape, self.train_sampler_cfg, self.attn,
                                mesh=self.mesh, decoder=self.decoder)
         self.eval_sampler = Sampler(graphdef, self.image_shape,
-                                    sampler_config(config, evaluation=True), self.attn,
+                                    spec.eval_sampler, self.attn,
                                     mesh=self.mesh, decoder=self.decoder)
         # the prompts and their model inputs: the world's tokenizer or an embedding file
-        self.prompt_source = prompt_source(config)
+        self.prompt_source = spec.prompt_source()
         self.train_prompts = self.prompt_source.train_prompts
         if not self.prompt_source.val_prompts:
-            raise ValueError(f"prompts.embeddings_file={config.prompts.embeddings_file!r}: has "
+            raise ValueError(f"prompts.embeddings_file={spec.embeddings_file!r}: has "
                              "no held-out prompts (split 'val') to evaluate on; re-run python "
                              "-m spotlight_jax.encode_prompts with --val_prompts")
         self.val_prompts = eval_prompts(self.prompt_source.val_prompts, st.eval_prompts)
@@ -112,8 +106,7 @@ class RunState:
                                     tokenize=self.prompt_source.tokenize)
         rewards.get(st.eval_reward)             # an unknown name fails here, not at eval 0
         self.explorer = LocalExplorer(self.engine)
-        self.deploy = make_deployment(config)
-        self.host_config = host_config(config) if st.transport == "ray" else None
+        self.deploy = spec.make_deployment()
         self.planner = Planner(PlannerConfig(group_size=st.group_size,
                                              algorithm=st.explore.algorithm,
                                              max_extra_per_prompt=st.explore.max_extra_per_prompt,
@@ -130,7 +123,7 @@ class RunState:
         self.mode = make_mode(st.mode, self, base)
 
     def _reward_parts(self):
-        """The reward's components, where the trainer's advantages need them (builders
+        """The reward's components, where the trainer's advantages need them (the config
         validated the choice)."""
         return get_components(self.settings.reward) if self.trainer.needs_reward_parts else None
 

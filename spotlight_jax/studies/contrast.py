@@ -17,6 +17,7 @@ import tempfile
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.config import RunSpec
 
 FLAGS = flags.FLAGS
 
@@ -61,7 +62,7 @@ def main(argv):
     import numpy as np
 
     from spotlight_jax import train
-    from spotlight_jax.builders import load_config, rl_config
+    from spotlight_jax.config import load_config, rl_config
     from spotlight_jax.diffusion.engine import candidate_seeds
     from spotlight_jax.runner import RunState
 
@@ -71,8 +72,8 @@ def main(argv):
     if FLAGS.pool < G:
         raise app.UsageError(f"--pool={FLAGS.pool} is smaller than the group size {G}")
     workdir = tempfile.mkdtemp(prefix="contrast_")
-    graphdef, base, source = train.load_or_pretrain_base(config, workdir)
-    run = RunState(config, workdir, graphdef, base)
+    graphdef, base, source = train.load_or_pretrain_base(RunSpec.of(config), workdir)
+    run = RunState(RunSpec.of(config), workdir, graphdef, base)
     pool = run.train_prompts
     rng = np.random.default_rng(FLAGS.seed)
     picks = rng.choice(len(pool), min(FLAGS.prompts, len(pool)), replace=False)

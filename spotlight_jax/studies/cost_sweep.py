@@ -53,9 +53,9 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     """Each of :data:`MODES`' critical-path seconds per iteration under ``config``'s deployment
     and cost model, every spot node alive. Dollars: every device of the deployment (on-demand
     and spot) held for that long, as the runs pay them (all modes hold the same hardware)."""
-    from spotlight_jax import builders  # noqa: PLC0415 - programs import JAX late
+    from spotlight_jax import config as conf  # noqa: PLC0415 - programs import JAX late
 
-    d = builders.make_deployment(config)
+    d = conf.make_deployment(config)
     n = int(config.rl.prompts_per_iter) * int(config.rl.group_size)
     d.alive_nodes = set(range(d.cfg.spot_nodes))
     spot = d.cfg.spot_nodes * d.cfg.spot_devices_per_node
@@ -94,12 +94,12 @@ def _number(v: str):
 def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
     """One-at-a-time sweeps of ``sweeps`` around ``config``, then the two keys whose range
     moves the pipelined ratio most, crossed. Returns a JSON-able dict."""
-    from spotlight_jax import builders  # noqa: PLC0415
+    from spotlight_jax import config as conf  # noqa: PLC0415
 
     def at(extra):
         cfg = config.copy_and_resolve_references()
         with cfg.unlocked():
-            it = iteration_phases(builders.apply_overrides(cfg, extra))
+            it = iteration_phases(conf.apply_overrides(cfg, extra))
         base = it["baseline"].seconds
         return {m: {"seconds": c.seconds, "ratio": base / c.seconds, "dollars": c.dollars,
                     "phases": c.phases} for m, c in it.items()}

@@ -22,6 +22,7 @@ import tempfile
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.config import RunSpec
 
 FLAGS = flags.FLAGS
 
@@ -103,7 +104,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     programs.emulate_devices(12, cpu=False)
     from spotlight_jax import train
-    from spotlight_jax.builders import load_config
+    from spotlight_jax.config import load_config
     from spotlight_jax.rl import grpo
     from spotlight_jax.runner import RunState
 
@@ -114,8 +115,8 @@ def main(argv):
             over["sampler.sde_window"] = None
         config = load_config("tiny", over)
         with tempfile.TemporaryDirectory() as wd:
-            graphdef, base, _ = train.load_or_pretrain_base(config, wd, progress=False)
-            run = RunState(config, wd, graphdef, base)
+            graphdef, base, _ = train.load_or_pretrain_base(RunSpec.of(config), wd, progress=False)
+            run = RunState(RunSpec.of(config), wd, graphdef, base)
             grads, spread = step_gradients(run, FLAGS.batches)
             sampler = run.trainer.sampler
             run.close()

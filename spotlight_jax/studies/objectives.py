@@ -184,7 +184,7 @@ def main(argv):
     for obj in objectives:
         if obj not in OBJECTIVES:
             raise app.UsageError(f"--objectives: unknown {obj!r}; choose from {OBJECTIVES}")
-    from spotlight_jax.builders import load_config  # noqa: PLC0415
+    from spotlight_jax.config import load_config  # noqa: PLC0415
     rl = load_config("tiny").rl
     per_iteration = rl.prompts_per_iter * rl.group_size
     curves: dict = {}

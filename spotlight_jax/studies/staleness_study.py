@@ -27,6 +27,7 @@ import time
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.config import RunSpec
 
 FLAGS = flags.FLAGS
 STALENESS = (1, 2, 4)
@@ -75,7 +76,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     from tqdm.auto import tqdm
 
     from spotlight_jax import train
-    from spotlight_jax.builders import load_config, rl_config, sampler_config
+    from spotlight_jax.config import load_config, rl_config, sampler_config
     from spotlight_jax.diffusion import Sampler
     from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
     from spotlight_jax.explore import LocalExplorer
@@ -90,8 +91,8 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
         config.rl.lr = lr
     os.makedirs(out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="staleness_")
-    graphdef, base, source = train.load_or_pretrain_base(config, workdir)
-    run = RunState(config, workdir, graphdef, base)
+    graphdef, base, source = train.load_or_pretrain_base(RunSpec.of(config), workdir)
+    run = RunState(RunSpec.of(config), workdir, graphdef, base)
     G = config.rl.group_size
     snap = {0: run.trainer.sampling_state()}
     t0 = time.time()

@@ -10,9 +10,10 @@ import pytest
 from flax import nnx
 
 from spotlight_jax import world
-from spotlight_jax.builders import create_model, load_config, model_config
+from spotlight_jax.config import load_config, model_config
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.diffusion.rollout import initial_noise
+from spotlight_jax.models.build import create_model
 
 torch = pytest.importorskip("torch")
 from spotlight_jax.bench._torch_reference import TorchMMDiT  # noqa: E402

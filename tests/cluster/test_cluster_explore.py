@@ -16,8 +16,9 @@ from helpers import mode_config, qwen_fixture_config
 
 ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
 from spotlight_jax import runner  # noqa: E402
-from spotlight_jax.builders import create_model, model_config  # noqa: E402
+from spotlight_jax.config import RunSpec, model_config  # noqa: E402
 from spotlight_jax.diffusion.engine import candidate_seeds  # noqa: E402
+from spotlight_jax.models.build import create_model  # noqa: E402
 from spotlight_jax.runner import outputs  # noqa: E402
 
 pytestmark = pytest.mark.cluster
@@ -45,7 +46,7 @@ def model():
 
 def _run(c, workdir, model, iterations):
     graphdef, base = model
-    r = runner.RunState(c, str(workdir), graphdef, base)
+    r = runner.RunState(RunSpec.of(c), str(workdir), graphdef, base)
     rows, seeds = [], []
     for k in range(iterations):
         rows.append(r.step(k))
@@ -88,8 +89,8 @@ def test_ray_spotlight_explores_on_the_hosts_like_the_emulated_fleet(cluster, tm
 def test_ray_pipelined_batch_is_the_chosen_candidates_under_the_stale_weights(
         cluster, tmp_path, model):
     graphdef, base = model
-    r = runner.RunState(_config("spotlight_pipelined", "ray", iterations=2), str(tmp_path),
-                        graphdef, base)
+    r = runner.RunState(RunSpec.of(_config("spotlight_pipelined", "ray", iterations=2)),
+                        str(tmp_path), graphdef, base)
     try:
         stale = jax.tree.map(np.asarray, r.trainer.sampling_state())   # θ_0
         row = r.step(0)
@@ -110,8 +111,8 @@ def test_ray_pipelined_batch_is_the_chosen_candidates_under_the_stale_weights(
 
 def _explorer(tmp_path, model, deadline, spot_nodes=3):
     graphdef, base = model
-    r = runner.RunState(_config("spotlight", "ray", deadline=deadline, spot_nodes=spot_nodes),
-                        str(tmp_path), graphdef, base)
+    spec = RunSpec.of(_config("spotlight", "ray", deadline=deadline, spot_nodes=spot_nodes))
+    r = runner.RunState(spec, str(tmp_path), graphdef, base)
     return r, r.mode.spot.ray
 
 
@@ -213,7 +214,7 @@ def test_a_diffusers_base_end_to_end_over_ray_hosts(cluster, tmp_path):
     """The tiny Qwen-Image fixture (transformer + VAE, prompts from an embedding file): each host
     loads the base itself, scores candidates with its own VAE and reward exactly as the trainer
     does, and a spotlight iteration trains on Ray rollouts equal to the trainer's own."""
-    from spotlight_jax.builders import load_diffusers_base
+    from spotlight_jax.config import load_diffusers_base
     c = qwen_fixture_config(tmp_path, "nft", iterations=1, mode="spotlight")
     c.explore.max_extra_per_prompt = 4
     c.deployment.update({"transport": "ray", "spot_nodes": 1, "spot_devices_per_node": 2,
@@ -221,7 +222,7 @@ def test_a_diffusers_base_end_to_end_over_ray_hosts(cluster, tmp_path):
                          "spot_regroup_precompile": False})
     c.trace.rate_per_node_hour = 0.0
     graphdef, base = load_diffusers_base(c)
-    r = runner.RunState(c, str(tmp_path / "run"), graphdef, base)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path / "run"), graphdef, base)
     try:
         prompts = r.prompts(0)
         seeds = [candidate_seeds(0, 1, i, 5) for i in range(len(prompts))]

@@ -27,6 +27,7 @@ from helpers import (
 )
 
 from spotlight_jax import checkpoint, runner
+from spotlight_jax.config import RunSpec
 from spotlight_jax.runner import checkpointing
 
 ITERATIONS = 3
@@ -62,11 +63,11 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
 
     # the reference: one process, 4 devices
     ref_dir = tmp_path / "ref"
-    ref = runner.run(c, str(ref_dir), graphdef, base, progress=False,
+    ref = runner.run(RunSpec.of(c), str(ref_dir), graphdef, base, progress=False,
                          devices=jax.devices()[:4])
 
     # the job's checkpoint restores in single-process mode
-    run = runner.RunState(c, str(job_dir), graphdef, base, jax.devices()[:4])
+    run = runner.RunState(RunSpec.of(c), str(job_dir), graphdef, base, jax.devices()[:4])
     assert checkpointing.restore(run)
     assert run.iteration == ITERATIONS
     got = run.history
@@ -77,9 +78,9 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
         np.testing.assert_allclose(g["loss"], r["loss"], rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(got[-1]["val_reward"], ref[-1]["val_reward"], atol=1e-4)
 
-    want_run = runner.RunState(c, str(ref_dir), graphdef, base, jax.devices()[:4])
+    want_run = runner.RunState(RunSpec.of(c), str(ref_dir), graphdef, base, jax.devices()[:4])
     assert checkpointing.restore(want_run)
-    before = jax.tree.leaves(runner.RunState(c, str(tmp_path / "fresh"), graphdef, base,
+    before = jax.tree.leaves(runner.RunState(RunSpec.of(c), str(tmp_path / "fresh"), graphdef, base,
                                             jax.devices()[:4]).trainer.trainable)
     want = jax.tree.leaves(want_run.trainer.trainable)
     have = jax.tree.leaves(run.trainer.trainable)

@@ -29,7 +29,8 @@ import jax
 jax.config.update("jax_num_cpu_devices", 2)
 from helpers import mode_config
 from spotlight_jax import runner
-from spotlight_jax.builders import create_model, model_config
+from spotlight_jax.config import RunSpec, model_config
+from spotlight_jax.models.build import create_model
 c = mode_config("spotlight", iterations=3)
 c.checkpoint.every = 1
 c.deployment.update(dict(transport="ray", ray_address={address!r}, ray_spot_resource="spot_node",
@@ -37,7 +38,7 @@ c.deployment.update(dict(transport="ray", ray_address={address!r}, ray_spot_reso
                          ray_host_wait_s=600.0, spot_regroup_precompile=False))
 c.trace.rate_per_node_hour = 0.0
 graphdef, state = create_model(model_config(c))
-runner.run(c, {workdir!r}, graphdef, state, progress=False)
+runner.run(RunSpec.of(c), {workdir!r}, graphdef, state, progress=False)
 """
 # state, not wall time or which host actors served
 SAME = ("reward_mean", "reward_std", "loss", "explore_candidates", "explore_extra",

@@ -11,7 +11,7 @@ import jax
 import pytest
 from helpers import MICRO_RUN_OVERRIDES, micro_model
 
-from spotlight_jax.builders import load_config, sampler_config
+from spotlight_jax.config import RunSpec, load_config, sampler_config
 from spotlight_jax.elastic.groups import GroupConfig, form_node_groups
 from spotlight_jax.sched import (
     InProcessWorker,
@@ -25,8 +25,8 @@ from spotlight_jax.sched import (
 )
 
 ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
-from spotlight_jax.builders import model_config  # noqa: E402
 from spotlight_jax.cluster import ray_hosts as spot  # noqa: E402
+from spotlight_jax.config import model_config  # noqa: E402
 from spotlight_jax.runner.rollouts import group_seeds  # noqa: E402
 
 pytestmark = pytest.mark.cluster
@@ -60,7 +60,7 @@ def setup():
 def _host(name, precompile=False):
     """A spot host; ``precompile``: with its regroup programs (background compiles)."""
     config = load_config("tiny", {**OVERRIDES, "deployment.spot_regroup_precompile": precompile})
-    return spot.start_host(name, config, cpu_devices=2, worker=WORKER)
+    return spot.start_host(name, RunSpec.of(config), cpu_devices=2, worker=WORKER)
 
 
 def _serve_all(workers, queue):
@@ -152,14 +152,14 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
     import numpy as np
 
     from spotlight_jax import runner
-    from spotlight_jax.builders import create_model
+    from spotlight_jax.models.build import create_model
 
     c = load_config("tiny", {**MICRO_RUN_OVERRIDES, "mode": "spot_rollout", "rl.iterations": 2,
                              "deployment.transport": "ray", "deployment.spot_nodes": 2,
                              "deployment.ray_host_wait_s": 600.0,
                              "deployment.spot_regroup_precompile": False})
     graphdef, base = create_model(model_config(c))
-    run = runner.RunState(c, str(tmp_path), graphdef, base)
+    run = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, base)
     prompts = run.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     got, info = run.spot_rollouts.rollout(0, prompts, seeds)

@@ -12,7 +12,7 @@ import yaml
 from absl import flags as absl_flags
 
 from spotlight_jax.bench import ray_hosts_demo
-from spotlight_jax.builders import load_config
+from spotlight_jax.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHELL = sorted([ROOT / "launch" / "local_cluster.sh",

@@ -304,7 +304,7 @@ def test_shared_initial_noise_within_a_slot(micro_sampler):
 
 
 def test_shared_initial_noise_config_reaches_training_sampler_only():
-    from spotlight_jax.builders import SHARED_INIT_BITS, load_config, sampler_config
+    from spotlight_jax.config import SHARED_INIT_BITS, load_config, sampler_config
     c = load_config("tiny", {"sampler.shared_initial_noise": True,
                              "rl.objective": "flow_grpo"})
     assert sampler_config(c).shared_init_bits == SHARED_INIT_BITS

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from spotlight_jax import builders
+from spotlight_jax import config as conf
 from spotlight_jax.emulation import calibration, cost_models, datasheets, flops
 from spotlight_jax.emulation import clock as clock_lib
 from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock, WallClock
@@ -24,7 +24,7 @@ SPOT = DeviceGroup("spot0", "spot", 2)
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # The cost section of configs/base.py: the paper deployment, its profile model loaded from
 # configs/qwen_image.py.
-PAPER = builders.cost_config(builders.load_config("base"))
+PAPER = conf.cost_config(conf.load_config("base"))
 
 
 def paper(**fields) -> CostConfig:
@@ -231,7 +231,7 @@ def test_paper_profile_tokens_params_and_flops():
 
 
 def test_profile_model_matches_the_qwen_config():
-    from spotlight_jax.builders import model_config
+    from spotlight_jax.config import model_config
     cfg = runpy.run_path(str(CONFIGS / "qwen_image.py"))["get_config"]()
     assert model_config(cfg) == PAPER.profile_model
 
@@ -275,22 +275,22 @@ def test_profile_scales_with_batch_and_sp_degree():
 def test_cost_config_section_round_trip_and_workload():
     base = runpy.run_path(str(CONFIGS / "base.py"))["get_config"]()
     qwen = runpy.run_path(str(CONFIGS / "qwen_image.py"))["get_config"]()
-    assert builders.cost_config(base) == CostConfig(profile_model=builders.model_config(qwen))
+    assert conf.cost_config(base) == CostConfig(profile_model=conf.model_config(qwen))
     base.cost.mfu = 0.5
-    assert builders.cost_config(base).mfu == 0.5
+    assert conf.cost_config(base).mfu == 0.5
     # the forward-process objective (base.py's default) trains K flow times per image, each with
     # the old policy's forward; its KL weight adds the reference's
-    assert builders.workload(base) == Workload(
+    assert conf.workload(base) == Workload(
         num_steps=10, train_steps=base.rl.nft.times, inner_epochs=1, kl=True, cfg_passes=1,
         lora_rank=16, extra_forwards=0, objective="nft")
     base.rl.nft.kl_beta = 1e-4
-    assert builders.workload(base).extra_forwards == 1
-    nft_cost = cost_models.make_cost_model(builders.cost_config(base), builders.workload(base))
+    assert conf.workload(base).extra_forwards == 1
+    nft_cost = cost_models.make_cost_model(conf.cost_config(base), conf.workload(base))
     base.rl.objective = "flow_grpo"
-    w = builders.workload(base)
+    w = conf.workload(base)
     # Flow-GRPO on base.py trains every SDE step (train_steps = 0; its window is steps 0-7)
     # with LoRA rank 16 and the KL reference forward
-    grpo_cost = cost_models.make_cost_model(builders.cost_config(base), w)
+    grpo_cost = cost_models.make_cost_model(conf.cost_config(base), w)
     # per trained pair nft runs v_old and the reference: one forward (per CFG pass of the
     # profile) more than Flow-GRPO's KL reference; per image it trains K = 4 pairs against
     # Flow-GRPO's 8 SDE steps
@@ -300,9 +300,9 @@ def test_cost_config_section_round_trip_and_workload():
     assert w == Workload(num_steps=10, train_steps=8, inner_epochs=1, kl=True, cfg_passes=1,
                          lora_rank=16)
     base.sampler.sde_window = None
-    assert builders.workload(base).train_steps == 10
+    assert conf.workload(base).train_steps == 10
     base.rl.train_steps, base.rl.lora_rank = 4, 0
-    assert builders.workload(base) == Workload(
+    assert conf.workload(base) == Workload(
         num_steps=10, train_steps=4, inner_epochs=1, kl=True, cfg_passes=1, lora_rank=0)
 
 
@@ -347,7 +347,7 @@ def test_calibrate_fits_rollout_and_round_trips():
 # --------------------------------------------------------------------------------- bad inputs
 
 def _with_cost_field(name, value):
-    c = builders.load_config("base")
+    c = conf.load_config("base")
     c.cost[name] = value
     return c
 
@@ -363,7 +363,7 @@ def _with_cost_field(name, value):
     (lambda: CostConfig(device="tpu_v9"), "a100_sxm.*h100_sxm.*h200_sxm"),
     (lambda: datasheets.device_spec("b200"), "h100_sxm"),
     (lambda: CostConfig(model="guess"), r"\('profile', 'measured'\)"),
-    (lambda: builders.cost_config(_with_cost_field("mfuu", 0.3)), "valid fields"),
+    (lambda: conf.cost_config(_with_cost_field("mfuu", 0.3)), "valid fields"),
     (lambda: cost_models.make_cost_model(CostConfig(model="measured")), "calibrat"),
     (lambda: cost_models.make_cost_model(paper()).rollout_step(0), "positive integer"),
     (lambda: cost_models.make_cost_model(paper()).regroup("warm"), "shrink"),

@@ -249,7 +249,7 @@ def test_deployment_replays_the_configured_window(tmp_path):
     import runpy
     from pathlib import Path
 
-    from spotlight_jax.builders import make_deployment
+    from spotlight_jax.config import make_deployment
     tiny = Path(__file__).parents[2] / "configs" / "tiny.py"
     get_config = runpy.run_path(str(tiny))["get_config"]
     p = _write(tmp_path, "t.json", json.dumps({"metadata": {"gap_seconds": 300},
@@ -270,7 +270,7 @@ def test_comma_separated_one_node_traces_make_a_pool(tmp_path):
     import runpy
     from pathlib import Path
 
-    from spotlight_jax.builders import make_deployment
+    from spotlight_jax.config import make_deployment
     from spotlight_jax.emulation import load_traces
     a = _write(tmp_path, "a.json", json.dumps({"metadata": {"gap_seconds": 30},
                                                "data": [1, 1, 0, 1]}))

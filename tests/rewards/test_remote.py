@@ -19,7 +19,7 @@ from helpers import free_port, micro_config
 
 from spotlight_jax import rewards as R
 from spotlight_jax import world as W
-from spotlight_jax.builders import ConfigError, load_config, validate
+from spotlight_jax.config import ConfigError, RunSpec, load_config, validate
 from spotlight_jax.rewards.remote import (
     RemoteReward,
     RemoteRewardConfig,
@@ -314,12 +314,13 @@ def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base)
     from spotlight_jax import runner
 
     graphdef, state = base
-    runner.run(micro_config(1), str(tmp_path / "local"), graphdef, state, progress=False)
+    runner.run(RunSpec.of(micro_config(1)), str(tmp_path / "local"), graphdef, state,
+               progress=False)
     with RewardServer("geneval_lite") as s:
-        runner.run(micro_config(1, **{"rl.reward": "remote", "rl.eval_reward": "remote",
+        runner.run(RunSpec.of(micro_config(1, **{"rl.reward": "remote", "rl.eval_reward": "remote",
                                       "remote_reward.url": s.url,
                                       "remote_reward.image_format": "npy",
-                                      "remote_reward.batch_size": 3}),
+                                      "remote_reward.batch_size": 3})),
                    str(tmp_path / "remote"), graphdef, state, progress=False)
         assert s.requests >= 4              # 8 rollouts in requests of 3, and the evaluation
     local, remote = ([json.loads(x) for x in open(tmp_path / d / "rl.jsonl")]
@@ -337,7 +338,7 @@ def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base)
 def test_the_remote_client_is_registered_once_per_server(monkeypatch):
     """The runner's settings are read several times per run (compare: per mode); the same
     server's client is built and registered once, another server's replaces it."""
-    from spotlight_jax import builders
+    from spotlight_jax import config as conf
 
     built = []
 
@@ -349,14 +350,14 @@ def test_the_remote_client_is_registered_once_per_server(monkeypatch):
         def __call__(self, images, prompts):
             return np.zeros(len(prompts), np.float32)
 
-    monkeypatch.setattr(builders, "RemoteReward", Fake)
-    monkeypatch.setattr(builders, "_registered_remote", {})
+    monkeypatch.setattr(conf.sections, "RemoteReward", Fake)
+    monkeypatch.setattr(conf.sections, "_registered_remote", {})
     over = {"rl.reward": "remote", "remote_reward.url": "http://127.0.0.1:1"}
     try:
         for _ in range(3):
-            builders.run_settings(load_config("tiny", over))
+            conf.run_settings(load_config("tiny", over))
         assert built == ["http://127.0.0.1:1"]
-        builders.run_settings(load_config("tiny", {**over,
+        conf.run_settings(load_config("tiny", {**over,
                                                    "remote_reward.url": "http://127.0.0.1:2"}))
         assert built == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     finally:

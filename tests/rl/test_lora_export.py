@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from spotlight_jax import safetensors_io
-from spotlight_jax.builders import create_model
 from spotlight_jax.models import MMDiTConfig
+from spotlight_jax.models.build import create_model
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl import lora_export
 

@@ -7,7 +7,7 @@ import pytest
 from helpers import micro_config, micro_model
 
 from spotlight_jax import world
-from spotlight_jax.builders import make_trainer, rl_config, sampler_config
+from spotlight_jax.config import make_trainer, rl_config, sampler_config
 from spotlight_jax.diffusion import SamplerConfig, encode_prompt
 from spotlight_jax.rl.nft import (
     NFTConfig,
@@ -229,12 +229,12 @@ def test_builders_objective_sampler_and_errors():
     r = rl_config(c)
     assert isinstance(r, NFTConfig) and r.global_std is True and r.beta == 1.0
     assert rl_config(micro_config(1)).global_std is False      # flow_grpo's default
-    from spotlight_jax.builders import GRPO_LR, NFT_LR, load_config
+    from spotlight_jax.config import GRPO_LR, NFT_LR, load_config
     assert rl_config(load_config("tiny")).lr == NFT_LR          # rl.lr None: per objective
     assert rl_config(load_config("tiny", {"rl.objective": "flow_grpo"})).lr == GRPO_LR
     assert rl_config(load_config("tiny", {"rl.lr": 3e-4})).lr == 3e-4
     # rl.reward None: the objective's training reward; held-out stays geneval_lite
-    from spotlight_jax.builders import run_settings
+    from spotlight_jax.config import run_settings
     for over, train in (({}, "geneval_lite_aspect"),
                         ({"rl.objective": "flow_grpo"}, "geneval_lite"),
                         ({"rl.reward": "geneval_lite_shaped"}, "geneval_lite_shaped")):
@@ -259,7 +259,8 @@ def test_builders_objective_sampler_and_errors():
     with pytest.raises(ValueError, match="rl.nft.beta"):
         rl_config(micro_config(1, **{"rl.objective": "nft", "rl.nft.beta": 0.0}))
     with pytest.raises(ValueError, match="rl.nft.times=9"):
-        from spotlight_jax.builders import create_model, model_config
+        from spotlight_jax.config import model_config
+        from spotlight_jax.models.build import create_model
         graphdef, base = create_model(model_config(c))
         make_trainer(micro_config(1, **{"rl.objective": "nft", "rl.nft.times": 9}),
                      graphdef, base)

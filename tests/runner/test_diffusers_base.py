@@ -11,7 +11,7 @@ import pytest
 from helpers import QWEN_PIPE, qwen_fixture_config
 
 from spotlight_jax import safetensors_io
-from spotlight_jax.builders import ConfigError, image_decoder, model_config, validate
+from spotlight_jax.config import ConfigError, image_decoder, model_config, validate
 from spotlight_jax.train import train_and_evaluate
 
 PIPE = QWEN_PIPE
@@ -22,14 +22,14 @@ def _config(tmp_path, objective, **overrides):
 
 
 def test_the_checkpoints_config_is_read_once(tmp_path, monkeypatch):
-    from spotlight_jax import builders
+    from spotlight_jax import config as conf
     from spotlight_jax.models import convert
 
     reads = []
     real = convert.config_from_diffusers
     monkeypatch.setattr(convert, "config_from_diffusers",
                         lambda *a, **k: reads.append(a) or real(*a, **k))
-    builders._diffusers_architecture.cache_clear()
+    conf.sections._diffusers_architecture.cache_clear()
     config = _config(tmp_path, "nft")
     first = model_config(config)
     assert all(model_config(config) == first for _ in range(3)) and len(reads) == 1

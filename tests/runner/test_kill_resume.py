@@ -15,8 +15,9 @@ from helpers import KILL_ITERATIONS as ITERATIONS
 from helpers import spotlight_config
 
 from spotlight_jax import runner
-from spotlight_jax.builders import create_model, model_config
+from spotlight_jax.config import RunSpec, model_config
 from spotlight_jax.metrics import read_jsonl
+from spotlight_jax.models.build import create_model
 from spotlight_jax.runner import checkpointing
 
 WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
@@ -32,10 +33,11 @@ from spotlight_jax.elastic.exec_cache import enable_persistent_cache
 enable_persistent_cache({cache!r})   # the resumed process loads the killed one's programs
 from helpers import spotlight_config
 from spotlight_jax import runner
-from spotlight_jax.builders import create_model, model_config
+from spotlight_jax.config import RunSpec, model_config
+from spotlight_jax.models.build import create_model
 c = spotlight_config({objective!r}, {mode!r})
 graphdef, state = create_model(model_config(c))
-runner.run(c, {workdir!r}, graphdef, state, progress=False)
+runner.run(RunSpec.of(c), {workdir!r}, graphdef, state, progress=False)
 """
 
 
@@ -44,7 +46,7 @@ runner.run(c, {workdir!r}, graphdef, state, progress=False)
 def _state(workdir, objective="flow_grpo", mode="spotlight"):
     c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
-    r = runner.RunState(c, str(workdir), graphdef, base)
+    r = runner.RunState(RunSpec.of(c), str(workdir), graphdef, base)
     assert checkpointing.restore(r)
     return r
 
@@ -89,7 +91,7 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path,
     straight = tmp_path / "straight"
     c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
-    h_straight = runner.run(c, str(straight), graphdef, base, progress=False)
+    h_straight = runner.run(RunSpec.of(c), str(straight), graphdef, base, progress=False)
 
     a, b = _state(straight, objective, mode), _state(killed, objective, mode)
     assert a.iteration == b.iteration == ITERATIONS, (steps, delay)

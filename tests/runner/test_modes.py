@@ -6,6 +6,7 @@ import pytest
 from helpers import mode_config
 
 from spotlight_jax import runner, world
+from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion.engine import candidate_seeds
 from spotlight_jax.explore import max_variance_subset
 from spotlight_jax.runner import outputs
@@ -21,8 +22,8 @@ from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
     else (m, "flow_grpo") for m in runner.MODES] + [("baseline", "nft"), ("spotlight", "nft")])
 def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
-    h = runner.run(mode_config(mode, objective=objective), str(tmp_path), graphdef, state,
-                       progress=False)
+    h = runner.run(RunSpec.of(mode_config(mode, objective=objective)), str(tmp_path), graphdef,
+                   state, progress=False)
     rows = [r for r in h if "reward_mean" in r]
     assert len(rows) == 2
     assert 0 < rows[0]["vtime_s"] < rows[1]["vtime_s"]
@@ -43,7 +44,7 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
                                                                           objective):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1, objective=objective)
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     # the weights that sample the training batch (θ_k; nft: the sampling policy θ_old)
     stale = jax.tree.map(np.asarray, r.trainer.sampling_state())
     r.step(0)
@@ -61,7 +62,7 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
 def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     trainer = {d.id for d in r.mesh.devices.flat}
     spot = {d for _, _, g in r.mode.fleet.groups for d in g.device_ids}
     assert len(r.mode.fleet.groups) == c.deployment.spot_nodes
@@ -84,7 +85,7 @@ def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_pa
 def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     params = r.trainer.policy_state()
     r.mode.spot.pull(params, 0)
     prompts = ["a red bar", "two blue squares", "a green column"]
@@ -147,7 +148,7 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
     c.deployment.commit_every = 1              # (one program: bitwise equal whoever resumes)
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     setup_step = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
@@ -186,7 +187,7 @@ def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
     c.deployment.rollout_on_groups = "true"
     c.deployment.on_demand_devices, c.deployment.spot_nodes = 2, 2
     c.deployment.commit_every = 1
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     t = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
@@ -212,13 +213,13 @@ def test_too_few_devices_for_the_scheduler_pool_runs_rollouts_directly(tmp_path,
     graphdef, state = base
     c = mode_config("spot_rollout", iterations=1)
     c.deployment.spot_nodes = len(jax.devices())
-    run = runner.RunState(c, str(tmp_path), graphdef, state)
+    run = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     assert not run.scheduler_on
     assert "cannot hold the scheduler's pool" in caplog.text
     row = run.step(0)
     assert "sched_makespan_s" not in row and row["vtime_s"] > 0
     c.deployment.spot_nodes = 2
-    assert runner.RunState(c, str(tmp_path / "b"), graphdef, state).scheduler_on
+    assert runner.RunState(RunSpec.of(c), str(tmp_path / "b"), graphdef, state).scheduler_on
 
 
 def test_rollout_on_groups_setting_resolves_and_rejects_bad_values():
@@ -235,7 +236,7 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
     graphdef, state = base
     c = mode_config("baseline", iterations=1)
     c.rl.advantage = "decoupled"
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     seen = {}
     update = r.trainer.update
 
@@ -261,7 +262,7 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
         c2 = mode_config("baseline", iterations=1)
         c2.rl.update(bad)
         with pytest.raises(ValueError, match=match):
-            runner.RunState(c2, str(tmp_path / "bad"), graphdef, state)
+            runner.RunState(RunSpec.of(c2), str(tmp_path / "bad"), graphdef, state)
 
 
 def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
@@ -271,7 +272,7 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     c = mode_config("baseline", iterations=1)
     c.rl.reward = "geneval_lite_shaped"
     c.rl.eval_reward = "geneval_lite"
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     batch = r.rollout(prompts, group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
     flat = [prompts[i] for i in batch["prompt_ids"]]
@@ -284,8 +285,9 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     assert got["reward"] == want["reward"] and "acc_text" in got
     r.close()
     c.rl.eval_reward = "pickscore"
-    with pytest.raises(ValueError, match="unknown reward 'pickscore'"):
-        runner.RunState(c, str(tmp_path / "bad"), graphdef, state)
+    # (a ConfigError, a ValueError, now raised as the spec is built, before the run starts)
+    with pytest.raises(ValueError, match="rl.eval_reward='pickscore': unknown reward"):
+        runner.RunState(RunSpec.of(c), str(tmp_path / "bad"), graphdef, state)
 
 
 def test_exploration_budget_fits_base_and_extra_candidates_in_the_update_window():
@@ -315,7 +317,7 @@ def test_pipelined_trains_on_the_batch_its_spot_devices_sampled(tmp_path, base):
     rollout time: its critical path is reward + update."""
     graphdef, state = base
     c = mode_config("spotlight_pipelined", iterations=2, objective="nft")
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     stale = jax.tree.map(np.asarray, r.trainer.sampling_state())      # θ_old before update 0
     old_before = jax.tree.map(np.asarray, r.trainer.old)
     assert r.step(0)["pipelined"] == 0                                 # nothing ready yet

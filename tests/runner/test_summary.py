@@ -2,6 +2,7 @@
 import pathlib
 import runpy
 
+from spotlight_jax.config import RunSpec
 from spotlight_jax.train import summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -14,7 +15,7 @@ def test_summary_reports_reward_change_and_paths(tmp_path):
                {"iteration": 3, "reward_mean": 0.4, "vtime_s": 7200.0, "dollars": 31.5,
                 "spot_util": 0.5, "preemptions": 2, "val_reward": 0.6, "val_reward_ci95": 0.03,
                 "val_acc_count": 0.8, "val_missing_count": 0.125}]
-    text = summary(c, str(tmp_path), history, "base")
+    text = summary(RunSpec.of(c), str(tmp_path), history, "base")
     assert "0.500 -> 0.600" in text and "count" in text and "0.70 -> 0.80" in text
     assert "0.250 -> 0.125" in text            # the constraint's share of the missing reward
     assert "2.00 h" in text and "$31.50" in text and str(tmp_path / "rl.jsonl") in text

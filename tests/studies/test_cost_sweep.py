@@ -4,6 +4,7 @@ import pytest
 from helpers import mode_config
 
 from spotlight_jax import runner
+from spotlight_jax.config import RunSpec
 from spotlight_jax.studies import cost_sweep
 
 
@@ -20,7 +21,7 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
     graphdef, state = base
     c = mode_config(mode, iterations=2, objective="nft")
     c.trace.rate_per_node_hour = 0.0                 # every spot node stays alive
-    r = runner.RunState(c, str(tmp_path), graphdef, state)
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     predicted = cost_sweep.iteration_phases(c)[mode]
     _charged(r, 0)                                   # pipelined: nothing ready, rolls out
     assert r.deploy.spot_devices == c.deployment.spot_nodes * c.deployment.spot_devices_per_node
@@ -33,7 +34,7 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
 
 
 def test_the_pipelined_update_waits_for_spot_groups_that_cannot_sample_a_batch_in_time():
-    from spotlight_jax.builders import load_config
+    from spotlight_jax.config import load_config
     c = load_config("tiny")
     fast = cost_sweep.iteration_phases(c)["spotlight_pipelined"]
     c.sampler.num_steps = 40                         # 4x the sampling, same update
@@ -45,7 +46,7 @@ def test_the_pipelined_update_waits_for_spot_groups_that_cannot_sample_a_batch_i
 def test_sweep_crosses_the_two_assumptions_that_move_the_ratio_most():
     sweeps = [("rl.nft.times", [1, 8]), ("deployment.spot_nodes", [2, 8]),
               ("cost.reward_s_per_image", [0.02, 0.5])]
-    from spotlight_jax.builders import load_config
+    from spotlight_jax.config import load_config
     out = cost_sweep.sweep(load_config("tiny"), sweeps)
     # spot nodes only change how fast candidates are sampled, which the update hides here
     assert out["spread"]["deployment.spot_nodes"] == pytest.approx(0.0, abs=1e-12)

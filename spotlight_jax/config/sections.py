@@ -1,31 +1,30 @@
-"""Config sections -> frozen dataclasses, their validation, and sharded model construction.
+"""Config sections -> the frozen dataclasses the library takes, each validated.
 
-This is the boundary where the ConfigDict ends: every library module below takes its own small
-frozen dataclass, built here (``model_config``, ``mesh_config``, ``sampler_config``,
-``rl_config``, ``deployment_config``, ``trace_config``, ``cost_config``, ``workload``, ...), and
-each of those dataclasses checks its own values. A bad value becomes a :class:`ConfigError`: one
-line naming the dotted config field, the value and the fix (``rl.lr=-1.0: must be > 0 (e.g.
---config.rl.lr=1e-3)``). :func:`validate` builds every section and checks what needs the
-devices present; the command line calls it before any work. Models are initialised sharded from
-the start (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``), never on one device
-first.
+Every library module below takes its own small frozen dataclass, built here from its section
+(``model_config``, ``mesh_config``, ``sampler_config``, ``rl_config``, ``deployment_config``,
+``trace_config``, ``cost_config``, ``workload``, ...), and each of those dataclasses checks its
+own values; a bad one becomes a one-line :class:`~spotlight_jax.config.loading.ConfigError`
+naming the dotted field. :class:`~spotlight_jax.config.spec.RunSpec` calls these once per run.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import math
 import os
 import pathlib
-import re
-import runpy
 
-import jax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from spotlight_jax import registry, rewards, world
+from spotlight_jax.config.loading import (
+    ConfigError,
+    build_section,
+    load_config,
+    pick_fields,
+    qualify,
+    section_paths,
+)
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.diffusion.rollout import resolve_window
 from spotlight_jax.emulation import (
@@ -36,10 +35,9 @@ from spotlight_jax.emulation import (
     TraceError,
     Workload,
 )
-from spotlight_jax.explore.planner import PlannerConfig
-from spotlight_jax.models import AttentionSpec, MMDiT, MMDiTConfig, as_dtype, convert
+from spotlight_jax.models import AttentionSpec, MMDiTConfig, as_dtype, convert
+from spotlight_jax.models.build import abstract_model
 from spotlight_jax.parallel import STRATEGIES, MeshConfig, make_mesh
-from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.prompt_embeddings import (
     EmbeddingPrompts,
@@ -50,80 +48,6 @@ from spotlight_jax.prompt_embeddings import (
 from spotlight_jax.prompt_embeddings import read as read_prompt_embeddings
 from spotlight_jax.rewards.remote import RemoteReward, RemoteRewardConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig, trainer_class
-
-CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
-
-
-class ConfigError(ValueError):
-    """A config value this run cannot use. The message is one line: the dotted field, its value,
-    what it must be and the fix."""
-
-
-def load_config(name_or_path: str | os.PathLike, overrides: dict | None = None):
-    """A config from ``configs/<name>.py`` (e.g. ``"tiny"``) or a path to a config file, with
-    dotted overrides applied (``{"rl.lr": 1e-3, "mode": "baseline"}``) as ``--config.x=...``
-    would. Unknown keys raise KeyError naming the key, so a typo never passes silently."""
-    path = pathlib.Path(name_or_path)
-    if path.suffix != ".py":
-        path = CONFIG_DIR / f"{name_or_path}.py"
-    if not path.is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.py")) if CONFIG_DIR.is_dir() else []
-        raise FileNotFoundError(f"no config file {str(path)!r}; known configs: {known} "
-                                "(a config lives in the repository's configs/ folder)")
-    return apply_overrides(runpy.run_path(str(path))["get_config"](), overrides)
-
-
-def apply_overrides(config, overrides: dict | None):
-    """``config`` with dotted overrides set in place (``{"rl.lr": 1e-3}``); an unknown key
-    raises KeyError naming it. Returns ``config``."""
-    for key, value in (overrides or {}).items():
-        *parents, leaf = key.split(".")
-        section = config
-        for part in parents:
-            if part not in section:
-                raise KeyError(f"config override {key!r}: no section {part!r}")
-            section = section[part]
-        if leaf not in section:
-            raise KeyError(f"config override {key!r}: no field {leaf!r} in "
-                           f"{'.'.join(parents) or 'the top level'}")
-        section[leaf] = value
-    return config
-
-
-def pick_fields(cls, section, **overrides):
-    """The frozen dataclass ``cls`` from the config section's matching fields."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in dict(section).items() if k in names}
-    values.update(overrides)
-    return cls(**values)
-
-
-# -- validation: a library dataclass's "name=value: ..." errors, named by their config fields --
-
-def _paths(prefix: str, cls, **renamed) -> dict[str, str]:
-    """``{field: dotted config path}`` of ``cls`` under the section ``prefix`` (``renamed``:
-    fields whose config key differs, e.g. ``num_steps="sampler.eval_steps"``)."""
-    return {f.name: renamed.get(f.name, f"{prefix}.{f.name}") for f in dataclasses.fields(cls)}
-
-
-def _qualify(message: str, paths: dict[str, str]) -> str:
-    """``message`` with each bare ``field=`` replaced by its dotted config path, and an example
-    fix ``e.g. field=x`` by the flag that sets it (``e.g. --config.rl.lr=x``)."""
-    names = "|".join(re.escape(n) for n in sorted(paths, key=len, reverse=True))
-    pattern = re.compile(rf"(?<![\w.\-])(e\.g\. )?({names})=")
-    return pattern.sub(lambda m: (f"e.g. --config.{paths[m.group(2)]}=" if m.group(1)
-                                  else f"{paths[m.group(2)]}="), message)
-
-
-def _build(paths: dict[str, str], make):
-    """``make()``, its ValueError re-raised as a :class:`ConfigError` named by ``paths``."""
-    try:
-        return make()
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(_qualify(str(e), paths)) from e
-
 
 # -- sections ---------------------------------------------------------------------------------
 
@@ -150,9 +74,9 @@ def model_config(config) -> MMDiTConfig:
         folder = os.path.join(base, "transformer")
         stamp = os.path.getmtime(os.path.join(folder, "config.json"))
         overrides = tuple((f, config.model[f]) for f in RUN_MODEL_FIELDS)
-        return _build(_paths("model", MMDiTConfig),
+        return build_section(section_paths("model", MMDiTConfig),
                       lambda: _diffusers_architecture(folder, stamp, overrides))
-    return _build(_paths("model", MMDiTConfig),
+    return build_section(section_paths("model", MMDiTConfig),
                   lambda: pick_fields(MMDiTConfig, config.model).validate())
 
 
@@ -166,11 +90,15 @@ def _diffusers_architecture(folder: str, stamp: float, overrides: tuple) -> MMDi
 def load_diffusers_base(config):
     """``(graphdef, state)`` of a diffusers base's transformer, converted into the MMDiT with
     :func:`model_config`'s run fields, parameters in ``model.param_dtype``."""
-    base = diffusers_base(config)
-    cfg = model_config(config)
+    return transformer_of(diffusers_base(config), model_config(config))
+
+
+def transformer_of(base: str, cfg: MMDiTConfig):
+    """``(graphdef, state)`` of the transformer in the diffusers folder ``base`` as the model
+    ``cfg`` (its architecture read from there, with the run's fields)."""
     overrides = {f: getattr(cfg, f) for f in RUN_MODEL_FIELDS if f not in ("dtype",
                                                                             "param_dtype")}
-    model, _ = _build({}, lambda: convert.from_diffusers(
+    model, _ = build_section({}, lambda: convert.from_diffusers(
         os.path.join(base, "transformer"), dtype=as_dtype(cfg.param_dtype), **overrides))
     # the graph of model_config (compute dtype included), as every other process builds it
     graphdef, _ = abstract_model(cfg)
@@ -180,15 +108,18 @@ def load_diffusers_base(config):
 def image_decoder(config):
     """The frozen VAE that turns a latent model's samples into the reward's images (a diffusers
     base's ``vae/`` folder), or None for a model that draws pixels."""
-    base = diffusers_base(config)
+    return decoder_of(diffusers_base(config), model_config(config))
+
+
+def decoder_of(base: str | None, cfg: MMDiTConfig):
+    """:func:`image_decoder` of the diffusers folder ``base`` (None: pixels) for model ``cfg``."""
     if base is None:
         return None
     vae_dir = os.path.join(base, "vae")
     if not os.path.isfile(os.path.join(vae_dir, "config.json")):
         raise ConfigError(f"base_checkpoint={base!r}: no vae/config.json next to transformer/ "
                           "(a latent model needs its VAE to turn samples into images)")
-    vae = _build({}, lambda: convert.vae_from_diffusers(vae_dir))
-    cfg = model_config(config)
+    vae = build_section({}, lambda: convert.vae_from_diffusers(vae_dir))
     if vae.latent_channels != cfg.channels:
         raise ConfigError(f"base_checkpoint={base!r}: the VAE has {vae.latent_channels} latent "
                           f"channels, the transformer {cfg.channels}")
@@ -198,13 +129,18 @@ def image_decoder(config):
 def attention_spec(config, mesh: Mesh | None) -> AttentionSpec:
     """How the trainer's forwards (and the samplers on its mesh) lay out attention: the
     ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense."""
-    if mesh is None or mesh.shape.get("sp", 1) == 1 or config.attention == "dense":
+    return attention_for(config.attention, mesh)
+
+
+def attention_for(strategy: str, mesh: Mesh | None) -> AttentionSpec:
+    """:func:`attention_spec` of the strategy name ``strategy``."""
+    if mesh is None or mesh.shape.get("sp", 1) == 1 or strategy == "dense":
         return AttentionSpec()
-    return AttentionSpec(mesh=mesh, strategy=config.attention, axis="sp")
+    return AttentionSpec(mesh=mesh, strategy=strategy, axis="sp")
 
 
 def mesh_config(config) -> MeshConfig:
-    return _build(_paths("mesh", MeshConfig),
+    return build_section(section_paths("mesh", MeshConfig),
                   lambda: pick_fields(MeshConfig, config.mesh).validate())
 
 
@@ -221,8 +157,8 @@ def _sde_sampler_config(config) -> SamplerConfig:
     """The SDE sampler of ``config.sampler`` (``flow_grpo``'s training rollouts)."""
     s = config.sampler
     patches = s.noise_patches
-    return _build(
-        _paths("sampler", SamplerConfig, shared_init_bits="sampler.shared_initial_noise"),
+    return build_section(
+        section_paths("sampler", SamplerConfig, shared_init_bits="sampler.shared_initial_noise"),
         lambda: SamplerConfig(
             num_steps=s.num_steps, shift=s.shift, noise_level=s.noise_level, sde_type=s.sde_type,
             guidance=s.guidance,
@@ -238,7 +174,7 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
     ``sampler.num_steps`` steps (a seed then fixes x_T, and with it the image)."""
     s = config.sampler
     if evaluation:
-        return _build(_paths("sampler", SamplerConfig, num_steps="sampler.eval_steps",
+        return build_section(section_paths("sampler", SamplerConfig, num_steps="sampler.eval_steps",
                              guidance="sampler.eval_guidance"),
                       lambda: SamplerConfig(num_steps=s.eval_steps, shift=s.shift,
                                             noise_level=0.0, sde_type="ode",
@@ -248,7 +184,7 @@ def sampler_config(config, *, evaluation: bool = False) -> SamplerConfig:
             raise ConfigError("sampler.shared_initial_noise=True gives every rollout of a "
                               "prompt the same x_T, so the ODE rollouts of rl.objective='nft' "
                               "would be identical; set sampler.shared_initial_noise=False")
-        return _build(_paths("sampler", SamplerConfig),
+        return build_section(section_paths("sampler", SamplerConfig),
                       lambda: SamplerConfig(num_steps=s.num_steps, shift=s.shift,
                                             noise_level=0.0, sde_type="ode",
                                             guidance=s.guidance).validate())
@@ -270,7 +206,7 @@ def _resolved(config, nft: bool) -> dict:
 
 
 def _grpo_config(config) -> GRPOConfig:
-    return _build(_paths("rl", GRPOConfig),
+    return build_section(section_paths("rl", GRPOConfig),
                   lambda: pick_fields(GRPOConfig, config.rl, **_resolved(config, False))
                   .validate())
 
@@ -279,7 +215,7 @@ def _nft_config(config) -> NFTConfig:
     r = config.rl
     paths = {f.name: f"rl.nft.{f.name}" if f.name in r.nft else f"rl.{f.name}"
              for f in dataclasses.fields(NFTConfig)}
-    return _build(paths, lambda: pick_fields(NFTConfig, {**dict(r), **dict(r.nft)},
+    return build_section(paths, lambda: pick_fields(NFTConfig, {**dict(r), **dict(r.nft)},
                                              **_resolved(config, True)).validate())
 
 
@@ -327,7 +263,7 @@ REMOTE_REWARD = "remote"
 
 def remote_reward_config(config) -> RemoteRewardConfig:
     """The reward server the ``remote`` reward asks (``config.remote_reward``)."""
-    return _build(_paths("remote_reward", RemoteRewardConfig),
+    return build_section(section_paths("remote_reward", RemoteRewardConfig),
                   lambda: pick_fields(RemoteRewardConfig, config.remote_reward).validate())
 
 
@@ -356,7 +292,7 @@ _registered_remote: dict[str, RemoteRewardConfig] = {}
 
 
 def pretrain_config(config) -> PretrainConfig:
-    return _build(_paths("pretrain", PretrainConfig),
+    return build_section(section_paths("pretrain", PretrainConfig),
                   lambda: pick_fields(PretrainConfig, config.pretrain))
 
 
@@ -366,8 +302,13 @@ def prompt_source(config) -> PromptSource:
     word tokenizer; one without (``text_width == 0``) reads the prompt-embedding file
     ``prompts.embeddings_file`` (its train/val splits, embeddings of width
     ``model.text_embed_dim`` padded to ``model.text_len``)."""
-    m = model_config(config)
-    path = config.prompts.embeddings_file
+    return prompts_of(model_config(config), config.prompts.embeddings_file,
+                      config.prompts.train_kinds)
+
+
+def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
+    """:func:`prompt_source` of the model ``m``, the file ``path`` ('' = none) and the world's
+    ``train_kinds``."""
 
     def bad(why):
         raise ConfigError(f"prompts.embeddings_file={path!r}: {why}")
@@ -379,12 +320,12 @@ def prompt_source(config) -> PromptSource:
                 "--config.model.text_embed_dim=<the file's width> to use the file, or "
                 "--config.prompts.embeddings_file=''")
         try:
-            kinds = world.parse_kinds(config.prompts.train_kinds)
+            kinds = world.parse_kinds(train_kinds)
         except ValueError as e:
-            raise ConfigError(f"prompts.train_kinds={config.prompts.train_kinds!r}: {e}") from None
+            raise ConfigError(f"prompts.train_kinds={train_kinds!r}: {e}") from None
         return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
-    if config.prompts.train_kinds:
-        raise ConfigError(f"prompts.train_kinds={config.prompts.train_kinds!r}: task kinds are "
+    if train_kinds:
+        raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are "
                           "the synthetic world's; a prompt-embedding file's training pool is its "
                           "train split (set --config.prompts.train_kinds='')")
     if not path:
@@ -454,7 +395,7 @@ def mode_spec(name: str) -> registry.ModeSpec:
 
 
 def process_config(config) -> ProcessConfig:
-    return _build({f.name: f.name for f in dataclasses.fields(ProcessConfig)},
+    return build_section({f.name: f.name for f in dataclasses.fields(ProcessConfig)},
                   lambda: pick_fields(ProcessConfig, config))
 
 
@@ -464,75 +405,33 @@ def cpu_device_count(config) -> int:
     which run on the trainer's devices alone, exactly ``trainer_devices`` when it asks for more
     than one, else none (idle emulated devices slow every program on the shared cores: measured
     ~25% on the tiny update, docs/performance.md)."""
-    n = int(config.num_cpu_devices)
+    return cpu_devices_for(int(config.num_cpu_devices), config.mode,
+                           int(config.trainer_devices))
+
+
+def cpu_devices_for(n: int, mode: str, trainer_devices: int) -> int:
+    """:func:`cpu_device_count` of ``num_cpu_devices``, the mode and ``trainer_devices``."""
     if n < 0:
         raise ConfigError(f"num_cpu_devices={n}: must be >= 0 (0 = the backend's default)")
-    if mode_spec(config.mode).uses_spot:
+    if mode_spec(mode).uses_spot:
         return n
-    trainer = int(config.trainer_devices)
-    return trainer if trainer > 1 else 0
+    return trainer_devices if trainer_devices > 1 else 0
 
 
 def build_mesh(config, devices=None) -> Mesh:
     return make_mesh(devices, mesh_config(config))
 
 
-def explore_mesh(trainer_mesh: Mesh, devices=None, batch_multiple: int = 1) -> Mesh | None:
-    """Where ``spotlight`` mode explores while the trainer updates: a data-parallel mesh over
-    devices the trainer's mesh does not use (of ``devices``, default all), as many as the largest
-    power of two that divides ``batch_multiple`` (the explorer's padded batch). None when the
-    trainer holds every device: exploration then shares the trainer's devices."""
-    used = {d.id for d in trainer_mesh.devices.flat}
-    free = [d for d in (jax.devices() if devices is None else devices) if d.id not in used]
-    n = 1
-    while 2 * n <= len(free) and batch_multiple % (2 * n) == 0:
-        n *= 2
-    if not free:
-        return None
-    return make_mesh(free[-n:], MeshConfig(data=-1, fsdp=1, sp=1))
-
-
-def fleet_devices(trainer_mesh: Mesh, devices, num_nodes: int, per_node: int):
-    """Where the emulated spot nodes live in ``spotlight`` mode: ``(devices, per_node)`` with
-    the last ``num_nodes * per_node`` devices the trainer's mesh does not use, or one device per
-    node when fewer are free (the groups then run unsharded), or None when not even that fits."""
-    used = {d.id for d in trainer_mesh.devices.flat}
-    free = [d for d in devices if d.id not in used]
-    for n in (per_node, 1):
-        if n >= 1 and len(free) >= num_nodes * n:
-            return free[len(free) - num_nodes * n:], n
-    return None
-
-
-def abstract_model(cfg: MMDiTConfig, seed: int = 0):
-    """``(graphdef, abstract_state)`` without allocating parameters."""
-    return nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(seed))))
-
-
-def create_model(cfg: MMDiTConfig, mesh: Mesh | None = None, seed: int = 0):
-    """``(graphdef, state)`` with parameters created directly in their sharded layout."""
-    graphdef, abstract = abstract_model(cfg, seed)
-
-    def init():
-        return nnx.split(MMDiT(cfg, rngs=nnx.Rngs(seed)))[1]
-
-    if mesh is None:
-        return graphdef, jax.jit(init)()
-    shardings = param_specs(abstract, mesh)
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), shardings,
-                             is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    return graphdef, jax.jit(init, out_shardings=shardings)()
-
-
 # -- the deployment -------------------------------------------------------------------------
 
 def deployment_config(config) -> DeploymentConfig:
-    return _build(_paths("deployment", DeploymentConfig),
+    return build_section(section_paths("deployment", DeploymentConfig),
                   lambda: pick_fields(DeploymentConfig, config.deployment))
 
 
 def trace_config(config) -> TraceConfig:
-    return _build(_paths("trace", TraceConfig), lambda: pick_fields(TraceConfig, config.trace))
+    return build_section(section_paths("trace", TraceConfig),
+                         lambda: pick_fields(TraceConfig, config.trace))
 
 
 @functools.lru_cache(maxsize=8)
@@ -554,7 +453,8 @@ def cost_config(config) -> CostConfig:
         raise ConfigError(f"cost.{unknown[0]}: no such cost field; valid fields are "
                           f"{sorted(names)}")
     model = _profile_model(str(values.pop("profile_model")))
-    return _build(_paths("cost", CostConfig), lambda: CostConfig(**values, profile_model=model))
+    return build_section(section_paths("cost", CostConfig),
+                         lambda: CostConfig(**values, profile_model=model))
 
 
 def workload(config) -> Workload:
@@ -586,203 +486,16 @@ def make_deployment(config) -> Deployment:
     """The emulated deployment (on-demand devices, spot nodes, trace, cost model) of ``config``.
     A trace file that is missing or unreadable raises :class:`TraceError` naming
     ``trace.path``, the file and the fix."""
-    trace = trace_config(config)
+    return deployment_of(deployment_config(config), trace_config(config), cost_config(config),
+                         workload(config), int(config.sampler.num_steps))
+
+
+def deployment_of(deploy: DeploymentConfig, trace: TraceConfig, cost: CostConfig,
+                  work: Workload, num_steps: int) -> Deployment:
+    """:func:`make_deployment` of built sections."""
     try:
-        return Deployment(deployment_config(config), trace, cost_config(config),
-                          workload(config), num_steps=int(config.sampler.num_steps))
+        return Deployment(deploy, trace, cost, work, num_steps=num_steps)
     except TraceError as e:
-        raise TraceError(_qualify(str(e), _paths("trace", TraceConfig))) from e
+        raise TraceError(qualify(str(e), section_paths("trace", TraceConfig))) from e
 
 
-# -- the whole config ---------------------------------------------------------------------------
-
-def _check_run_settings(s) -> None:
-    """One-line ConfigErrors for the runner's settings (:func:`run_settings`)."""
-    def bad(path, value, why):
-        raise ConfigError(f"{path}={value!r}: {why}")
-
-    mode_spec(s.mode)
-    if s.seed < 0:
-        bad("seed", s.seed, "must be >= 0")
-    for path, v in (("rl.iterations", s.iterations), ("rl.eval_every", s.eval_every),
-                    ("trainer_devices", s.trainer_devices)):
-        if v < 0:
-            bad(path, v, "must be >= 0")
-    if not (math.isfinite(s.max_minutes) and s.max_minutes >= 0):
-        bad("rl.max_minutes", s.max_minutes, "must be >= 0 (0 = no time budget)")
-    for path, v in (("rl.prompts_per_iter", s.prompts_per_iter),
-                    ("rl.eval_prompts", s.eval_prompts), ("rl.eval_seeds", s.eval_seeds),
-                    ("checkpoint.every", s.checkpoint_every),
-                    ("checkpoint.max_to_keep", s.max_to_keep)):
-        if v < 1:
-            bad(path, v, "must be >= 1")
-    if s.group_size < 2:
-        bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
-    known = rewards.names() + ([] if REMOTE_REWARD in rewards.names() else
-                               [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
-    if s.reward not in known:
-        bad("rl.reward", s.reward, f"unknown reward; registered rewards: {', '.join(known)}")
-    if s.eval_reward not in known:
-        bad("rl.eval_reward", s.eval_reward,
-            f"unknown reward; registered rewards: {', '.join(known)} ('' = rl.reward)")
-    e = s.explore
-    _build(_paths("explore", PlannerConfig),
-           lambda: PlannerConfig(group_size=s.group_size, algorithm=e.algorithm,
-                                 max_extra_per_prompt=e.max_extra_per_prompt, seed=s.seed))
-    if e.sync_extra_per_prompt < 0:
-        bad("explore.sync_extra_per_prompt", e.sync_extra_per_prompt, "must be >= 0")
-    if not 0.0 <= e.budget_frac <= 1.0:
-        bad("explore.budget_frac", e.budget_frac, "must be in [0, 1] (a share of the spot time)")
-    if s.transport not in ("emulated", "ray"):
-        bad("deployment.transport", s.transport, "choose 'emulated' or 'ray'")
-    if s.transport == "ray" and importlib.util.find_spec("ray") is None:
-        bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
-            "--config.deployment.transport=emulated)")
-    if s.ray_address and s.ray_address != "auto" and not re.fullmatch(
-            r"(ray://)?[\w.\-]+:\d+", s.ray_address):
-        bad("deployment.ray_address", s.ray_address, "give HOST:PORT of the Ray head (or "
-            "ray://HOST:PORT, 'auto'; '' = RAY_ADDRESS, else a local instance)")
-    if not (math.isfinite(s.ray_host_wait_s) and s.ray_host_wait_s >= 0):
-        bad("deployment.ray_host_wait_s", s.ray_host_wait_s, "must be >= 0 seconds (0 = a "
-            "phase never waits for hosts still starting)")
-    if s.rollout_on_groups not in ("auto", "true", "false", True, False):
-        bad("deployment.rollout_on_groups", s.rollout_on_groups, "choose 'auto', 'true' or "
-            "'false'")
-    if not 0.0 < s.target_frac <= 1.0:
-        bad("compare.target_frac", s.target_frac, "must be in (0, 1] (e.g. "
-            "--config.compare.target_frac=0.8)")
-    if not (math.isfinite(s.target_gain) and s.target_gain >= 0):
-        bad("compare.target_gain", s.target_gain, "must be >= 0 (0 = use compare.target_frac; "
-            "e.g. --config.compare.target_gain=0.08)")
-    seeds = s.compare_seeds
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds) \
-            or len(set(seeds)) != len(seeds):
-        bad("compare.seeds", seeds, "must be distinct integers >= 0 (e.g. "
-            "--config.compare.seeds='(0,1,2)'; () = config.seed alone)")
-
-
-def validate(config, devices=None) -> None:
-    """Builds every section's frozen dataclass of ``config`` and, given ``devices`` (the
-    devices this process will run on), checks what needs them (:func:`check_devices`). Raises
-    :class:`ConfigError` naming the first bad field, its value and the fix; returns None for a
-    config that can run."""
-    process_config(config)
-    _check_run_settings(_build({}, lambda: run_settings(config)))
-    model_config(config)
-    mesh_config(config)
-    _sde_sampler_config(config)       # the SDE fields, whichever objective trains
-    sampler_config(config)
-    sampler_config(config, evaluation=True)
-    _grpo_config(config)              # both objectives' fields: a typo in either is caught
-    _nft_config(config)
-    pretrain_config(config)
-    remote_reward_config(config)      # (run_settings registered the client if the run uses it)
-    if (config.prompts.embeddings_file or config.prompts.train_kinds
-            or model_config(config).text_width):
-        prompt_source(config)         # a missing or mismatched file (a real config without
-        #                               one still validates: its dry run needs no prompts)
-    deploy = deployment_config(config)
-    trace = trace_config(config)
-    if trace.paths:                   # missing files and a start past the trace's end
-        _build(_paths("trace", TraceConfig), lambda: trace.load(deploy.spot_nodes, 3600.0))
-    cost_config(config)
-    workload(config)
-    if devices is not None:
-        check_devices(config, devices)
-
-
-def check_devices(config, devices) -> None:
-    """ConfigErrors for what ``devices`` (this process's) cannot hold: more trainer devices
-    than are present, or a mesh the trainer's devices cannot form."""
-    devices = list(devices)
-    want = int(config.trainer_devices)
-    if want > len(devices):
-        emulated = cpu_device_count(config)
-        where = f" (num_cpu_devices={emulated} emulated CPU devices)" if emulated else ""
-        raise ConfigError(f"trainer_devices={want}: only {len(devices)} devices are "
-                          f"present{where}; set --config.trainer_devices to at most "
-                          f"{len(devices)} (0 = all)")
-    n = want or len(devices)
-    mesh = mesh_config(config)
-    try:
-        mesh.resolve(n)
-    except ValueError as e:
-        raise ConfigError(f"mesh.data={mesh.data}, mesh.fsdp={mesh.fsdp}, mesh.sp={mesh.sp}: "
-                          f"cannot be formed from the trainer's {n} device(s) ({e}); change "
-                          "--config.mesh.* (one axis -1 takes the devices left) or "
-                          "--config.trainer_devices") from e
-
-
-# -- the runner's settings ---------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ExploreSettings:
-    """How the runner explores seeds (``explore.*``)."""
-    algorithm: str = "ucb"
-    max_extra_per_prompt: int = 24
-    sync_extra_per_prompt: int = 8
-    cluster_by_kind: bool = True
-    budget_frac: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """Everything the runner reads from a config besides what its builders make (models,
-    samplers, trainer, deployment): the mode, the loop's cadence and budget, evaluation,
-    checkpointing, exploration and where rollouts run."""
-    mode: str
-    objective: str
-    seed: int
-    iterations: int
-    max_minutes: float
-    prompts_per_iter: int
-    group_size: int
-    reward: str
-    eval_reward: str
-    eval_every: int
-    eval_prompts: int
-    eval_seeds: int
-    checkpoint_every: int
-    max_to_keep: int
-    trainer_devices: int
-    explore: ExploreSettings
-    transport: str              # 'emulated' | 'ray'
-    fleet: bool
-    scheduler: bool
-    rollout_on_groups: str | bool
-    ray_spot_resource: str
-    ray_explore_deadline: bool
-    ray_address: str
-    ray_host_wait_s: float
-    target_frac: float          # compare mode's target share of the baseline's gain
-    target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
-    compare_seeds: tuple = ()   # compare mode: one comparison per config seed (() = seed)
-
-
-def run_settings(config) -> RunSettings:
-    """The runner's settings; registers the ``remote`` reward first where the run names it
-    (:func:`register_remote_reward`), so that ``reward`` and ``eval_reward`` resolve."""
-    register_remote_reward(config)
-    r, d = config.rl, config.deployment
-    return RunSettings(
-        mode=config.mode, objective=objective(config), seed=int(config.seed),
-        iterations=int(r.iterations), max_minutes=float(r.max_minutes),
-        prompts_per_iter=int(r.prompts_per_iter), group_size=int(r.group_size),
-        reward=train_reward(config), eval_reward=eval_reward(config), eval_every=int(r.eval_every),
-        eval_prompts=int(r.eval_prompts), eval_seeds=int(r.eval_seeds),
-        checkpoint_every=int(config.checkpoint.every),
-        max_to_keep=int(config.checkpoint.max_to_keep),
-        trainer_devices=int(config.trainer_devices),
-        explore=pick_fields(ExploreSettings, config.explore),
-        transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
-        rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
-        ray_explore_deadline=bool(d.ray_explore_deadline), ray_address=str(d.ray_address),
-        ray_host_wait_s=float(d.ray_host_wait_s),
-        target_frac=float(config.compare.target_frac),
-        target_gain=float(config.compare.target_gain),
-        compare_seeds=tuple(config.compare.seeds or ()))
-
-
-def host_config(config) -> dict:
-    """The run's config as a plain dict, for a process that builds its own model from it (a Ray
-    spot host)."""
-    return config.to_dict()

@@ -1,0 +1,226 @@
+"""The runner's settings (:class:`RunSettings`) and the whole config's validation.
+
+:func:`validate` builds every section of a config and checks what needs the devices present
+(:func:`check_devices`); the command line calls it before any work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import re
+
+from spotlight_jax import rewards
+from spotlight_jax.config.loading import ConfigError, build_section, pick_fields, section_paths
+from spotlight_jax.config.sections import (
+    REMOTE_REWARD,
+    _grpo_config,
+    _nft_config,
+    _sde_sampler_config,
+    cost_config,
+    cpu_device_count,
+    deployment_config,
+    eval_reward,
+    mesh_config,
+    mode_spec,
+    model_config,
+    objective,
+    pretrain_config,
+    process_config,
+    prompt_source,
+    register_remote_reward,
+    remote_reward_config,
+    sampler_config,
+    trace_config,
+    train_reward,
+    workload,
+)
+from spotlight_jax.emulation import TraceConfig
+from spotlight_jax.explore.planner import PlannerConfig
+
+
+def _check_run_settings(s) -> None:
+    """One-line ConfigErrors for the runner's settings (:func:`run_settings`)."""
+    def bad(path, value, why):
+        raise ConfigError(f"{path}={value!r}: {why}")
+
+    mode_spec(s.mode)
+    if s.seed < 0:
+        bad("seed", s.seed, "must be >= 0")
+    for path, v in (("rl.iterations", s.iterations), ("rl.eval_every", s.eval_every),
+                    ("trainer_devices", s.trainer_devices)):
+        if v < 0:
+            bad(path, v, "must be >= 0")
+    if not (math.isfinite(s.max_minutes) and s.max_minutes >= 0):
+        bad("rl.max_minutes", s.max_minutes, "must be >= 0 (0 = no time budget)")
+    for path, v in (("rl.prompts_per_iter", s.prompts_per_iter),
+                    ("rl.eval_prompts", s.eval_prompts), ("rl.eval_seeds", s.eval_seeds),
+                    ("checkpoint.every", s.checkpoint_every),
+                    ("checkpoint.max_to_keep", s.max_to_keep)):
+        if v < 1:
+            bad(path, v, "must be >= 1")
+    if s.group_size < 2:
+        bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
+    known = rewards.names() + ([] if REMOTE_REWARD in rewards.names() else
+                               [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
+    if s.reward not in known:
+        bad("rl.reward", s.reward, f"unknown reward; registered rewards: {', '.join(known)}")
+    if s.eval_reward not in known:
+        bad("rl.eval_reward", s.eval_reward,
+            f"unknown reward; registered rewards: {', '.join(known)} ('' = rl.reward)")
+    e = s.explore
+    build_section(section_paths("explore", PlannerConfig),
+           lambda: PlannerConfig(group_size=s.group_size, algorithm=e.algorithm,
+                                 max_extra_per_prompt=e.max_extra_per_prompt, seed=s.seed))
+    if e.sync_extra_per_prompt < 0:
+        bad("explore.sync_extra_per_prompt", e.sync_extra_per_prompt, "must be >= 0")
+    if not 0.0 <= e.budget_frac <= 1.0:
+        bad("explore.budget_frac", e.budget_frac, "must be in [0, 1] (a share of the spot time)")
+    if s.transport not in ("emulated", "ray"):
+        bad("deployment.transport", s.transport, "choose 'emulated' or 'ray'")
+    if s.transport == "ray" and importlib.util.find_spec("ray") is None:
+        bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
+            "--config.deployment.transport=emulated)")
+    if s.ray_address and s.ray_address != "auto" and not re.fullmatch(
+            r"(ray://)?[\w.\-]+:\d+", s.ray_address):
+        bad("deployment.ray_address", s.ray_address, "give HOST:PORT of the Ray head (or "
+            "ray://HOST:PORT, 'auto'; '' = RAY_ADDRESS, else a local instance)")
+    if not (math.isfinite(s.ray_host_wait_s) and s.ray_host_wait_s >= 0):
+        bad("deployment.ray_host_wait_s", s.ray_host_wait_s, "must be >= 0 seconds (0 = a "
+            "phase never waits for hosts still starting)")
+    if s.rollout_on_groups not in ("auto", "true", "false", True, False):
+        bad("deployment.rollout_on_groups", s.rollout_on_groups, "choose 'auto', 'true' or "
+            "'false'")
+    if not 0.0 < s.target_frac <= 1.0:
+        bad("compare.target_frac", s.target_frac, "must be in (0, 1] (e.g. "
+            "--config.compare.target_frac=0.8)")
+    if not (math.isfinite(s.target_gain) and s.target_gain >= 0):
+        bad("compare.target_gain", s.target_gain, "must be >= 0 (0 = use compare.target_frac; "
+            "e.g. --config.compare.target_gain=0.08)")
+    seeds = s.compare_seeds
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        bad("compare.seeds", seeds, "must be distinct integers >= 0 (e.g. "
+            "--config.compare.seeds='(0,1,2)'; () = config.seed alone)")
+
+
+def validate(config, devices=None) -> None:
+    """Builds every section's frozen dataclass of ``config`` and, given ``devices`` (the
+    devices this process will run on), checks what needs them (:func:`check_devices`). Raises
+    :class:`ConfigError` naming the first bad field, its value and the fix; returns None for a
+    config that can run."""
+    process_config(config)
+    _check_run_settings(build_section({}, lambda: run_settings(config)))
+    model_config(config)
+    mesh_config(config)
+    _sde_sampler_config(config)       # the SDE fields, whichever objective trains
+    sampler_config(config)
+    sampler_config(config, evaluation=True)
+    _grpo_config(config)              # both objectives' fields: a typo in either is caught
+    _nft_config(config)
+    pretrain_config(config)
+    remote_reward_config(config)      # (run_settings registered the client if the run uses it)
+    if (config.prompts.embeddings_file or config.prompts.train_kinds
+            or model_config(config).text_width):
+        prompt_source(config)         # a missing or mismatched file (a real config without
+        #                               one still validates: its dry run needs no prompts)
+    deploy = deployment_config(config)
+    trace = trace_config(config)
+    if trace.paths:                   # missing files and a start past the trace's end
+        build_section(section_paths("trace", TraceConfig),
+                      lambda: trace.load(deploy.spot_nodes, 3600.0))
+    cost_config(config)
+    workload(config)
+    if devices is not None:
+        check_devices(config, devices)
+
+
+def check_devices(config, devices) -> None:
+    """ConfigErrors for what ``devices`` (this process's) cannot hold: more trainer devices
+    than are present, or a mesh the trainer's devices cannot form."""
+    devices = list(devices)
+    want = int(config.trainer_devices)
+    if want > len(devices):
+        emulated = cpu_device_count(config)
+        where = f" (num_cpu_devices={emulated} emulated CPU devices)" if emulated else ""
+        raise ConfigError(f"trainer_devices={want}: only {len(devices)} devices are "
+                          f"present{where}; set --config.trainer_devices to at most "
+                          f"{len(devices)} (0 = all)")
+    n = want or len(devices)
+    mesh = mesh_config(config)
+    try:
+        mesh.resolve(n)
+    except ValueError as e:
+        raise ConfigError(f"mesh.data={mesh.data}, mesh.fsdp={mesh.fsdp}, mesh.sp={mesh.sp}: "
+                          f"cannot be formed from the trainer's {n} device(s) ({e}); change "
+                          "--config.mesh.* (one axis -1 takes the devices left) or "
+                          "--config.trainer_devices") from e
+
+
+# -- the runner's settings ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ExploreSettings:
+    """How the runner explores seeds (``explore.*``)."""
+    algorithm: str = "ucb"
+    max_extra_per_prompt: int = 24
+    sync_extra_per_prompt: int = 8
+    cluster_by_kind: bool = True
+    budget_frac: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """Everything the runner reads from a config besides what the spec builds (models,
+    samplers, trainer, deployment): the mode, the loop's cadence and budget, evaluation,
+    checkpointing, exploration and where rollouts run."""
+    mode: str
+    objective: str
+    seed: int
+    iterations: int
+    max_minutes: float
+    prompts_per_iter: int
+    group_size: int
+    reward: str
+    eval_reward: str
+    eval_every: int
+    eval_prompts: int
+    eval_seeds: int
+    checkpoint_every: int
+    max_to_keep: int
+    trainer_devices: int
+    explore: ExploreSettings
+    transport: str              # 'emulated' | 'ray'
+    fleet: bool
+    scheduler: bool
+    rollout_on_groups: str | bool
+    ray_spot_resource: str
+    ray_explore_deadline: bool
+    ray_address: str
+    ray_host_wait_s: float
+    target_frac: float          # compare mode's target share of the baseline's gain
+    target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
+    compare_seeds: tuple = ()   # compare mode: one comparison per config seed (() = seed)
+
+
+def run_settings(config) -> RunSettings:
+    """The runner's settings; registers the ``remote`` reward first where the run names it
+    (:func:`register_remote_reward`), so that ``reward`` and ``eval_reward`` resolve."""
+    register_remote_reward(config)
+    r, d = config.rl, config.deployment
+    return RunSettings(
+        mode=config.mode, objective=objective(config), seed=int(config.seed),
+        iterations=int(r.iterations), max_minutes=float(r.max_minutes),
+        prompts_per_iter=int(r.prompts_per_iter), group_size=int(r.group_size),
+        reward=train_reward(config), eval_reward=eval_reward(config), eval_every=int(r.eval_every),
+        eval_prompts=int(r.eval_prompts), eval_seeds=int(r.eval_seeds),
+        checkpoint_every=int(config.checkpoint.every),
+        max_to_keep=int(config.checkpoint.max_to_keep),
+        trainer_devices=int(config.trainer_devices),
+        explore=pick_fields(ExploreSettings, config.explore),
+        transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
+        rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
+        ray_explore_deadline=bool(d.ray_explore_deadline), ray_address=str(d.ray_address),
+        ray_host_wait_s=float(d.ray_host_wait_s),
+        target_frac=float(config.compare.target_frac),
+        target_gain=float(config.compare.target_gain),
+        compare_seeds=tuple(config.compare.seeds or ()))

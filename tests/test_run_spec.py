@@ -1,0 +1,52 @@
+"""The RunSpec: a config validated and built once; its plain data rebuilds the same spec (what a
+Ray host receives); dotted overrides rebuild it (compare's modes and seeds); the runner takes
+nothing else."""
+import dataclasses
+
+import pytest
+from helpers import micro_config
+
+from spotlight_jax import config as conf
+from spotlight_jax import runner
+from spotlight_jax.config import ConfigError, RunSpec
+
+
+def test_the_spec_holds_every_section_as_the_config_builds_it():
+    c = micro_config(2, **{"rl.objective": "nft", "mode": "spotlight"})
+    spec = RunSpec.from_config(c)
+    assert spec.model == conf.model_config(c)
+    assert spec.mesh == conf.mesh_config(c)
+    assert spec.sampler == conf.sampler_config(c)
+    assert spec.eval_sampler == conf.sampler_config(c, evaluation=True)
+    assert spec.rl == conf.rl_config(c)
+    assert spec.settings == conf.run_settings(c)
+    assert spec.deployment == conf.deployment_config(c)
+    assert spec.trace == conf.trace_config(c)
+    assert spec.workload == conf.workload(c)
+    assert spec.cpu_device_count() == conf.cpu_device_count(c)
+    assert RunSpec.of(spec) is spec
+
+
+def test_plain_data_rebuilds_the_same_spec():
+    spec = RunSpec.from_config(micro_config(2, **{"deployment.transport": "emulated"}))
+    again = RunSpec.from_plain(spec.plain())
+    for f in dataclasses.fields(RunSpec):
+        if f.compare:
+            assert getattr(again, f.name) == getattr(spec, f.name), f.name
+
+
+def test_overrides_rebuild_a_validated_spec():
+    spec = RunSpec.from_config(micro_config(2))
+    other = spec.replace({"mode": "spotlight", "seed": 3})
+    assert (other.settings.mode, other.seed) == ("spotlight", 3)
+    assert (spec.settings.mode, spec.seed) != ("spotlight", 3)     # the first is unchanged
+    assert other.rl == spec.rl and other.model == spec.model
+    with pytest.raises(ConfigError, match="rl.lr=-1.0"):
+        spec.replace({"rl.lr": -1.0})
+
+
+def test_a_bad_config_fails_once_at_the_boundary_and_the_runner_takes_only_specs():
+    with pytest.raises(ConfigError, match="rl.group_size=1"):
+        RunSpec.from_config(micro_config(1, **{"rl.group_size": 1}))
+    with pytest.raises(TypeError, match="RunSpec"):
+        runner.RunState(micro_config(1), "/tmp/unused", None, None)
