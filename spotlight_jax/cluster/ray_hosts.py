@@ -139,7 +139,7 @@ class SpotHostImpl:
         self.warmup_s = self._warm_up(stepper, source.train_prompts[0])
         # the groups of the device sets left after losing one device, compiled meanwhile
         self._fallbacks = threading.Thread(target=self._warm_fallbacks, daemon=True)
-        if spec.deployment.spot_regroup_precompile:
+        if spec.settings.spot_regroup_precompile:
             self._fallbacks.start()
         signal.signal(signal.SIGTERM, self._on_sigterm)
 

@@ -197,6 +197,7 @@ class RunSettings:
     ray_explore_deadline: bool
     ray_address: str
     ray_host_wait_s: float
+    spot_regroup_precompile: bool   # a Ray host compiles its fallback groups in the background
     target_frac: float          # compare mode's target share of the baseline's gain
     target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
     compare_seeds: tuple = ()   # compare mode: one comparison per config seed (() = seed)
@@ -221,6 +222,7 @@ def run_settings(config) -> RunSettings:
         rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
         ray_explore_deadline=bool(d.ray_explore_deadline), ray_address=str(d.ray_address),
         ray_host_wait_s=float(d.ray_host_wait_s),
+        spot_regroup_precompile=bool(d.spot_regroup_precompile),
         target_frac=float(config.compare.target_frac),
         target_gain=float(config.compare.target_gain),
         compare_seeds=tuple(config.compare.seeds or ()))
