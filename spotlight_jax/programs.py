@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(REPO / "configs" / "tiny.py")
 
 
