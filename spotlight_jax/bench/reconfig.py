@@ -448,6 +448,24 @@ def run_stand_in(num_params: int, repeats: int) -> list[dict]:
         compiles.setdefault((event, path), []).append(n_compiles)
         moves.setdefault((event, path), []).append(move_s)
 
+    def regroup(event, path, mark, source):
+        """One timed event: the pool change, the state move (or a reload), the executable;
+        then the step on the new group. Returns (params, output)."""
+        with count_backend_compiles() as c:
+            t0 = time.perf_counter()
+            mark(STAND_IN_LOST)
+            (group,) = form_groups(pool, cfg, log=False)
+            if path == "cold reload":
+                params = _ready(jax.device_put(host, NamedSharding(group.mesh, P())))
+            else:
+                params, _ = move_tree(source, group.mesh, pool, log=False)
+            t_move = time.perf_counter() - t0
+            exe = (cache.get("step", group) if path == "warm"
+                   else stand_in_cold_compile(host, group.mesh))
+            record(event, path, time.perf_counter() - t0, c["n"], t_move)
+        x = jax.device_put(x_host, NamedSharding(group.mesh, P(None, "sp", None)))
+        return params, exe(params, x).block_until_ready()
+
     for _ in range(repeats):
         for path in ("warm", "cold compile", "cold reload"):
             # --- lose 2 devices of the 8-device group
@@ -457,36 +475,9 @@ def run_stand_in(num_params: int, repeats: int) -> list[dict]:
                 for s in leaf.addressable_shards:
                     if s.device.id in STAND_IN_LOST:
                         s.data.delete()
-            with count_backend_compiles() as c:
-                t0 = time.perf_counter()
-                pool.mark_lost(STAND_IN_LOST)
-                (group,) = form_groups(pool, cfg, log=False)
-                if path == "cold reload":
-                    params6 = _ready(jax.device_put(host, NamedSharding(group.mesh, P())))
-                else:
-                    params6, _ = move_tree(views, group.mesh, pool, log=False)
-                t_move = time.perf_counter() - t0
-                exe = (cache.get("step", group) if path == "warm"
-                       else stand_in_cold_compile(host, group.mesh))
-                record("lose 2", path, time.perf_counter() - t0, c["n"], t_move)
-            out6 = exe(params6, jax.device_put(x_host, NamedSharding(group.mesh,
-                                                                     P(None, "sp", None))))
-            out6.block_until_ready()
+            params6, out6 = regroup("lose 2", path, pool.mark_lost, views)
             # --- the 2 devices rejoin
-            with count_backend_compiles() as c:
-                t0 = time.perf_counter()
-                pool.mark_joined(STAND_IN_LOST)
-                (group,) = form_groups(pool, cfg, log=False)
-                if path == "cold reload":
-                    params8b = _ready(jax.device_put(host, NamedSharding(group.mesh, P())))
-                else:
-                    params8b, _ = move_tree(params6, group.mesh, pool, log=False)
-                t_move = time.perf_counter() - t0
-                exe = (cache.get("step", group) if path == "warm"
-                       else stand_in_cold_compile(host, group.mesh))
-                record("rejoin", path, time.perf_counter() - t0, c["n"], t_move)
-            out8 = exe(params8b, jax.device_put(x_host, NamedSharding(group.mesh,
-                                                                      P(None, "sp", None))))
+            params8b, out8 = regroup("rejoin", path, pool.mark_joined, params6)
             np.testing.assert_allclose(np.asarray(out8), np.asarray(out6), rtol=1e-4, atol=1e-4)
             del params8, views, params6, params8b
     assert cache.num_misses == 0
