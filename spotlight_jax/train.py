@@ -14,6 +14,7 @@ import json
 import os
 
 import jax
+import numpy as np
 from absl import logging
 from flax import nnx
 
@@ -167,6 +168,15 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
                      f"${last['dollars']:.2f}, spot utilisation "
                      f"{last.get('spot_util', 0):.0%}, preemptions "
                      f"{last.get('preemptions', 0)}")
+    rollouts = [h["rollout_images_per_s"] for h in history if "rollout_images_per_s" in h]
+    tokens = [h["rollout_tokens_per_s"] for h in history if "rollout_tokens_per_s" in h]
+    updates = [h["train_images_per_s"] for h in history if "train_images_per_s" in h]
+    if updates:
+        line = f"throughput (median, wall clock here): update {np.median(updates):.1f} images/s"
+        if rollouts:
+            line += (f", rollouts {np.median(rollouts):.1f} images/s "
+                     f"({np.median(tokens):,.0f} transformer tokens/s)")
+        lines.append(line)
     regroups = [h for h in history if h.get("fleet_regroups")]
     if regroups:
         worst = max(h["fleet_regroup_max_s"] for h in regroups)

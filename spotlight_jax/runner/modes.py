@@ -44,6 +44,21 @@ from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.runner.rollouts import ReadyBatch, group_seeds
 
 
+def throughput(s, n: int, rollout_s: float, train_s: float, rolled_out: bool) -> dict:
+    """This process's wall-clock throughput of the iteration's phases: images per second of the
+    rollout phase (with their rewards) and of the update, and the transformer tokens per second
+    the rollouts pushed (each image: ``num_steps`` forwards of its image and prompt tokens,
+    twice under CFG). A ready batch (nothing rolled out) reports no rollout throughput."""
+    out = {"train_images_per_s": n / train_s if train_s > 0 else 0.0}
+    if rolled_out and rollout_s > 0:
+        cfg = s.train_sampler_cfg
+        tokens = (s.mcfg.num_patches + s.mcfg.text_len) * cfg.num_steps
+        out.update(rollout_images_per_s=n / rollout_s,
+                   rollout_tokens_per_s=n * tokens * (1 if cfg.guidance == 1.0 else 2)
+                   / rollout_s)
+    return out
+
+
 class Mode:
     """One iteration: rollout phase, reward, settle the trace, train phase, broadcast."""
 
@@ -112,6 +127,7 @@ class Mode:
                    reward_std=float(batch["rewards"].std()),
                    **group_stats(batch["rewards"], batch["prompt_ids"]), **m, **train_info,
                    time_rollout=t1 - t0, time_train=t2 - t1,
+                   **throughput(s, n, t1 - t0, t2 - t1, rolled_out=not row.get("pipelined")),
                    vtime_s=clock.now(), dollars=d.dollars(), spot_alive=d.spot_devices,
                    spot_util=clock.utilisation("spot"), **dict(d.stats))
         s.iteration = k + 1

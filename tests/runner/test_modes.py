@@ -22,10 +22,19 @@ from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
     else (m, "flow_grpo") for m in runner.MODES] + [("baseline", "nft"), ("spotlight", "nft")])
 def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
-    h = runner.run(RunSpec.of(mode_config(mode, objective=objective)), str(tmp_path), graphdef,
-                   state, progress=False)
+    spec = RunSpec.of(mode_config(mode, objective=objective))
+    h = runner.run(spec, str(tmp_path), graphdef, state, progress=False)
     rows = [r for r in h if "reward_mean" in r]
     assert len(rows) == 2
+    # throughput of the phases, from the row's own wall times
+    n = spec.settings.prompts_per_iter * spec.settings.group_size
+    tokens = ((spec.model.num_patches + spec.model.text_len) * spec.sampler.num_steps
+              * (1 if spec.sampler.guidance == 1.0 else 2))
+    for r in rows:
+        assert r["train_images_per_s"] == pytest.approx(n / r["time_train"])
+        if not r.get("pipelined"):
+            assert r["rollout_images_per_s"] == pytest.approx(n / r["time_rollout"])
+            assert r["rollout_tokens_per_s"] == pytest.approx(n * tokens / r["time_rollout"])
     assert 0 < rows[0]["vtime_s"] < rows[1]["vtime_s"]
     assert rows[1]["dollars"] > 0
     if mode in ("spotlight", "spotlight_pipelined", "explore_sync"):

@@ -28,3 +28,14 @@ def test_gain_line_says_whether_the_gain_is_beyond_the_interval():
         "gain +0.100: beyond the 95% interval of the difference (±0.050)")
     assert gain_line(a, {"val_reward": 0.63, "val_reward_ci95": 0.04}).startswith(
         "gain +0.030: inside")
+
+
+def test_summary_states_the_phases_median_throughput(tmp_path):
+    c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
+    rows = [{"iteration": i, "train_images_per_s": u, "rollout_images_per_s": r,
+             "rollout_tokens_per_s": t}
+            for i, (u, r, t) in enumerate([(10.0, 50.0, 8e4), (30.0, 70.0, 1e5), (20.0, 60.0,
+                                                                                 9e4)], 1)]
+    rows[1].pop("rollout_images_per_s"), rows[1].pop("rollout_tokens_per_s")   # a ready batch
+    text = summary(RunSpec.of(c), str(tmp_path), rows, "base")
+    assert "update 20.0 images/s, rollouts 55.0 images/s (85,000 transformer tokens/s)" in text
