@@ -50,3 +50,14 @@ def test_a_bad_config_fails_once_at_the_boundary_and_the_runner_takes_only_specs
         RunSpec.from_config(micro_config(1, **{"rl.group_size": 1}))
     with pytest.raises(TypeError, match="RunSpec"):
         runner.RunState(micro_config(1), "/tmp/unused", None, None)
+
+
+def test_the_spec_checks_what_the_devices_present_can_hold():
+    import jax
+
+    devices = jax.devices()[:2]
+    RunSpec.from_config(micro_config(1, **{"trainer_devices": 2})).check_devices(devices)
+    with pytest.raises(ConfigError, match="trainer_devices=3: only 2 devices are present"):
+        RunSpec.from_config(micro_config(1, **{"trainer_devices": 3})).check_devices(devices)
+    with pytest.raises(ConfigError, match="mesh.data=3, mesh.fsdp=1, mesh.sp=1: cannot be formed"):
+        RunSpec.from_config(micro_config(1, **{"mesh.data": 3})).check_devices(devices)

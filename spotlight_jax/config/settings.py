@@ -138,16 +138,20 @@ def validate(config, devices=None) -> None:
 def check_devices(config, devices) -> None:
     """ConfigErrors for what ``devices`` (this process's) cannot hold: more trainer devices
     than are present, or a mesh the trainer's devices cannot form."""
+    devices_fit(int(config.trainer_devices), cpu_device_count(config), mesh_config(config),
+                devices)
+
+
+def devices_fit(want: int, emulated: int, mesh, devices) -> None:
+    """:func:`check_devices` of ``trainer_devices``, the emulated CPU device count and the
+    mesh section."""
     devices = list(devices)
-    want = int(config.trainer_devices)
     if want > len(devices):
-        emulated = cpu_device_count(config)
         where = f" (num_cpu_devices={emulated} emulated CPU devices)" if emulated else ""
         raise ConfigError(f"trainer_devices={want}: only {len(devices)} devices are "
                           f"present{where}; set --config.trainer_devices to at most "
                           f"{len(devices)} (0 = all)")
     n = want or len(devices)
-    mesh = mesh_config(config)
     try:
         mesh.resolve(n)
     except ValueError as e:

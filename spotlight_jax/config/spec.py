@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from spotlight_jax.config import sections
 from spotlight_jax.config.loading import apply_overrides, build_section
 from spotlight_jax.config.sections import ProcessConfig
-from spotlight_jax.config.settings import RunSettings, check_devices, run_settings, validate
+from spotlight_jax.config.settings import RunSettings, devices_fit, run_settings, validate
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.emulation import CostConfig, Deployment, DeploymentConfig, TraceConfig, Workload
 from spotlight_jax.models import AttentionSpec, MMDiTConfig
@@ -151,8 +151,9 @@ class RunSpec:
             self.process.num_cpu_devices, self.settings.mode, self.settings.trainer_devices))
 
     def check_devices(self, devices) -> None:
-        """ConfigErrors for what ``devices`` cannot hold (:func:`check_devices`)."""
-        check_devices(ml_collections.ConfigDict(self.source), devices)
+        """ConfigErrors for what ``devices`` cannot hold: more trainer devices than are
+        present, or a mesh the trainer's devices cannot form."""
+        devices_fit(self.settings.trainer_devices, self.cpu_device_count(), self.mesh, devices)
 
     @property
     def compilation_cache_dir(self) -> str:
