@@ -48,13 +48,12 @@ def _prompts(cfg, rows: int):
     return tokens, mask
 
 
-def residual_bytes(graphdef, abstract, rl_cfg, guidance: float = 1.0) -> int:
+def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> int:
     """Bytes per row that the backward pass of the model's velocity keeps from its forward:
     the residuals of ``jax.vjp`` with respect to what the update trains (the LoRA factors, or
     every parameter), traced once for a symbolic row count (``jax.eval_shape``: nothing is
     allocated). Residuals without a row dimension (parameters the backward reads) are not
     counted here. With ``remat`` these are the blocks' inputs."""
-    cfg = graphdef_config(graphdef, abstract)
     rows, = jax.export.symbolic_shape("rows")
     s = cfg.image_size
     x = jax.ShapeDtypeStruct((rows, s, s, cfg.channels), np.float32)
@@ -83,12 +82,8 @@ def residual_bytes(graphdef, abstract, rl_cfg, guidance: float = 1.0) -> int:
     return total
 
 
-def graphdef_config(graphdef, abstract):
-    """The ``MMDiTConfig`` a model graph was built with."""
-    return nnx.merge(graphdef, abstract).cfg
-
-
-def activation_bytes(graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) -> tuple[float, float]:
+def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows,
+                     mesh) -> tuple[float, float]:
     """``(per device, of which merged LoRA weights)``: the activation memory of one gradient
     step of the update, from what it runs (``rows``: the trainer's ``update_rows``).
 
@@ -96,13 +91,12 @@ def activation_bytes(graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) -> tupl
     the sequence axis ``sp``; with ``remat``, plus one block's full residuals for its recompute.
     Under LoRA the merged attention kernels are new arrays the backward keeps (split over
     ``fsdp``). Forwards without gradient (v_old, v_ref) hold one layer at a time: left out."""
-    cfg = graphdef_config(graphdef, abstract)
-    per_row = residual_bytes(graphdef, abstract, rl_cfg, rows.guidance)
+    per_row = residual_bytes(cfg, graphdef, abstract, rl_cfg, rows.guidance)
     if cfg.remat:   # the same graph with remat off (``cfg.remat`` is read per call)
         model = nnx.merge(graphdef, abstract)
         model.cfg = dataclasses.replace(cfg, remat=False)
         plain, _ = nnx.split(model)
-        per_row += residual_bytes(plain, abstract, rl_cfg, rows.guidance) / cfg.depth
+        per_row += residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance) / cfg.depth
     merged = 0.0
     if rl_cfg.lora_rank:
         merged = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for path, a in
@@ -145,7 +139,7 @@ def dry_run(config, devices=None) -> str:
         opt_name = "AdamW state"
     batch = run.settings.prompts_per_iter * run.settings.group_size
     rows = trainer_class(rl_cfg).update_rows(rl_cfg, run.sampler, batch)
-    act, fixed = activation_bytes(graphdef, abstract, rl_cfg, rows, mesh)
+    act, fixed = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
     gib = 1024**3
     lines = [
         f"model: width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} "

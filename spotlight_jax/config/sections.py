@@ -229,9 +229,14 @@ def rl_config(config) -> GRPOConfig | NFTConfig:
 def make_trainer(config, graphdef, base, mesh=None):
     """The objective's trainer over ``base`` (placed on ``mesh``), sampling with
     :func:`sampler_config`, attention laid out by :func:`attention_spec`."""
-    cfg = rl_config(config)
-    return trainer_class(cfg)(graphdef, base, cfg, sampler_config(config), mesh=mesh,
-                              attn=attention_spec(config, mesh), seed=int(config.seed))
+    return trainer_of(rl_config(config), sampler_config(config), config.attention, graphdef,
+                      base, mesh, int(config.seed))
+
+
+def trainer_of(rl, sampler: SamplerConfig, attention: str, graphdef, base, mesh, seed: int):
+    """:func:`make_trainer` of built sections: the objective's trainer of ``rl``."""
+    return trainer_class(rl)(graphdef, base, rl, sampler, mesh=mesh,
+                             attn=attention_for(attention, mesh), seed=seed)
 
 
 # Low seed bits that vary inside a prompt slot when its rollouts share x_T: up to 256 seeds

@@ -25,7 +25,7 @@ from spotlight_jax.models import AttentionSpec, MMDiTConfig
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.prompt_embeddings import PromptSource
-from spotlight_jax.rl import GRPOConfig, NFTConfig, trainer_class
+from spotlight_jax.rl import GRPOConfig, NFTConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +125,8 @@ class RunSpec:
 
     def make_trainer(self, graphdef, base, mesh=None):
         """The objective's trainer over ``base`` (placed on ``mesh``)."""
-        return trainer_class(self.rl)(graphdef, base, self.rl, self.sampler, mesh=mesh,
-                                      attn=self.attention_spec(mesh), seed=self.seed)
+        return sections.trainer_of(self.rl, self.sampler, self.process.attention, graphdef,
+                                   base, mesh, self.seed)
 
     def image_decoder(self):
         """The frozen VAE of a diffusers base (None for a model that draws pixels)."""
