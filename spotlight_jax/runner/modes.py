@@ -44,6 +44,15 @@ from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.runner.rollouts import ReadyBatch, group_seeds
 
 
+WALL_CLOCK_KEYS = frozenset({
+    "time", "time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
+    "overlap_wall_s", "explore_overlap", "pull_s", "fleet_regroup_s", "fleet_regroup_max_s",
+    "train_images_per_s", "rollout_images_per_s", "rollout_tokens_per_s"})
+"""The fields of a history row measured on this process's wall clock: they differ between two
+runs of the same config (and between a resumed run and an uninterrupted one); every other field
+is a function of the config, the seed and the trace."""
+
+
 def throughput(s, n: int, rollout_s: float, train_s: float, rolled_out: bool) -> dict:
     """This process's wall-clock throughput of the iteration's phases: images per second of the
     rollout phase (with their rewards) and of the update, and the transformer tokens per second
@@ -126,6 +135,8 @@ class Mode:
         row.update(reward_mean=float(batch["rewards"].mean()),
                    reward_std=float(batch["rewards"].std()),
                    **group_stats(batch["rewards"], batch["prompt_ids"]), **m, **train_info,
+                   **{f"reward_{name}": float(np.mean(v))          # a reward mix's terms
+                      for name, v in s.reward_terms(batch, prompts).items()},
                    time_rollout=t1 - t0, time_train=t2 - t1,
                    **throughput(s, n, t1 - t0, t2 - t1, rolled_out=not row.get("pipelined")),
                    vtime_s=clock.now(), dollars=d.dollars(), spot_alive=d.spot_devices,

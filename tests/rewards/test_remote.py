@@ -28,6 +28,7 @@ from spotlight_jax.rewards.remote import (
     wire_images,
 )
 from spotlight_jax.rewards.server import RewardServer
+from spotlight_jax.runner.modes import WALL_CLOCK_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAST = {"backoff_s": 0.05, "max_backoff_s": 0.2, "max_wait_s": 30.0}
@@ -303,7 +304,6 @@ def test_serve_command_serves_logs_and_stops_cleanly(batch):
 
 
 # -- end to end ---------------------------------------------------------------------------------
-WALL_CLOCK = {"time", "time_rollout", "time_train", "rl_time_s"}     # rl.jsonl's measured times
 
 
 @pytest.mark.e2e
@@ -331,8 +331,8 @@ def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base)
         only_local = set(a) - set(b)
         assert set(b) <= set(a) and all(k.startswith(("val_acc_", "val_missing_"))
                                         for k in only_local), only_local
-        assert {k: v for k, v in a.items() if k in b and k not in WALL_CLOCK} == \
-            {k: v for k, v in b.items() if k not in WALL_CLOCK}
+        assert {k: v for k, v in a.items() if k in b and k not in WALL_CLOCK_KEYS} == \
+            {k: v for k, v in b.items() if k not in WALL_CLOCK_KEYS}
 
 
 def test_the_remote_client_is_registered_once_per_server(monkeypatch):

@@ -19,10 +19,8 @@ from spotlight_jax.config import RunSpec, model_config
 from spotlight_jax.metrics import read_jsonl
 from spotlight_jax.models.build import create_model
 from spotlight_jax.runner import checkpointing
+from spotlight_jax.runner.modes import WALL_CLOCK_KEYS
 
-WALL_CLOCK_KEYS = {"time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
-                   "overlap_wall_s", "explore_overlap", "pull_s", "fleet_regroup_s",
-                   "fleet_regroup_max_s", "time"}   # real seconds, not state
 
 CHILD = """
 import sys
