@@ -173,6 +173,10 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
     updates = [h["train_images_per_s"] for h in history if "train_images_per_s" in h]
     if updates:
         line = f"throughput (median, wall clock here): update {np.median(updates):.1f} images/s"
+        mfu = [h["train_mfu"] for h in history if "train_mfu" in h]
+        if mfu:
+            tflops = np.median([h["train_tflops"] for h in history if "train_tflops" in h])
+            line += f" ({tflops:.3g} model TFLOP/s, MFU {np.median(mfu):.1%})"
         if rollouts:
             line += (f", rollouts {np.median(rollouts):.1f} images/s "
                      f"({np.median(tokens):,.0f} transformer tokens/s)")

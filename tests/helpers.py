@@ -1,4 +1,5 @@
 """Shared test fixtures: a micro model that compiles in seconds, configs and subprocess helpers."""
+import math
 import os
 import socket
 from pathlib import Path
@@ -152,3 +153,33 @@ def qwen_fixture_config(tmp_path, objective, iterations=1, **overrides):
         "prompts.embeddings_file": str(path), "rl.objective": objective,
         "rl.eval_prompts": 2, **overrides})
 
+
+def dot_flops(jaxpr, mult=1):
+    """Independent reference: FLOPs of every dot_general / conv in a jaxpr (recursing into
+    sub-jaxprs; scans multiply by their length)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("while", "cond"):
+            raise AssertionError(f"unexpected {name} in the model's jaxpr")
+        if name == "dot_general":
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            a, b = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+            batch = math.prod(a[i] for i in lb)
+            contract = math.prod(a[i] for i in lc)
+            m = math.prod(a[i] for i in range(len(a)) if i not in lc and i not in lb)
+            n = math.prod(b[i] for i in range(len(b)) if i not in rc and i not in rb)
+            total += 2 * batch * m * n * contract * mult
+        elif name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            cout = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+            out = eqn.outvars[0].aval.shape
+            total += 2 * math.prod(out) * (math.prod(rhs) // cout) * mult
+        inner = mult * (eqn.params["length"] if name == "scan" else 1)
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                if hasattr(sub, "eqns"):
+                    total += dot_flops(sub, inner)
+                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                    total += dot_flops(sub.jaxpr, inner)
+    return total

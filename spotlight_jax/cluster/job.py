@@ -193,8 +193,8 @@ class TrainerJob:
     def needs_reward_parts(self) -> bool:
         return self.local.needs_reward_parts
 
-    def advantages(self, rewards, prompt_ids, parts=None):
-        return self.local.advantages(rewards, prompt_ids, parts)
+    def advantages(self, rewards, prompt_ids, parts=None, weights=None):
+        return self.local.advantages(rewards, prompt_ids, parts, weights)
 
     def policy_state(self):
         return self.local.policy_state()

@@ -274,11 +274,13 @@ def remote_reward_config(config) -> RemoteRewardConfig:
 
 def register_remote_reward(config) -> None:
     """Validates ``config.remote_reward`` and, where ``rl.reward`` or ``rl.eval_reward`` is
-    'remote', registers its client under that name (replacing an earlier run's), with the
-    server's reward components for ``rl.advantage='decoupled'``: the runner, the explorer and
-    the evaluation then find it by name like any shipped reward."""
+    or mixes in 'remote', registers its client under that name (replacing an earlier run's),
+    with the server's reward components for ``rl.advantage='decoupled'``: the runner, the
+    explorer and the evaluation then find it by name like any shipped reward."""
     cfg = remote_reward_config(config)
-    if REMOTE_REWARD not in (train_reward(config), eval_reward(config)):
+    used = [n for spec in (train_reward(config), eval_reward(config))
+            for n in (spec.split(",") if rewards.mix.is_mix(spec) else [spec])]
+    if not any(n.split(":")[0].strip() == REMOTE_REWARD for n in used):   # alone or in a mix
         return
     if not cfg.url:
         raise ConfigError("remote_reward.url='': rl.reward or rl.eval_reward is 'remote', which "

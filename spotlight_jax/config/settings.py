@@ -63,11 +63,16 @@ def _check_run_settings(s) -> None:
         bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
     known = rewards.names() + ([] if REMOTE_REWARD in rewards.names() else
                                [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
-    if s.reward not in known:
-        bad("rl.reward", s.reward, f"unknown reward; registered rewards: {', '.join(known)}")
-    if s.eval_reward not in known:
-        bad("rl.eval_reward", s.eval_reward,
-            f"unknown reward; registered rewards: {', '.join(known)} ('' = rl.reward)")
+    for path, spec in (("rl.reward", s.reward), ("rl.eval_reward", s.eval_reward)):
+        try:
+            names = rewards.mix.names(spec)     # a plain name, or a weighted mix of rewards
+        except ValueError as e:
+            bad(path, spec, str(e))
+        for name in names:
+            if name not in known:
+                bad(path, spec, f"unknown reward {name!r}; registered rewards: "
+                    f"{', '.join(known)}" + (" ('' = rl.reward)" if path == "rl.eval_reward"
+                                             else ""))
     e = s.explore
     build_section(section_paths("explore", PlannerConfig),
            lambda: PlannerConfig(group_size=s.group_size, algorithm=e.algorithm,

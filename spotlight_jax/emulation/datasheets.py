@@ -41,3 +41,14 @@ def device_spec(name: str) -> DeviceSpec:
     if name not in DEVICES:
         raise ValueError(f"device={name!r}: unknown accelerator; choose one of {sorted(DEVICES)}")
     return DEVICES[name]
+
+
+def spec_for_device_kind(kind: str) -> DeviceSpec | None:
+    """The datasheet of a JAX ``device_kind`` string ('NVIDIA H200', 'NVIDIA H100 80GB HBM3',
+    'NVIDIA A100-SXM4-80GB', ...): the entry whose model name (h200, h100, a100) the kind
+    contains; None for a device without a datasheet here (a CPU, another accelerator)."""
+    lowered = kind.lower()
+    for key, spec in DEVICES.items():
+        if key.split("_")[0] in lowered:
+            return spec
+    return None

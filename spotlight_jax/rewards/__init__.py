@@ -9,6 +9,11 @@ advantage several layers down. A reward that is the mean of parts can register t
 (`register(name, fn, components=parts_fn)`); `get_components(name)` returns them as
 `[B, K]` (NaN where a part does not apply) for GRPO's decoupled advantages.
 
+Wherever a reward name is taken, a weighted mix of registered rewards is too
+(``'geneval_lite:1.0,jpeg_compressibility:0.5'``, `rewards.mix`): `get` returns the weighted sum
+of the clipped terms, `get_terms` the terms themselves (logged per iteration and evaluation), and
+`get_components` / `component_weights` hand the terms to the decoupled advantages.
+
 Shipped (see each module for the exact definitions):
   geneval_lite          fraction of the prompt's constraints met (color, count, shape, position,
                         text), graded, read by the world's detector  (`rewards.geneval`)
@@ -27,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from spotlight_jax.rewards import mix
 from spotlight_jax.rewards.geneval import (
     aspect_breakdown,
     constraint_breakdown,
@@ -90,12 +96,21 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> RewardFn:
-    """The reward registered as `name`, wrapped to check and convert its output."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(names())}")
-    fn = _REGISTRY[name]
+def _unknown(name: str) -> ValueError:
+    return ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(names())}")
 
+
+def _mix_terms(spec: str) -> tuple[mix.Term, ...]:
+    """The terms of a mix spec, every name registered (ValueError otherwise)."""
+    terms = mix.parse(spec)
+    for t in terms:
+        if t.name not in _REGISTRY:
+            raise ValueError(f"reward mix {spec!r}: {_unknown(t.name)}")
+    return terms
+
+
+def _checked(name: str, fn: Callable) -> RewardFn:
+    """``fn`` wrapped to check its prompts and its output (shape [B], finite) and convert it."""
     def reward(images, prompts: Sequence[str]) -> np.ndarray:
         if isinstance(prompts, str):
             raise ValueError(f"reward {name!r} expects a list of prompts, got a single str")
@@ -115,11 +130,47 @@ def get(name: str) -> RewardFn:
     return reward
 
 
+def get_terms(name: str) -> Callable:
+    """``(images, prompts) -> (reward [B], {term: [B]})``: the reward (or mix) ``name`` and the
+    clipped, unweighted rewards it sums (for a plain name, one term: the reward itself). One
+    evaluation of each term serves both."""
+    terms = _mix_terms(name) if mix.is_mix(name) else None
+    if terms is None:
+        fn = get(name)
+        return lambda images, prompts: (r := fn(images, prompts), {name: r})
+    fns = [get(t.name) for t in terms]
+
+    def scored(images, prompts):
+        clipped = mix.clip(terms, np.stack([f(images, prompts) for f in fns], axis=1))
+        total = _checked(name, lambda *_: mix.combine(terms, clipped))(images, prompts)
+        return total, {t.name: clipped[:, k].astype(np.float32) for k, t in enumerate(terms)}
+
+    return scored
+
+
+def get(name: str) -> RewardFn:
+    """The reward registered as `name` (or the weighted mix `name` spells), wrapped to check
+    and convert its output."""
+    if mix.is_mix(name):
+        _mix_terms(name)                               # a bad spec fails here, not at the call
+        scored = get_terms(name)
+        fn = lambda images, prompts: scored(images, prompts)[0]  # noqa: E731
+        fn.__doc__ = f"Weighted reward mix {name!r} (rewards.mix)."
+        return _checked(name, fn)
+    if name not in _REGISTRY:
+        raise _unknown(name)
+    return _checked(name, _REGISTRY[name])
+
+
 def get_components(name: str) -> Callable:
     """The parts of reward `name`: `(images, prompts) -> float32 [B, K]`, column `k` the
     `k`-th part's score (NaN where it does not apply); the reward is the mean of each row's
-    applicable parts. ValueError if `name` is unknown or is not a mean of parts."""
+    applicable parts. ValueError if `name` is unknown or is not a mean of parts. For a mix the
+    parts are its clipped terms (weighted by :func:`component_weights`)."""
     get(name)                                              # unknown names: the usual error
+    if mix.is_mix(name):
+        scored = get_terms(name)
+        return lambda images, prompts: np.stack(list(scored(images, prompts)[1].values()), 1)
     if name not in _COMPONENTS:
         with_parts = ", ".join(sorted(_COMPONENTS)) or "none"
         raise ValueError(f"reward {name!r} has no components (rewards with components: "
@@ -131,6 +182,12 @@ def get_components(name: str) -> Callable:
         return np.stack([np.asarray(v, np.float32) for v in got.values()], axis=1)
 
     return parts
+
+
+def component_weights(name: str) -> np.ndarray | None:
+    """The weights of :func:`get_components`' columns: a mix's term weights; ``None`` (equal
+    weights) for a reward that is the mean of its parts."""
+    return mix.weights(_mix_terms(name)) if mix.is_mix(name) else None
 
 
 register("geneval_lite", geneval_lite, components=constraint_breakdown)
@@ -150,6 +207,9 @@ __all__ = [
     "graded_ocr_score",
     "get",
     "get_components",
+    "get_terms",
+    "component_weights",
+    "mix",
     "jpeg_compressibility",
     "make_geneval_lite",
     "make_ocr_lite",

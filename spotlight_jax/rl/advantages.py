@@ -27,7 +27,7 @@ def advantages(rewards, prompt_ids, *, global_std: bool = False, clip: float = 5
     return np.clip(adv, -clip, clip).astype(np.float32)
 
 
-def decoupled_advantages(parts, prompt_ids, *, clip: float = 5.0,
+def decoupled_advantages(parts, prompt_ids, *, weights=None, clip: float = 5.0,
                          eps: float = 1e-4) -> np.ndarray:
     """Advantages of a reward that is the mean of parts, each part normalised on its own.
 
@@ -36,7 +36,9 @@ def decoupled_advantages(parts, prompt_ids, *, clip: float = 5.0,
     ``(p - mean) / (std + eps)`` (0 for a part constant within the group), those are averaged
     over the applicable parts and the average is normalised again within the group, so every
     group weighs as much as with :func:`advantages` and only the direction inside it changes
-    (multi-reward decoupled normalisation, as in GDPO). Clipped to ±clip.
+    (multi-reward decoupled normalisation, as in GDPO). ``weights`` ``[K]`` (a reward mix's term
+    weights; default equal) make the average ``sum_k w_k a_k / sum_k |w_k|`` over the applicable
+    parts: a negative weight pushes its part down. Clipped to ±clip.
     """
     p = np.asarray(parts, np.float64)
     ids = np.asarray(prompt_ids)
@@ -47,7 +49,10 @@ def decoupled_advantages(parts, prompt_ids, *, clip: float = 5.0,
     # a part that does not apply is constant (0) within its group: advantage 0, not counted
     per_part = np.stack([advantages(np.nan_to_num(p[:, k]), ids, clip=np.inf, eps=eps)
                          for k in range(p.shape[1])], axis=1)
-    mean = (per_part * applies).sum(1) / np.maximum(applies.sum(1), 1)
+    w = np.ones(p.shape[1]) if weights is None else np.asarray(weights, np.float64)
+    if w.shape != (p.shape[1],):
+        raise ValueError(f"weights must be [K] with K = {p.shape[1]} parts, got shape {w.shape}")
+    mean = ((per_part * applies) @ w) / np.maximum(applies @ np.abs(w), 1e-12)
     return advantages(mean, ids, clip=clip, eps=eps)
 
 

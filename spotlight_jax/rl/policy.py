@@ -55,8 +55,9 @@ class Trainer(Protocol):
     @property
     def needs_reward_parts(self) -> bool: ...
 
-    def advantages(self, rewards, prompt_ids, parts=None) -> np.ndarray:
-        """The batch's advantages, as the objective's config asks."""
+    def advantages(self, rewards, prompt_ids, parts=None, weights=None) -> np.ndarray:
+        """The batch's advantages, as the objective's config asks (``parts`` [B, K] and their
+        ``weights`` [K] where :attr:`needs_reward_parts`)."""
 
     def update(self, batch: dict, key, step: int, generator=None) -> dict:
         """One update on ``batch``; ``generator``: the policy that sampled it, when that is not
@@ -196,15 +197,17 @@ class PolicyTrainer:
         """Whether :meth:`advantages` needs the reward's parts (``advantage='decoupled'``)."""
         return self.cfg.advantage == "decoupled"
 
-    def advantages(self, rewards, prompt_ids, parts=None) -> np.ndarray:
+    def advantages(self, rewards, prompt_ids, parts=None, weights=None) -> np.ndarray:
         """The batch's advantages as this objective's config asks: of the scalar reward
         (group mean removed, group or batch std, clipped), or with ``parts`` ``[B, K]`` (the
-        reward's components) each part normalised on its own (:attr:`needs_reward_parts`)."""
+        reward's components, weighted by ``weights`` [K]: a reward mix's) each part normalised
+        on its own (:attr:`needs_reward_parts`)."""
         if self.needs_reward_parts:
             if parts is None:
                 raise ValueError("advantage='decoupled' needs the reward's parts; use a reward "
                                  "with components (e.g. geneval_lite)")
-            return decoupled_advantages(parts, prompt_ids, clip=self.cfg.adv_clip)
+            return decoupled_advantages(parts, prompt_ids, weights=weights,
+                                        clip=self.cfg.adv_clip)
         return advantages(rewards, prompt_ids, global_std=self.cfg.global_std,
                           clip=self.cfg.adv_clip)
 

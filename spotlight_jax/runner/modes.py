@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from spotlight_jax import registry
+from spotlight_jax import registry, utilization
 from spotlight_jax.diffusion import batches
 from spotlight_jax.rl import group_stats
 from spotlight_jax.runner.exploration import (
@@ -43,11 +43,11 @@ from spotlight_jax.runner.exploration import (
 from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
 from spotlight_jax.runner.rollouts import ReadyBatch, group_seeds
 
-
 WALL_CLOCK_KEYS = frozenset({
     "time", "time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
     "overlap_wall_s", "explore_overlap", "pull_s", "fleet_regroup_s", "fleet_regroup_max_s",
-    "train_images_per_s", "rollout_images_per_s", "rollout_tokens_per_s"})
+    "train_images_per_s", "rollout_images_per_s", "rollout_tokens_per_s", "train_tflops",
+    "train_mfu", "rollout_tflops"})
 """The fields of a history row measured on this process's wall clock: they differ between two
 runs of the same config (and between a resumed run and an uninterrupted one); every other field
 is a function of the config, the seed and the trace."""
@@ -55,16 +55,23 @@ is a function of the config, the seed and the trace."""
 
 def throughput(s, n: int, rollout_s: float, train_s: float, rolled_out: bool) -> dict:
     """This process's wall-clock throughput of the iteration's phases: images per second of the
-    rollout phase (with their rewards) and of the update, and the transformer tokens per second
+    rollout phase (with their rewards) and of the update, the transformer tokens per second
     the rollouts pushed (each image: ``num_steps`` forwards of its image and prompt tokens,
-    twice under CFG). A ready batch (nothing rolled out) reports no rollout throughput."""
+    twice under CFG), and the model TFLOP/s of both (``utilization``) with the update's MFU
+    on the trainer's devices. A ready batch (nothing rolled out) reports no rollout
+    throughput."""
+    cfg = s.train_sampler_cfg
     out = {"train_images_per_s": n / train_s if train_s > 0 else 0.0}
+    if train_s > 0:
+        flops = utilization.update_flops(s.trainer, s.mcfg, cfg, n)
+        out.update(train_tflops=flops / train_s / 1e12,
+                   train_mfu=utilization.mfu(flops, train_s, s.peak_flops, s.update_devices))
     if rolled_out and rollout_s > 0:
-        cfg = s.train_sampler_cfg
         tokens = (s.mcfg.num_patches + s.mcfg.text_len) * cfg.num_steps
         out.update(rollout_images_per_s=n / rollout_s,
                    rollout_tokens_per_s=n * tokens * (1 if cfg.guidance == 1.0 else 2)
-                   / rollout_s)
+                   / rollout_s,
+                   rollout_tflops=utilization.rollout_flops(s.mcfg, cfg, n) / rollout_s / 1e12)
     return out
 
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from spotlight_jax import rewards, world
+from spotlight_jax import rewards, utilization, world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.diffusion.engine import RolloutEngine
@@ -21,7 +21,6 @@ from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
-from spotlight_jax.rewards import get_components
 from spotlight_jax.runner.modes import MODES, make_mode
 from spotlight_jax.runner.ray_fleet import RayFleet
 from spotlight_jax.runner.rollouts import (
@@ -84,7 +83,15 @@ class RunState:
         self.graphdef = graphdef
         self.trainer = (trainer if trainer is not None
                         else spec.make_trainer(graphdef, base, mesh=self.mesh))
+        # MFU's denominator: one device's peak (datasheet, or a measured matmul on a CPU) x the
+        # devices the update runs on
+        self.peak_flops, peak_source = utilization.device_peak(self.mesh.devices.flat[0])
+        self.update_devices = int((self.mesh if trainer is None else trainer.mesh).devices.size)
+        logging.info("MFU against %.4g TFLOP/s per device (%s) x %d update device(s)",
+                     self.peak_flops / 1e12, peak_source, self.update_devices)
         self.reward_parts = self._reward_parts()
+        self._terms_fn = (rewards.get_terms(st.reward) if rewards.mix.is_mix(st.reward)
+                          else None)
         # a latent model's VAE (None for pixels) and the attention layout on the trainer's mesh
         self.decoder = spec.image_decoder()
         self.attn = spec.attention_spec(self.mesh)
@@ -124,8 +131,22 @@ class RunState:
 
     def _reward_parts(self):
         """The reward's components, where the trainer's advantages need them (the config
-        validated the choice)."""
-        return get_components(self.settings.reward) if self.trainer.needs_reward_parts else None
+        validated the choice); a mix's are its terms, computed with them."""
+        name = self.settings.reward
+        if not self.trainer.needs_reward_parts or rewards.mix.is_mix(name):
+            return None
+        return rewards.get_components(name)
+
+    def reward_terms(self, batch, prompts) -> dict[str, np.ndarray]:
+        """A reward mix's clipped terms ``{name: [B]}`` for ``batch`` (kept in it as
+        ``reward_terms``: logged per iteration, and the decoupled advantages' parts); ``{}`` for
+        a plain reward or a batch without its images."""
+        if "reward_terms" not in batch:
+            if self._terms_fn is None or "images" not in batch:
+                return {}
+            batch["reward_terms"] = self._terms_fn(
+                batch["images"], [prompts[i] for i in batch["prompt_ids"]])[1]
+        return batch["reward_terms"]
 
     def _spot_rollouts(self):
         """The rollout backend with spot devices: Ray spot hosts (``transport='ray'``), the pull
@@ -170,10 +191,14 @@ class RunState:
         """The objective's update on ``batch`` (advantages computed here); ``generator``: the
         trainer's :meth:`generator` of the policy that sampled it, when that is not the current
         sampling policy."""
-        parts = None
-        if self.reward_parts is not None:
+        parts = weights = None
+        terms = self.reward_terms(batch, prompts)
+        if self.trainer.needs_reward_parts and terms:
+            parts = np.stack(list(terms.values()), axis=1)
+            weights = rewards.component_weights(self.settings.reward)
+        elif self.reward_parts is not None:
             parts = self.reward_parts(batch["images"], [prompts[i] for i in batch["prompt_ids"]])
-        adv = self.trainer.advantages(batch["rewards"], batch["prompt_ids"], parts)
+        adv = self.trainer.advantages(batch["rewards"], batch["prompt_ids"], parts, weights)
         train = {key: batch[key] for key in self.trainer.batch_keys}
         train["advantages"] = adv
         if generator is None:       # a trainer with the plain update(batch, key, step) serves

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from helpers import dot_flops
 
 from spotlight_jax import config as conf
 from spotlight_jax.emulation import calibration, cost_models, datasheets, flops
@@ -160,37 +161,6 @@ def test_roles_match_the_device_pool():
 
 # ------------------------------------------------------------------------------ FLOP count
 
-def _dot_flops(jaxpr, mult=1):
-    """Independent reference: FLOPs of every dot_general / conv in a jaxpr (recursing into
-    sub-jaxprs; scans multiply by their length)."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in ("while", "cond"):
-            raise AssertionError(f"unexpected {name} in the model's jaxpr")
-        if name == "dot_general":
-            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-            a, b = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-            batch = math.prod(a[i] for i in lb)
-            contract = math.prod(a[i] for i in lc)
-            m = math.prod(a[i] for i in range(len(a)) if i not in lc and i not in lb)
-            n = math.prod(b[i] for i in range(len(b)) if i not in rc and i not in rb)
-            total += 2 * batch * m * n * contract * mult
-        elif name == "conv_general_dilated":
-            rhs = eqn.invars[1].aval.shape
-            cout = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
-            out = eqn.outvars[0].aval.shape
-            total += 2 * math.prod(out) * (math.prod(rhs) // cout) * mult
-        inner = mult * (eqn.params["length"] if name == "scan" else 1)
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                if hasattr(sub, "eqns"):
-                    total += _dot_flops(sub, inner)
-                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
-                    total += _dot_flops(sub.jaxpr, inner)
-    return total
-
-
 TINY = [
     MMDiTConfig(image_size=8, channels=3, patch_size=2, width=32, depth=2, num_heads=2,
                 mlp_ratio=3.0, vocab_size=11, text_len=5, text_width=16, text_layers=1,
@@ -214,7 +184,7 @@ def test_flop_formula_matches_the_model_jaxpr(cfg):
            else jax.ShapeDtypeStruct((b, cfg.text_len, cfg.text_embed_dim), f32))
     mask = jax.ShapeDtypeStruct((b, cfg.text_len), jnp.bool_)
     jaxpr = jax.make_jaxpr(lambda st, *a: nnx.merge(graphdef, st)(*a))(state, x, t, tok, mask)
-    ref = _dot_flops(jaxpr.jaxpr)
+    ref = dot_flops(jaxpr.jaxpr)
     assert flops.forward_flops(cfg, batch=b) == ref
     n_params = sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(state, nnx.Param)))
     assert flops.param_count(cfg) == n_params

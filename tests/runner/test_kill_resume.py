@@ -21,7 +21,6 @@ from spotlight_jax.models.build import create_model
 from spotlight_jax.runner import checkpointing
 from spotlight_jax.runner.modes import WALL_CLOCK_KEYS
 
-
 CHILD = """
 import sys
 sys.path.insert(0, {tests!r})

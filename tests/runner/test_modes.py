@@ -1,14 +1,17 @@
 """Every post-training mode runs end to end on the micro model; spotlight explores with stale
 weights off the critical path and trains on the chosen seeds; the emulated clock charges phases."""
+from types import SimpleNamespace
+
 import jax
 import numpy as np
 import pytest
 from helpers import mode_config
 
-from spotlight_jax import runner, world
+from spotlight_jax import runner, utilization, world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion.engine import candidate_seeds
 from spotlight_jax.explore import max_variance_subset
+from spotlight_jax.rl import trainer_class
 from spotlight_jax.runner import outputs
 from spotlight_jax.runner.exploration import extras_budget_s
 from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
@@ -30,8 +33,12 @@ def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     n = spec.settings.prompts_per_iter * spec.settings.group_size
     tokens = ((spec.model.num_patches + spec.model.text_len) * spec.sampler.num_steps
               * (1 if spec.sampler.guidance == 1.0 else 2))
+    trainer = SimpleNamespace(cfg=spec.rl, update_rows=trainer_class(spec.rl).update_rows)
+    update_flops = utilization.update_flops(trainer, spec.model, spec.sampler, n)
     for r in rows:
         assert r["train_images_per_s"] == pytest.approx(n / r["time_train"])
+        assert r["train_tflops"] == pytest.approx(update_flops / r["time_train"] / 1e12)
+        assert r["train_mfu"] > 0
         if not r.get("pipelined"):
             assert r["rollout_images_per_s"] == pytest.approx(n / r["time_rollout"])
             assert r["rollout_tokens_per_s"] == pytest.approx(n * tokens / r["time_rollout"])
