@@ -181,6 +181,13 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
             line += (f", rollouts {np.median(rollouts):.1f} images/s "
                      f"({np.median(tokens):,.0f} transformer tokens/s)")
         lines.append(line)
+    gaps = [(float(g), int(t)) for h in history
+            for t, g in h.get("rollout_logp_gap_by_step", {}).items()]
+    if gaps:
+        worst, at = max(gaps)
+        ratio = max(h.get("first_ratio_dev", 0.0) for h in history)
+        lines.append(f"log-prob gap, rollout vs trainer (Flow-GRPO): max {worst:.2g} "
+                     f"(sampler step {at}); first inner step's |ratio - 1| max {ratio:.2g}")
     regroups = [h for h in history if h.get("fleet_regroups")]
     if regroups:
         worst = max(h["fleet_regroup_max_s"] for h in regroups)

@@ -179,7 +179,9 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
     logp, logp_old, kl, rows, j = step_terms(model, batch["latents"], batch["log_probs"], idx,
                                              batch["tokens"], batch["mask"], sampler, ref_model,
                                              attn)
-    rollout_dev = jnp.max(jnp.abs(logp - logp_old))
+    gap = jnp.abs(logp - logp_old)        # the trainer's log-prob against the rollout's
+    rollout_dev = jnp.max(gap)
+    steps = batch["log_probs"].shape[1]
     if "logp_old" in batch:  # re-scored with the pre-update weights (GRPOTrainer.update)
         logp_old = batch["logp_old"]
     # A traced flag (not a static one): both minibatch kinds share one compiled program.
@@ -205,6 +207,9 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
         "approx_kl": (0.5 * (logp - logp_old) ** 2 * weight).sum() / denom,
         "ratio_dev": jnp.max(jnp.abs(ratio - 1)),
         "rollout_logp_dev": rollout_dev,
+        # per sampler step (-inf / 0 where no trajectory of the minibatch trained it)
+        "rollout_logp_gap_by_step": jax.ops.segment_max(gap, j, num_segments=steps),
+        "trained_by_step": jax.ops.segment_sum(jnp.ones_like(gap), j, num_segments=steps),
     }
     return loss, metrics
 
@@ -268,7 +273,15 @@ class GRPOTrainer(PolicyTrainer):
                 self.trainable, self.opt_state, self.ema, self.base, sub, idx,
                 np.bool_(i == 0))
             metrics.append(m)
-        out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]}
+        by_step = {k: np.asarray(jax.device_get(metrics[0][k]))
+                   for k in ("rollout_logp_gap_by_step", "trained_by_step")}
+        out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]
+               if k not in by_step}
+        # the rollout-vs-trainer log-prob gap of each sampler step the first minibatch trained
+        # (on the sampling weights: numerics only), keyed by the step's index
+        out["rollout_logp_gap_by_step"] = {
+            str(t): float(by_step["rollout_logp_gap_by_step"][t])
+            for t in np.flatnonzero(by_step["trained_by_step"])}
         out["first_ratio_dev"] = float(jax.device_get(metrics[0]["ratio_dev"]))
         # on the sampling weights only (first minibatch): pure numerics, no policy change
         out["rollout_logp_dev"] = float(jax.device_get(metrics[0]["rollout_logp_dev"]))

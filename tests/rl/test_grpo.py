@@ -94,6 +94,24 @@ def test_first_on_policy_ratio_is_exactly_one(rollout_batch):
     assert m["ratio_dev"] > 0.0  # the second minibatch ran on updated weights
 
 
+def test_log_prob_gap_is_reported_per_sampler_step(rollout_batch):
+    """A gap planted in the rollout's log-probs (step t off by (t + 1) 1e-3) is read back at the
+    steps the first minibatch trained, each at its own size."""
+    graphdef, state, batch = rollout_batch
+    planted = dict(batch, log_probs=batch["log_probs"]
+                   + 1e-3 * (np.arange(batch["log_probs"].shape[1]) + 1)[None, :])
+    trainer = GRPOTrainer(graphdef, state, GRPOConfig(train_steps=2, minibatches=2, lr=1e-3,
+                                                      beta=0.0), SAMPLER)
+    m = trainer.update(planted, jax.random.key(0), step=0)
+    gap = m["rollout_logp_gap_by_step"]
+    stochastic = set(np.flatnonzero(SAMPLER.stochastic_steps()).tolist())
+    assert gap and {int(t) for t in gap} <= stochastic
+    for t, g in gap.items():
+        assert g == pytest.approx(1e-3 * (int(t) + 1), abs=1e-5), (t, g)
+    assert max(gap.values()) == pytest.approx(m["rollout_logp_dev"], rel=1e-6)
+    assert m["first_ratio_dev"] == 0.0        # the first minibatch's ratio is still exactly 1
+
+
 def test_rollout_old_logprobs_give_the_same_update_as_rescoring(rollout_batch):
     # rescore=False (default) takes old log-probs of later minibatches from the rollout; they
     # differ from re-scored ones by float rounding only, so both updates must agree closely

@@ -39,3 +39,14 @@ def test_summary_states_the_phases_median_throughput(tmp_path):
     rows[1].pop("rollout_images_per_s"), rows[1].pop("rollout_tokens_per_s")   # a ready batch
     text = summary(RunSpec.of(c), str(tmp_path), rows, "base")
     assert "update 20.0 images/s, rollouts 55.0 images/s (85,000 transformer tokens/s)" in text
+
+
+def test_summary_states_the_worst_log_prob_gap_and_the_mfu(tmp_path):
+    c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
+    rows = [{"iteration": 1, "train_images_per_s": 5.0, "train_tflops": 0.5, "train_mfu": 0.25,
+             "rollout_logp_gap_by_step": {"2": 1e-7, "5": 3e-7}, "first_ratio_dev": 0.0},
+            {"iteration": 2, "train_images_per_s": 5.0, "train_tflops": 0.7, "train_mfu": 0.35,
+             "rollout_logp_gap_by_step": {"1": 2e-7}, "first_ratio_dev": 1e-8}]
+    text = summary(RunSpec.of(c), str(tmp_path), rows, "base")
+    assert "update 5.0 images/s (0.6 model TFLOP/s, MFU 30.0%)" in text
+    assert "max 3e-07 (sampler step 5); first inner step's |ratio - 1| max 1e-08" in text
