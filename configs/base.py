@@ -201,6 +201,10 @@ def get_config():
     w.max_wait_s = 600.0            # per request; 0 = wait for the server forever
 
     c.checkpoint = ml_collections.ConfigDict(dict(every=10, max_to_keep=3))
+    # Where rl.jsonl's scalars and the sample grids also go: TensorBoard always (workdir/tb);
+    # Weights & Biases with wandb='offline' (no account; `wandb sync workdir/wandb/...` later)
+    # or 'online' (pip install -e '.[wandb]').
+    c.logging = ml_collections.ConfigDict(dict(wandb="off", wandb_project="spotlight_jax"))
     return add_spotlight_sections(c)
 
 

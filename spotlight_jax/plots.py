@@ -59,25 +59,32 @@ def save_grid(path: str, images, cols: int = 8, scale: int = 4, captions=None) -
 def plot_curves(path: str, series: dict, xlabel: str = "iteration", ylabel: str = "reward",
                 title: str = "") -> None:
     """``series``: name -> (x, y) or (x, mean, lo, hi) for a shaded spread."""
+    plot_panels(path, {ylabel: series}, xlabel=xlabel, title=title)
+
+
+def plot_panels(path: str, panels: dict, xlabel: str = "iteration", title: str = "") -> None:
+    """Side-by-side axes, one per ``panels`` entry (its y label -> a :func:`plot_curves`
+    series dict): quantities of different scales (a reward mix's terms) each on its own axis."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, s in series.items():
-        if len(s) == 4:
-            x, m, lo, hi = s
-            ax.plot(x, m, label=name)
-            ax.fill_between(x, lo, hi, alpha=0.25)
-        else:
-            ax.plot(*s, label=name, marker=".")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels.items()):
+        for name, s in series.items():
+            if len(s) == 4:
+                x, m, lo, hi = s
+                ax.plot(x, m, label=name)
+                ax.fill_between(x, lo, hi, alpha=0.25)
+            else:
+                ax.plot(*s, label=name, marker=".")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
     if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
+        (axes[0][0].set_title if len(panels) == 1 else fig.suptitle)(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

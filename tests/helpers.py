@@ -183,3 +183,45 @@ def dot_flops(jaxpr, mult=1):
                 elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
                     total += dot_flops(sub.jaxpr, inner)
     return total
+
+
+def wandb_history(workdir) -> list[dict]:
+    """The history rows of the offline W&B run(s) under ``workdir/wandb``, read from the
+    ``run-*.wandb`` file itself: its header, then LevelDB-log records (32 KiB blocks, 7-byte
+    chunk headers: crc, length, type FULL/FIRST/MIDDLE/LAST) holding protobuf ``Record``s."""
+    import glob
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))):
+        data = open(path, "rb").read()
+        assert data[:4] == b":W&B", path
+        pos, chunks, part = 7, [], b""
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            if left < 7:
+                pos += left
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if kind == 0:                                   # block padding
+                pos += left
+                continue
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind == 1:
+                chunks.append(chunk)
+            elif kind == 2:
+                part = chunk
+            elif kind == 3:
+                part += chunk
+            else:
+                chunks.append(part + chunk)
+        for chunk in chunks:
+            record = pb.Record()
+            record.ParseFromString(chunk)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows

@@ -33,6 +33,7 @@ BAD = {
     "sampler.noise_patches": (0,) * 10,
     "model.rope_axes": (16, 56, 55),                     # must sum to head_dim, all even
     "model.dual_attention_layers": (99,),                # a block the model does not have
+    "logging.wandb_project": "team/project",             # W&B names forbid / \ # ? % :
 }
 
 

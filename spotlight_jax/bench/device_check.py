@@ -206,8 +206,28 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int) -> 
                                           as_dtype(cfg.dtype), repeats)
     timings, parts = check_model(cfg, graphdef, state, batch, repeats)
     result.update(timings)
+    result.update(utilisation(cfg, batch, timings))
     result["concurrent"] = check_concurrent(parts, repeats)
     return result
+
+
+def utilisation(cfg, batch: int, timings: dict) -> dict:
+    """Model FLOP/s and MFU of the forward and the train step (``spotlight_jax.utilization``:
+    matmul FLOPs, the step's backward counted as two forwards) against the device's peak (its
+    datasheet's dense bf16, or a measured f32 matmul where there is none)."""
+    import jax  # noqa: PLC0415
+
+    from spotlight_jax import utilization  # noqa: PLC0415
+    from spotlight_jax.emulation.flops import forward_flops  # noqa: PLC0415
+
+    peak, source = utilization.device_peak(jax.devices()[0])
+    fwd = float(forward_flops(cfg, batch=batch))
+    fwd_s, step_s = timings["forward_ms"] / 1e3, timings["train_step_ms"] / 1e3
+    return {"peak_tflops": peak / 1e12, "peak_source": source,
+            "forward_tflops": fwd / fwd_s / 1e12,
+            "forward_mfu": utilization.mfu(fwd, fwd_s, peak, 1),
+            "train_step_tflops": 3 * fwd / step_s / 1e12,
+            "train_step_mfu": utilization.mfu(3 * fwd, step_s, peak, 1)}
 
 
 def table(result: dict) -> str:
@@ -216,9 +236,13 @@ def table(result: dict) -> str:
              f"{result['depth']}, {result['params'] / 1e6:.0f}M params, {result['dtype']}, "
              f"batch {result['batch']}, {result['seq']} tokens", "",
              "| measurement | value |", "|---|---|",
-             f"| forward | {result['forward_ms']:.1f} ms |",
+             f"| forward | {result['forward_ms']:.1f} ms ({result['forward_tflops']:.1f} model "
+             f"TFLOP/s, MFU {result['forward_mfu']:.1%}) |",
              f"| train step (AdamW, full) | {result['train_step_ms']:.1f} ms "
-             f"({result['train_samples_per_s']:.2f} samples/s) |"]
+             f"({result['train_samples_per_s']:.2f} samples/s, "
+             f"{result['train_step_tflops']:.1f} model TFLOP/s, MFU "
+             f"{result['train_step_mfu']:.1%}) |",
+             f"| peak per device | {result['peak_tflops']:.4g} TFLOP/s ({result['peak_source']}) |"]
     for row in result["attention"]:
         name = f"attention `{row['implementation']}`"
         if "skipped" in row:

@@ -190,6 +190,7 @@ class SpotHostImpl:
             self._worker = InProcessWorker(self._name, stepper, degree=group.degree,
                                            config=w.config, params=params,
                                            version=w.policy_version)
+            self._worker.adopt_retained(w)
             jax.block_until_ready(stepper.params)
             seconds = time.perf_counter() - t0
         return {"regroup_s": seconds, "compiles": int(compiles["n"]), "degree": group.degree,
@@ -268,6 +269,12 @@ class SpotHostImpl:
 
     def flush(self):
         return self._worker.flush()
+
+    def trajectories(self, rids) -> dict:
+        """The retained trajectories of completed exploration requests among ``rids``
+        (``WorkerConfig.retain``): what ``spotlight_pipelined`` trains on, fetched for its
+        chosen candidates only."""
+        return self._worker.retained(rids)
 
     def acknowledge(self, rid: str, status: str, step: int | None = None) -> int:
         return self._worker.acknowledge(rid, status, step)
@@ -395,6 +402,10 @@ class RayWorker(Worker):
 
     def flush(self):
         return self._call(self.actor.flush)
+
+    def trajectories(self, rids) -> dict:
+        """The host's retained trajectories among ``rids`` (see ``SpotHostImpl.trajectories``)."""
+        return self._call(self.actor.trajectories, list(rids))
 
     def acknowledge(self, rid: str, status: str, step: int | None = None) -> int:
         return self._call(self.actor.acknowledge, rid, status, step)

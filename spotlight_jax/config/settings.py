@@ -37,6 +37,7 @@ from spotlight_jax.config.sections import (
 )
 from spotlight_jax.emulation import TraceConfig
 from spotlight_jax.explore.planner import PlannerConfig
+from spotlight_jax.metrics import WANDB_MODES
 
 
 def _check_run_settings(s) -> None:
@@ -73,6 +74,14 @@ def _check_run_settings(s) -> None:
                 bad(path, spec, f"unknown reward {name!r}; registered rewards: "
                     f"{', '.join(known)}" + (" ('' = rl.reward)" if path == "rl.eval_reward"
                                              else ""))
+    if s.wandb not in WANDB_MODES:
+        bad("logging.wandb", s.wandb, f"choose one of {', '.join(WANDB_MODES)}")
+    if not s.wandb_project or any(c in s.wandb_project for c in "/\\#?%:"):
+        bad("logging.wandb_project", s.wandb_project,
+            "a W&B project name: non-empty, without / \\ # ? % :")
+    if s.wandb != "off" and importlib.util.find_spec("wandb") is None:
+        bad("logging.wandb", s.wandb, "needs the optional wandb package: pip install -e "
+            "'.[wandb]' (or --config.logging.wandb=off)")
     e = s.explore
     build_section(section_paths("explore", PlannerConfig),
            lambda: PlannerConfig(group_size=s.group_size, algorithm=e.algorithm,
@@ -210,6 +219,8 @@ class RunSettings:
     target_frac: float          # compare mode's target share of the baseline's gain
     target_gain: float = 0.0    # > 0: compare mode's target is the baseline's start + this
     compare_seeds: tuple = ()   # compare mode: one comparison per config seed (() = seed)
+    wandb: str = "off"          # 'off' | 'offline' | 'online' (logging.wandb)
+    wandb_project: str = "spotlight_jax"
 
 
 def run_settings(config) -> RunSettings:
@@ -234,4 +245,5 @@ def run_settings(config) -> RunSettings:
         spot_regroup_precompile=bool(d.spot_regroup_precompile),
         target_frac=float(config.compare.target_frac),
         target_gain=float(config.compare.target_gain),
-        compare_seeds=tuple(config.compare.seeds or ()))
+        compare_seeds=tuple(config.compare.seeds or ()),
+        wandb=str(config.logging.wandb), wandb_project=str(config.logging.wandb_project))

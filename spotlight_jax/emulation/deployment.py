@@ -124,9 +124,11 @@ class Deployment:
         return t
 
     def spot_seconds_per_candidate(self) -> float:
-        """Device-seconds of one exploration rollout on a spot group (batch of 8)."""
+        """Device-seconds of one exploration candidate on a spot group: its rollout (batch of
+        8) and its reward, which the group computes itself (so a candidate's image never leaves
+        the group, and a pipelined batch arrives rewarded)."""
         sp = self.cfg.spot_sp
-        return sp * self.cost.rollout(8, sp=sp) / 8
+        return sp * (self.cost.rollout(8, sp=sp) / 8 + self.cost.reward(1))
 
     def od_seconds_per_candidate(self) -> float:
         return self.cost.rollout(8, sp=1) / 8

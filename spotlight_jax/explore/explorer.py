@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import jax
 import numpy as np
 
+from spotlight_jax.diffusion import batches
 from spotlight_jax.diffusion.engine import RolloutEngine
 
 
@@ -24,8 +26,19 @@ class Explorer(Protocol):
 
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories: bool = False):
         """Rewards of ``seeds_per_prompt[i]``, prompt ``i``'s candidate seeds, under ``state``:
-        a list of reward arrays (one per prompt) and, with ``keep_trajectories``, the candidates'
-        rollout batch (host arrays, as ``RolloutEngine.run`` returns)."""
+        a list of reward arrays (one per prompt) and, with ``keep_trajectories``, a handle on
+        the candidates' trajectories for :meth:`select`."""
+
+    def select(self, kept, rows) -> dict:
+        """The rollout batch (host arrays, as ``RolloutEngine.run`` returns) of the kept
+        candidates ``rows`` (indices in ``score``'s flat order, prompt after prompt): only
+        those a mode trains on. An explorer whose candidates ran elsewhere fetches just
+        these."""
+
+
+def take_rows(batch: dict, rows) -> dict:
+    """:meth:`Explorer.select` of an explorer whose ``kept`` handle is the whole batch."""
+    return batches.take(jax.tree.map(np.asarray, batch), np.asarray(rows))
 
 
 class LocalExplorer:
@@ -45,3 +58,6 @@ class LocalExplorer:
         splits = np.cumsum([len(s) for s in seeds_per_prompt])[:-1]
         per_prompt = np.split(batch["rewards"], splits)
         return (per_prompt, batch) if keep_trajectories else per_prompt
+
+    def select(self, kept, rows) -> dict:
+        return take_rows(kept, rows)

@@ -102,6 +102,8 @@ def explore(state, k_next: int, prompts, budget_s: float, per_candidate_s: float
         idx = scored[max_variance_subset(r[scored], G)]
         chosen.append(idx)
         gains.append(float(np.var(r[idx]) - np.var(r[scored[:G]])))
+    if batch is not None:     # the chosen candidates' trajectories (none with a short prompt)
+        batch = None if short else explorer.select(batch, chosen_rows(cands, chosen))
     n = int(sum(len(cands[i]) for i in picked))          # submitted for scoring
     info = {"explore_candidates": n, "explore_extra": n - G * len(picked),
             "explore_var_gain": float(np.mean(gains)) if gains else 0.0,

@@ -30,6 +30,7 @@ from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import SamplerConfig, batches
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig
 from spotlight_jax.elastic.node import SpotFleet
+from spotlight_jax.explore.explorer import take_rows
 from spotlight_jax.models import MMDiTConfig
 
 STAT_KEYS = ("fleet_regroups", "fleet_regroup_s", "fleet_regroup_max_s", "fleet_compiles",
@@ -165,6 +166,9 @@ class FleetExplorer:
         batch["mask"] = np.concatenate([m for _, _, m, _, _ in calls])
         batch["rewards"] = flat_r
         return per_prompt, batch
+
+    def select(self, kept, rows) -> dict:
+        return take_rows(kept, rows)
 
     def close(self):
         self._rewards.shutdown(wait=True)

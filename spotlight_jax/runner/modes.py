@@ -36,7 +36,6 @@ from spotlight_jax.diffusion import batches
 from spotlight_jax.rl import group_stats
 from spotlight_jax.runner.exploration import (
     SpotExploration,
-    chosen_rows,
     explore,
     extras_budget_s,
 )
@@ -129,7 +128,8 @@ class Mode:
         t0 = time.time()
         batch, info, backend = self.rollout_phase(s, k, prompts)
         row.update(info)
-        clock.run("reward", d.od, d.reward_s(n))
+        if not backend.rewarded:              # a ready batch was rewarded on the spot groups
+            clock.run("reward", d.od, d.reward_s(n))
         t1 = time.time()
         backend.settle(n, row, self.uses_spot)
         self.sync(s, row)
@@ -177,8 +177,7 @@ class ExploreSyncMode(Mode):
         budget = st.explore.sync_extra_per_prompt * P * per
         cands, chosen, ebatch, info = explore(s, k, prompts, budget, per, explorer=s.explorer,
                                               params=s.trainer.sampling_state(), keep=True)
-        sel = chosen_rows(cands, chosen)
-        batch = batches.take(ebatch, sel)
+        batch = dict(ebatch)                         # the chosen candidates' rollouts
         batch["prompt_ids"] = np.repeat(np.arange(P), G)
         d.clock.run("explore_sync", d.od, d.rollout_s(info["explore_candidates"], use_spot=False))
         return batch, info, s.direct
@@ -308,8 +307,7 @@ class SpotlightPipelinedMode(SpotlightMode):
                          "when update %d ended; iteration %d rolls out on the trainer",
                          short, k, k + 1)
             return
-        sel = chosen_rows(cands, chosen)
-        batch = batches.take(jax.tree.map(np.asarray, cbatch), sel)
+        batch = dict(cbatch)                         # the chosen candidates' rollouts
         batch["prompt_ids"] = np.repeat(np.arange(len(cands)), [len(i) for i in chosen])
         batch["seeds"] = np.concatenate([np.asarray(cc, np.uint32)[i]
                                          for cc, i in zip(cands, chosen)])

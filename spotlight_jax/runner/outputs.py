@@ -12,10 +12,11 @@ import os
 
 import jax
 import numpy as np
+from PIL import Image
 
 from spotlight_jax import rewards
 from spotlight_jax.evaluate import evaluate as evaluate_policy
-from spotlight_jax.plots import plot_curves, save_grid
+from spotlight_jax.plots import plot_curves, plot_panels, save_grid
 from spotlight_jax.rl import lora_export
 
 LORA_EXPORT = "lora_diffusers.safetensors"
@@ -41,8 +42,11 @@ def save_samples(run, k: int, images, prompts) -> None:
     folder = os.path.join(run.workdir, "samples")
     os.makedirs(folder, exist_ok=True)
     scores = np.asarray(rewards.get(run.settings.eval_reward)(images, prompts), np.float64)
-    save_grid(os.path.join(folder, f"val_{k:05d}.png"), images, cols=8,
-              captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
+    grid = os.path.join(folder, f"val_{k:05d}.png")
+    save_grid(grid, images, cols=8, captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
+    with Image.open(grid) as im:                     # the captioned grid to TensorBoard / W&B
+        run.writer.image(k, "samples/val", np.asarray(im.convert("RGB")),
+                         caption=f"iteration {k}: one image per held-out prompt [its reward]")
     first = os.path.join(folder, "val_first.npz")
     if not os.path.exists(first):
         np.savez(first, images=images, scores=scores, iteration=k)
@@ -58,7 +62,9 @@ def save_samples(run, k: int, images, prompts) -> None:
 
 
 def plot_rewards(run) -> None:
-    """``reward_curve.png``: the held-out reward and the training rollouts' mean so far."""
+    """``reward_curve.png``: the held-out reward and the training rollouts' mean so far; with a
+    reward mix also ``reward_terms.png``: each term of the training and held-out mixes on its
+    own axis."""
     evals = [h for h in run.history if "val_reward" in h]
     if not evals:
         return
@@ -69,8 +75,29 @@ def plot_rewards(run) -> None:
         label = f"train rollouts ({run.train_sampler_cfg.sde_type.upper()})"
         series[label] = ([h["iteration"] for h in trains], [h["reward_mean"] for h in trains])
     st = run.settings
-    plot_curves(os.path.join(run.workdir, "reward_curve.png"), series,
-                title=f"{st.mode}: {st.reward} (held-out: {st.eval_reward})")
+    title = f"{st.mode}: {st.reward} (held-out: {st.eval_reward})"
+    plot_curves(os.path.join(run.workdir, "reward_curve.png"), series, title=title)
+    terms = list(dict.fromkeys(  # the terms of the training and the held-out mixes, in order
+        name for spec in (st.reward, st.eval_reward) if rewards.mix.is_mix(spec)
+        for name in rewards.mix.names(spec)))
+    if terms:               # a reward mix: ``reward_terms.png``, each term on its own axis
+        panels = {}
+        for term in terms:
+            series = {}
+            train = [h for h in trains if f"reward_{term}" in h]
+            if train:
+                series["train rollouts"] = ([h["iteration"] for h in train],
+                                            [h[f"reward_{term}"] for h in train])
+            held = [h for h in evals if f"val_reward_{term}" in h]
+            if held:
+                series["held-out (ODE)"] = ([h["iteration"] for h in held],
+                                            [h[f"val_reward_{term}"] for h in held])
+            if series:
+                panels[term] = series
+        if panels:
+            plot_panels(os.path.join(run.workdir, "reward_terms.png"), panels,
+                        title=f"{st.mode}: each reward term, clipped and unweighted\n"
+                              f"train: {st.reward}   held-out: {st.eval_reward}")
 
 
 def export_lora(run, base_source: str = "") -> str | None:

@@ -10,11 +10,13 @@ hosts requests through a queue the runner owns.
 :class:`RayExplorer` is ``spotlight``'s explorer on those hosts (the
 :class:`~spotlight_jax.explore.explorer.Explorer` protocol): while the trainer runs update k, the
 hosts score exploration candidates with θ_k, the weights they hold. Each candidate is a request
-of the pull scheduler (kind ``explore``; ``rollout`` when the mode trains on the candidates'
-own trajectories, ``spotlight_pipelined``), committed every ``deployment.commit_every`` steps,
-so a host's notice or loss hands its candidates to another host from their last commit. A host
+of the pull scheduler (kind ``explore``: its commits carry the latent only), committed every
+``deployment.commit_every`` steps, so a host's notice or loss hands its candidates to another
+host from their last commit. A host
 rewards the candidates it completes itself (its own VAE for a latent model); the runner receives
-(prompt, seed, reward) per candidate. With ``deployment.ray_explore_deadline`` exploration runs
+(prompt, seed, reward) per candidate. When the mode trains on the candidates' own trajectories
+(``spotlight_pipelined``) the hosts retain them, and only the chosen candidates' travel
+(:meth:`RayExplorer.select`). With ``deployment.ray_explore_deadline`` exploration runs
 on the wall clock: the plan's budget is the update's duration predicted from the last ones times
 the hosts' measured candidate rate (:meth:`RayExplorer.plan_budget`), and the candidates not
 finished when the update ends are dropped, never waited for (exploration never lengthens the
@@ -53,8 +55,12 @@ class RayFleet:
         self._counts = {"started": 0, "dead": 0}   # since the last take_counts()
 
     def worker_config(self) -> dict:
+        """The hosts' ``WorkerConfig``: a mode that trains on explored candidates has them
+        retain their trajectories (fetched for the chosen ones only)."""
         d = self.state.deploy
-        return {"commit_every": d.cfg.commit_every, "steps_per_call": 1, "microbatch": 4}
+        keep = bool(getattr(getattr(self.state, "mode", None), "keep_candidates", False))
+        return {"commit_every": d.cfg.commit_every, "steps_per_call": 1, "microbatch": 4,
+                "retain": keep}
 
     def publish(self, version: int, params) -> object:
         """The object ref of ``version`` (``params``, the sampling weights), put into the
@@ -311,8 +317,10 @@ class RayExplorer:
             raise RuntimeError("RayExplorer.score before pull: no policy version on the hosts")
         s, fleet = self.fleet.state, self.fleet
         t0 = time.perf_counter()
-        reqs = self._requests(prompts, seeds_per_prompt, "rollout" if keep_trajectories
-                              else "explore")
+        # exploration requests either way: their commits carry the latent only; with
+        # ``keep_trajectories`` the hosts retain each trajectory and :meth:`select` fetches the
+        # chosen candidates' (WorkerConfig.retain)
+        reqs = self._requests(prompts, seeds_per_prompt, "explore")
         queue = ray_hosts.LockedQueue(sched.RequestQueue(s.image_shape,
                                                          sched.QueueConfig(lease_s=3600.0)))
         queue.submit(reqs)
@@ -358,7 +366,56 @@ class RayExplorer:
             return per_prompt
         order = [self._rid(i, j) for i, ss in enumerate(seeds_per_prompt)
                  for j in range(len(ss))]
-        return per_prompt, self._batch(order, results, by_id, rewards)
+        where = {r: c.group_id for r, c in queue.completed().items() if r in results}
+        return per_prompt, {"order": order, "results": results, "requests": by_id,
+                            "rewards": rewards, "where": where}
+
+    def select(self, kept, rows) -> dict:
+        """The chosen candidates' rollout batch: each trajectory fetched from the host that
+        ran it (retained there; only these travel), or, where that host is gone or resumed
+        the candidate from another's commit, re-sampled on the trainer's devices with the
+        version's weights (the same seed and weights: the same trajectory). Counts both in
+        ``self.last`` (``explore_fetched``, ``explore_resampled``, ``explore_fetch_bytes``)."""
+        order, results, rewards = kept["order"], kept["results"], kept["rewards"]
+        rids = [order[i] for i in np.asarray(rows)]
+        missing_result = [r for r in rids if r not in results]
+        if missing_result:
+            raise ValueError(f"select: candidates {missing_result[:3]} were not completed; a "
+                             "mode trains only on scored candidates")
+        trajs: dict[str, dict] = {}
+        hosts = {w.group_id: w for w in self.fleet.hosts}
+        by_host: dict[str, list[str]] = {}
+        for r in rids:
+            by_host.setdefault(kept["where"].get(r, ""), []).append(r)
+        for group, mine in by_host.items():
+            w = hosts.get(group)
+            if w is None:
+                continue
+            try:
+                trajs.update(w.trajectories(mine))
+            except ray_hosts.WorkerLost:
+                pass
+        fetched = len(trajs)
+        nbytes = sum(a.nbytes for t in trajs.values() for a in t.values())
+        rest = [r for r in rids if r not in trajs]
+        if rest:
+            trajs.update(self._resample([kept["requests"][r] for r in rest]))
+        self.last.update(explore_fetched=fetched, explore_resampled=len(rest),
+                         explore_fetch_bytes=int(nbytes))
+        return self._batch(rids, trajs, kept["requests"], rewards)
+
+    def _resample(self, reqs) -> dict[str, dict]:
+        """Trajectories of ``reqs`` sampled on the trainer's devices with this version's
+        weights (as rollout requests through a local worker)."""
+        s = self.fleet.state
+        again = [sched.Request(rid=q.rid, prompt=q.prompt, seed=q.seed, num_steps=q.num_steps,
+                               kind="rollout", policy_version=self.version) for q in reqs]
+        queue = sched.RequestQueue(s.image_shape, sched.QueueConfig(lease_s=3600.0))
+        queue.submit(again)
+        self.fleet.finish_locally(queue, self._params, self.version)
+        done = queue.results()
+        return {q.rid: {k: v for k, v in done[q.rid].trajectory().items() if k != "images"}
+                for q in again}
 
     def _rewards(self, results, host_rewards) -> dict[str, float]:
         """Each completed candidate's reward: the host's, or (finished on the trainer's devices)
@@ -373,17 +430,10 @@ class RayExplorer:
             out.update({r: float(x) for r, x in zip(rest, scores)})
         return out
 
-    def _batch(self, order, results, by_id, rewards) -> dict | None:
-        """The candidates' rollout batch in ``order`` (prompt after prompt); None when no
-        candidate finished."""
+    def _batch(self, order, trajs, by_id, rewards) -> dict:
+        """The rollout batch of the candidates ``order`` (each in ``trajs``)."""
         s = self.fleet.state
-        trajs = {r: results[r].trajectory() for r in order if r in results}
-        if not trajs:
-            return None          # nothing finished (no host up): no batch to keep
-        like = next(iter(trajs.values()))
-        blank = {key: np.zeros_like(v) for key, v in like.items()}
-        rows = [trajs.get(r, blank) for r in order]
-        batch = {key: np.stack([t[key] for t in rows]) for key in ("latents", "log_probs")}
+        batch = {key: np.stack([trajs[r][key] for r in order]) for key in ("latents", "log_probs")}
         batch["images"] = self.fleet.final_images(batch["latents"][:, -1])
         flat_prompts = [by_id[r].prompt for r in order]
         batch["tokens"], batch["mask"] = s.prompt_source.tokenize(flat_prompts, s.mcfg.text_len)

@@ -81,6 +81,10 @@ def quiet(*names):
 class Rollouts:
     """A rollout phase backend over a :class:`~spotlight_jax.runner.state.RunState`."""
 
+    # whether the batch's rewards were computed, and charged, where it was sampled (the
+    # iteration then charges no reward phase)
+    rewarded = False
+
     def __init__(self, state, use_spot: bool = False):
         self.state, self.use_spot = state, use_spot
 
@@ -130,7 +134,11 @@ class Rollouts:
 
 class ReadyBatch(Rollouts):
     """A phase with nothing to roll out: the batch was sampled during the previous update
-    (``spotlight_pipelined``). No time is charged, and no spot rollout was in flight."""
+    (``spotlight_pipelined``). No time is charged, and no spot rollout was in flight; the spot
+    groups rewarded the candidates while exploring (their exploration charge includes it), so
+    the iteration charges no reward phase either."""
+
+    rewarded = True
 
     def rollout(self, k, prompts, seeds_per_prompt):
         raise RuntimeError("a ready batch is not rolled out")

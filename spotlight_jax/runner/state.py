@@ -122,7 +122,8 @@ class RunState:
         self.direct = DirectRollouts(self)
         self.ray_fleet = RayFleet(self) if st.transport == "ray" else None
         self.spot_rollouts = self._spot_rollouts()
-        self.writer = MetricWriter(workdir, "rl")
+        self.writer = MetricWriter(workdir, "rl", wandb=st.wandb,
+                                   wandb_project=st.wandb_project, run_config=spec.plain())
         self.key = jax.random.key(st.seed)
         self.iteration = 0
         self.history: list[dict] = []

@@ -234,11 +234,15 @@ class SamplerCache:
 class WorkerConfig:
     """``commit_every``: steps between commits (None: only the final state is committed).
     ``steps_per_call``: steps per ``segment`` call (None: the whole chunk). ``microbatch``: rows
-    per call, padded (None: a whole cohort per call)."""
+    per call, padded (None: a whole cohort per call). ``retain``: an exploration request this
+    worker runs from step 0 keeps its trajectory here (host memory) once completed, though its
+    commits carry only the latent: :meth:`InProcessWorker.retained` hands out the few a mode
+    trains on, so the others' trajectories never travel."""
 
     commit_every: int | None = 2
     steps_per_call: int | None = None
     microbatch: int | None = None
+    retain: bool = False
 
     def __post_init__(self):
         for name in ("commit_every", "steps_per_call", "microbatch"):
@@ -279,6 +283,8 @@ class _Flight:
     initial: Any = None                        # x at step 0 until the first commit is sent
     chunks: list = dataclasses.field(default_factory=list)   # (latents, log_probs, row)
     layout: str = ""                           # numerics signature of the last call
+    kept: list | None = None                   # retained exploration: host (latents, log_probs)
+    kept_initial: Any = None                   # ... and x at step 0 (host)
 
 
 class Worker(abc.ABC):
@@ -407,6 +413,7 @@ class InProcessWorker(Worker):
         self._lease: Lease | None = None
         self._flights: dict[str, _Flight] = {}
         self._order: list[str] = []
+        self._retained: dict[str, dict[str, np.ndarray]] = {}   # rid -> completed trajectory
         stepper.set_params(params)
 
     @property
@@ -419,6 +426,7 @@ class InProcessWorker(Worker):
                                f"{sorted(self._flights)}; weights change between leases only")
         self.stepper.set_params(params)
         self._version = int(version)
+        self._retained.clear()              # trajectories of the previous version's candidates
 
     def load(self, lease: Lease) -> None:
         if self._flights:
@@ -429,13 +437,14 @@ class InProcessWorker(Worker):
                 raise ValueError(f"request {r.rid!r} has {r.num_steps} steps but worker "
                                  f"{self.group_id} samples {self.stepper.num_steps}")
             s = r.state
+            keep = self.config.retain and not r.is_rollout and s.step == 0
             if s.step == 0:
                 x = self.stepper.initial(r.seed)
-                initial = x if r.is_rollout else None
+                initial = x if r.is_rollout or keep else None
             else:
                 x, initial = s.latent, None
             self._flights[r.rid] = _Flight(req=r, step=s.step, x=x, sent=s.step, acked=s.step,
-                                           initial=initial)
+                                           initial=initial, kept=[] if keep else None)
             self._order.append(r.rid)
 
     def _boundary(self, step: int, total: int) -> int:
@@ -479,7 +488,7 @@ class InProcessWorker(Worker):
             f.x = _Row(x_end, j)
             f.step = plan.start + plan.num
             f.layout = layout
-            if f.req.is_rollout:
+            if f.req.is_rollout or f.kept is not None:
                 f.chunks.append((lat, lps, j))
         return self._commits(rows) if plan.commits else []
 
@@ -502,6 +511,11 @@ class InProcessWorker(Worker):
                 kw["log_probs"] = np.concatenate([host(b)[j] for _, b, j in f.chunks])
                 if f.sent == 0:
                     kw["initial"] = row(f.initial)
+            elif f.kept is not None:           # retained here, not sent
+                f.kept.append((np.concatenate([host(a)[j] for a, _, j in f.chunks]),
+                               np.concatenate([host(b)[j] for _, b, j in f.chunks])))
+                if f.sent == 0:
+                    f.kept_initial = row(f.initial).copy()
             out.append(Commit(rid=f.req.rid, start=f.sent, step=f.step, latent=row(f.x).copy(),
                               policy_version=self._version, layout=f.layout, **kw))
             f.sent, f.chunks, f.initial = f.step, [], None
@@ -521,6 +535,10 @@ class InProcessWorker(Worker):
             f.acked = max(f.acked, f.sent if step is None else step)
             return 0
         wasted = 0 if status == "completed" else f.step - f.acked
+        if status == "completed" and f.kept is not None and f.kept_initial is not None:
+            self._retained[rid] = {
+                "latents": np.concatenate([f.kept_initial[None]] + [a for a, _ in f.kept]),
+                "log_probs": np.concatenate([b for _, b in f.kept])}
         del self._flights[rid]
         self._order.remove(rid)
         if not self._flights:
@@ -541,6 +559,18 @@ class InProcessWorker(Worker):
         """The request ``rid`` as leased to this worker (None when it holds no such request)."""
         f = self._flights.get(rid)
         return None if f is None else f.req
+
+    def retained(self, rids) -> dict[str, dict[str, np.ndarray]]:
+        """The completed trajectories (``latents [T+1, ...]`` with x_T first, ``log_probs
+        [T]``) of the retained exploration requests among ``rids`` (``WorkerConfig.retain``)
+        that this worker ran from step 0 under its current policy version; others are absent
+        (resumed here from another worker's commit, or never run here)."""
+        return {r: self._retained[r] for r in rids if r in self._retained}
+
+    def adopt_retained(self, other: InProcessWorker) -> None:
+        """Keeps ``other``'s retained trajectories (a regroup replaces the worker, not its
+        results)."""
+        self._retained.update(other._retained)
 
     def uncommitted(self) -> dict[str, int]:
         """Steps computed but not yet sent in a commit, per held request."""

@@ -8,7 +8,7 @@ seconds per iteration, set by the cost model). This benchmark computes the secon
 deployment and cost model alone, with no training: the critical-path seconds of one iteration's
 phases for ``baseline`` (rollout, reward, update), ``spotlight`` (rollouts on the trainer and
 the spot groups, reward, update with exploration alongside, broadcast) and
-``spotlight_pipelined`` (reward, update with the next batch sampled alongside, broadcast), with
+``spotlight_pipelined`` (update with the next batch sampled and rewarded alongside, broadcast), with
 every spot node alive. The phases are the ones the modes charge (``runner.modes``); the update
 and the spot groups' sampling run concurrently, so a phase lasts as long as the slower of them:
 when the spot groups cannot sample a batch (prompts x G) within one update, the pipelined
@@ -60,7 +60,8 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     d.alive_nodes = set(range(d.cfg.spot_nodes))
     spot = d.cfg.spot_nodes * d.cfg.spot_devices_per_node
     reward, train, broadcast = d.reward_s(n), d.train_s(n), d.cost.broadcast()
-    # the spot groups sample the next batch's candidates (prompts x G at least) during the update
+    # the spot groups sample and reward the next batch's candidates (prompts x G at least)
+    # during the update
     sample_next = n * d.spot_seconds_per_candidate() / max(spot, 1)
     rate = (d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand")
             + spot * d.cost.price_per_hour("spot")) / 3600.0
@@ -69,7 +70,7 @@ def iteration_phases(config) -> dict[str, IterationCost]:
                       "train": train},
         "spotlight": {"rollout": d.rollout_s(n, use_spot=True), "reward": reward,
                       "train": max(train, sample_next), "broadcast": broadcast},
-        "spotlight_pipelined": {"rollout": 0.0, "reward": reward,
+        "spotlight_pipelined": {"rollout": 0.0, "reward": 0.0,   # rewarded on the spot groups
                                 "train": max(train, sample_next), "broadcast": broadcast},
     }
     return {m: IterationCost(m, p, sum(p.values()) * rate) for m, p in phases.items()}

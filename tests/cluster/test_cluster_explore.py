@@ -102,6 +102,12 @@ def test_ray_pipelined_batch_is_the_chosen_candidates_under_the_stale_weights(
         want = r.engine.run(stale, flat, batch["seeds"])     # the trainer's own sampler
         for key in ("latents", "log_probs", "images", "rewards"):
             np.testing.assert_allclose(batch[key], want[key], atol=1e-5, err_msg=key)
+        # only the chosen candidates' trajectories travelled, fetched from the hosts that ran
+        # them (the others stayed there); the exploration commits carried latents only
+        chosen = len(batch["rewards"])
+        assert row["explore_candidates"] > chosen
+        assert row["explore_fetched"] == chosen and row["explore_resampled"] == 0
+        assert row["explore_fetch_bytes"] == batch["latents"].nbytes + batch["log_probs"].nbytes
         row = r.step(1)
         assert row["pipelined"] == 1 and row["policy_lag"] == 1
         assert np.isfinite(row["loss"])

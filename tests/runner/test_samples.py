@@ -10,7 +10,9 @@ from spotlight_jax.runner import outputs
 
 
 def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
-    run = types.SimpleNamespace(workdir=str(tmp_path),
+    logged = []
+    writer = types.SimpleNamespace(image=lambda k, key, img, caption: logged.append((k, key, img)))
+    run = types.SimpleNamespace(workdir=str(tmp_path), writer=writer,
                                 settings=types.SimpleNamespace(eval_reward="geneval_lite"))
     prompts = world.val_prompts(world.WorldConfig(image_size=16))[:4]
     rng = np.random.default_rng(0)
@@ -19,6 +21,11 @@ def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
     assert (tmp_path / "samples" / "val_00000.png").exists()
     assert not list((tmp_path / "samples").glob("before_after_*"))
     outputs.save_samples(run, 40, later, prompts)
+    # the captioned grids, as written, went to the writer (TensorBoard / W&B) at their steps
+    assert [(k, key) for k, key, _ in logged] == [(0, "samples/val"), (40, "samples/val")]
+    for (k, _, img) in logged:
+        np.testing.assert_array_equal(
+            img, np.asarray(Image.open(tmp_path / "samples" / f"val_{k:05d}.png").convert("RGB")))
     kept = np.load(tmp_path / "samples" / "val_first.npz")
     np.testing.assert_array_equal(kept["images"], first)          # not overwritten by it 40
     np.testing.assert_allclose(kept["scores"], rewards.get("geneval_lite")(first, prompts))

@@ -263,3 +263,47 @@ def test_worker_run_loop_with_commits_and_rejection():
     for rid, r in ref.results().items():
         np.testing.assert_array_equal(q.request(rid).trajectory()["latents"],
                                       r.trajectory()["latents"])
+
+
+def test_retained_exploration_keeps_trajectories_on_the_worker_not_in_commits():
+    """``WorkerConfig.retain``: exploration commits carry the latent only; the worker keeps
+    each completed request's trajectory, bitwise the one a rollout request of the same seed
+    ships; a request resumed from another worker's commit is not retained there; a new policy
+    version clears them."""
+    q = RequestQueue((4, 4, 3), QueueConfig(lease_s=1e9))
+    q.submit(make_requests(5, num_steps=T, prompts=PROMPTS, kind="explore"))
+    w = InProcessWorker("w", ToyStepper((4, 4, 3), T),
+                        config=WorkerConfig(commit_every=2, retain=True))
+    lease = q.pull("w", w.capacity, 0, 0.0)
+    w.load(lease)
+    sent = []
+    while (plan := w.plan()) is not None:
+        commits = w.execute(plan)
+        sent += commits
+        w.deliver(q, commits, 0.0)
+    assert sent and all(c.latents is None and c.log_probs is None for c in sent)
+    held = w.retained([f"r{i:04d}" for i in range(5)] + ["nope"])
+    assert set(held) == {r.rid for r in lease.requests}
+    ref = RequestQueue((4, 4, 3), QueueConfig(lease_s=1e9))
+    ref.submit(make_requests(5, num_steps=T, prompts=PROMPTS, kind="rollout"))
+    InProcessWorker("v", ToyStepper((4, 4, 3), T), config=WorkerConfig(commit_every=2)).run(ref)
+    for rid, t in held.items():
+        want = ref.results()[rid].trajectory()
+        assert t["latents"].shape == (T + 1, 4, 4, 3)
+        np.testing.assert_array_equal(t["latents"], want["latents"])
+        np.testing.assert_array_equal(t["log_probs"], want["log_probs"])
+    # a request another worker started: resumed here from its commit, not retained here
+    q2 = RequestQueue((4, 4, 3), QueueConfig(lease_s=1e9))
+    q2.submit(make_requests(1, num_steps=T, prompts=PROMPTS, kind="explore"))
+    a = InProcessWorker("a", ToyStepper((4, 4, 3), T),
+                        config=WorkerConfig(commit_every=2, retain=True))
+    a.load(q2.pull("a", a.capacity, 0, 0.0))
+    a.deliver(q2, a.execute(a.plan()) + a.flush(), 0.0)     # 1 step, committed, then gone
+    q2.release(a.lease_id, 0.0)
+    a.abandon()
+    b = InProcessWorker("b", ToyStepper((4, 4, 3), T),
+                        config=WorkerConfig(commit_every=2, retain=True))
+    b.run(q2)
+    assert q2.all_done and b.retained(["r0000"]) == {} and a.retained(["r0000"]) == {}
+    w.set_policy(1, 1)
+    assert w.retained(list(held)) == {}

@@ -29,7 +29,13 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
         assert r.mode.pending is not None
     assert _charged(r, 1) == pytest.approx(predicted.seconds, rel=1e-9)
     crit = {k: v["critical_s"] for k, v in r.deploy.clock.breakdown().items()}
-    assert crit["reward"] == pytest.approx(2 * predicted.phases["reward"], rel=1e-9)
+    reward = r.deploy.reward_s(c.rl.prompts_per_iter * c.rl.group_size)
+    if mode == "baseline":
+        assert predicted.phases["reward"] == reward
+        assert crit["reward"] == pytest.approx(2 * reward, rel=1e-9)
+    else:       # iteration 1's ready batch was rewarded on the spot groups: only 0 charges it
+        assert predicted.phases["reward"] == 0.0
+        assert crit["reward"] == pytest.approx(reward, rel=1e-9)
     r.close()
 
 
