@@ -141,17 +141,22 @@ QWEN_PIPE = Path(__file__).resolve().parent / "fixtures" / "diffusers" / "pipeli
 QWEN_DIM = 24                # the fixture transformer's joint_attention_dim
 
 
-def qwen_fixture_config(tmp_path, objective, iterations=1, **overrides):
-    """The micro run on the tiny random Qwen-Image pipeline fixture (transformer + VAE), its
-    prompts from an embedding file written into ``tmp_path``."""
+def qwen_fixture_overrides(tmp_path, objective) -> dict:
+    """The overrides that put the micro run on the tiny random Qwen-Image pipeline fixture
+    (transformer + VAE), its prompts from an embedding file written into ``tmp_path``."""
     path = Path(tmp_path) / "prompts.safetensors"
     if not path.exists():
         world_prompt_file(path, QWEN_DIM, image_size=32)
-    return micro_config(iterations, **{
-        "base_checkpoint": str(QWEN_PIPE), "model.image_size": 8, "model.text_len": 12,
-        "model.text_width": 0, "model.text_embed_dim": QWEN_DIM,
-        "prompts.embeddings_file": str(path), "rl.objective": objective,
-        "rl.eval_prompts": 2, **overrides})
+    return {"base_checkpoint": str(QWEN_PIPE), "model.image_size": 8, "model.text_len": 12,
+            "model.text_width": 0, "model.text_embed_dim": QWEN_DIM,
+            "prompts.embeddings_file": str(path), "rl.objective": objective,
+            "rl.eval_prompts": 2}
+
+
+def qwen_fixture_config(tmp_path, objective, iterations=1, **overrides):
+    """The micro run on the tiny random Qwen-Image pipeline fixture (``qwen_fixture_overrides``)."""
+    return micro_config(iterations, **{**qwen_fixture_overrides(tmp_path, objective),
+                                       **overrides})
 
 
 def dot_flops(jaxpr, mult=1):

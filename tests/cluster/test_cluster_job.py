@@ -24,6 +24,7 @@ from helpers import (
     free_port,
     micro_config,
     micro_model,
+    qwen_fixture_overrides,
 )
 
 from spotlight_jax import checkpoint, runner
@@ -38,49 +39,43 @@ def _overrides(base_dir):
             "base_checkpoint": base_dir}
 
 
-@pytest.mark.cluster
-def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path):
-    c = micro_config(ITERATIONS, **{"rl.eval_every": ITERATIONS})
-    _, graphdef, base = micro_model()    # perturbed: diverse images, so groups have signal
-    base_dir = str(tmp_path / "base")
-    checkpoint.save_params(base_dir, base, {})
-
-    # the job: controller in process 0, process 1 follows
+def _job(job_dir, overrides: dict) -> list[str]:
+    """Runs the two-process job (controller in process 0, process 1 follows) on ``overrides``;
+    returns both processes' output."""
     port = free_port()
-    job_dir = tmp_path / "job"
     procs = [subprocess.Popen(
         [sys.executable, "-m", "spotlight_jax.main", f"--coordinator=127.0.0.1:{port}",
          "--num_processes=2", f"--process_id={i}", "--cpu_devices=2", f"--config={TINY}",
-         *config_flags(_overrides(base_dir)), f"--workdir={job_dir}"],
+         *config_flags(overrides), f"--workdir={job_dir}"],
         env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
-    assert "stop after 3 updates" in outs[1], outs[1][-2000:]
+    assert f"stop after {ITERATIONS} updates" in outs[1], outs[1][-2000:]
     printed = [json.loads(line) for line in outs[0].splitlines() if line.startswith('{"process"')]
     assert printed and printed[0]["iterations"] == ITERATIONS
+    return outs
 
-    # the reference: one process, 4 devices
-    ref_dir = tmp_path / "ref"
-    ref = runner.run(RunSpec.of(c), str(ref_dir), graphdef, base, progress=False,
-                         devices=jax.devices()[:4])
 
-    # the job's checkpoint restores in single-process mode
-    run = runner.RunState(RunSpec.of(c), str(job_dir), graphdef, base, jax.devices()[:4])
+def _matches_reference(spec, job_dir, ref_dir, graphdef, base):
+    """The one-process run over 4 devices; the job's checkpoint restores in single-process mode
+    and its rows match the reference's (the module docstring's tolerances)."""
+    ref = runner.run(spec, str(ref_dir), graphdef, base, progress=False,
+                     devices=jax.devices()[:4])
+    run = runner.RunState(spec, str(job_dir), graphdef, base, jax.devices()[:4])
     assert checkpointing.restore(run)
     assert run.iteration == ITERATIONS
     got = run.history
     assert [h["iteration"] for h in got] == [h["iteration"] for h in ref]
-    assert all(h["reward_std"] > 0 for h in ref[1:])     # GRPO had advantages to follow
+    assert all(h["reward_std"] > 0 for h in ref[1:])     # the groups had advantages to follow
     for g, r in zip(got[1:], ref[1:]):
         np.testing.assert_allclose(g["reward_mean"], r["reward_mean"], atol=1e-4)
         np.testing.assert_allclose(g["loss"], r["loss"], rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(got[-1]["val_reward"], ref[-1]["val_reward"], atol=1e-4)
-
-    want_run = runner.RunState(RunSpec.of(c), str(ref_dir), graphdef, base, jax.devices()[:4])
+    want_run = runner.RunState(spec, str(ref_dir), graphdef, base, jax.devices()[:4])
     assert checkpointing.restore(want_run)
-    before = jax.tree.leaves(runner.RunState(RunSpec.of(c), str(tmp_path / "fresh"), graphdef, base,
+    before = jax.tree.leaves(runner.RunState(spec, str(ref_dir) + "_fresh", graphdef, base,
                                             jax.devices()[:4]).trainer.trainable)
     want = jax.tree.leaves(want_run.trainer.trainable)
     have = jax.tree.leaves(run.trainer.trainable)
@@ -93,3 +88,28 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
     # the optimizer state was saved too (Adam moments moved)
     mu = [np.asarray(x) for x in jax.tree.leaves(run.trainer.opt_state) if np.ndim(x) > 0]
     assert any(np.abs(m).max() > 0 for m in mu)
+
+
+@pytest.mark.cluster
+def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path):
+    c = micro_config(ITERATIONS, **{"rl.eval_every": ITERATIONS})
+    _, graphdef, base = micro_model()    # perturbed: diverse images, so groups have signal
+    base_dir = str(tmp_path / "base")
+    checkpoint.save_params(base_dir, base, {})
+    _job(tmp_path / "job", _overrides(base_dir))
+    _matches_reference(RunSpec.of(c), tmp_path / "job", tmp_path / "ref", graphdef, base)
+
+
+@pytest.mark.cluster
+def test_two_process_job_post_trains_a_diffusers_base(tmp_path):
+    """The tiny random Qwen-Image pipeline (transformer + VAE) as the job's base: both
+    processes load it from the diffusers folder, prompts come from an embedding file, the VAE
+    decodes on process 0; the run matches the one-process run on the same base."""
+    overrides = {**MICRO_RUN_OVERRIDES, "rl.iterations": ITERATIONS,
+                 "rl.eval_every": ITERATIONS, **qwen_fixture_overrides(tmp_path, "nft")}
+    outs = _job(tmp_path / "job", overrides)
+    assert "diffusers" in outs[0], outs[0][-2000:]
+    spec = RunSpec.of(micro_config(ITERATIONS, **overrides))
+    graphdef, base = spec.load_diffusers_base()
+    _matches_reference(spec, tmp_path / "job", tmp_path / "ref", graphdef, base)
+
