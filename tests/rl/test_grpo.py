@@ -100,8 +100,9 @@ def test_log_prob_gap_is_reported_per_sampler_step(rollout_batch):
     graphdef, state, batch = rollout_batch
     planted = dict(batch, log_probs=batch["log_probs"]
                    + 1e-3 * (np.arange(batch["log_probs"].shape[1]) + 1)[None, :])
+    # the config of the test above (its compiled step is reused)
     trainer = GRPOTrainer(graphdef, state, GRPOConfig(train_steps=2, minibatches=2, lr=1e-3,
-                                                      beta=0.0), SAMPLER)
+                                                      beta=0.0, rescore=True), SAMPLER)
     m = trainer.update(planted, jax.random.key(0), step=0)
     gap = m["rollout_logp_gap_by_step"]
     stochastic = set(np.flatnonzero(SAMPLER.stochastic_steps()).tolist())

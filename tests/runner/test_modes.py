@@ -18,11 +18,12 @@ from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
 
 
 # spotlight_pipelined with nft: test_pipelined_trains_on_the_batch_its_spot_devices_sampled;
-# spotlight with nft below; their flow_grpo runs here are among the longer checks (the default
-# suite's 10-minute budget)
+# spotlight with nft: test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights;
+# the spot modes' runs here are among the longer checks (the default suite's 8-minute budget)
 @pytest.mark.parametrize("mode,objective", [
     pytest.param(m, "flow_grpo", marks=pytest.mark.e2e) if m in ("spotlight", "spotlight_pipelined")
-    else (m, "flow_grpo") for m in runner.MODES] + [("baseline", "nft"), ("spotlight", "nft")])
+    else (m, "flow_grpo") for m in runner.MODES] + [
+    ("baseline", "nft"), pytest.param("spotlight", "nft", marks=pytest.mark.e2e)])
 def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
     spec = RunSpec.of(mode_config(mode, objective=objective))
