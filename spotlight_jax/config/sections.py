@@ -278,9 +278,8 @@ def register_remote_reward(config) -> None:
     with the server's reward components for ``rl.advantage='decoupled'``: the runner, the
     explorer and the evaluation then find it by name like any shipped reward."""
     cfg = remote_reward_config(config)
-    used = [n for spec in (train_reward(config), eval_reward(config))
-            for n in (spec.split(",") if rewards.mix.is_mix(spec) else [spec])]
-    if not any(n.split(":")[0].strip() == REMOTE_REWARD for n in used):   # alone or in a mix
+    if not any(rewards.mix.mentions(spec, REMOTE_REWARD)        # alone or in a mix
+               for spec in (train_reward(config), eval_reward(config))):
         return
     if not cfg.url:
         raise ConfigError("remote_reward.url='': rl.reward or rl.eval_reward is 'remote', which "

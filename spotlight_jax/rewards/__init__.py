@@ -141,9 +141,10 @@ def get_terms(name: str) -> Callable:
     fns = [get(t.name) for t in terms]
 
     def scored(images, prompts):
+        # each term is a checked reward (shape [B], finite), so their weighted sum is too
         clipped = mix.clip(terms, np.stack([f(images, prompts) for f in fns], axis=1))
-        total = _checked(name, lambda *_: mix.combine(terms, clipped))(images, prompts)
-        return total, {t.name: clipped[:, k].astype(np.float32) for k, t in enumerate(terms)}
+        return (mix.combine(terms, clipped),
+                {t.name: clipped[:, k].astype(np.float32) for k, t in enumerate(terms)})
 
     return scored
 

@@ -147,3 +147,18 @@ def test_micro_run_with_a_mix_logs_every_term(tmp_path, advantage):
     for r in evals:
         assert r["val_reward"] == pytest.approx(
             r["val_reward_geneval_lite"] + 0.5 * r["val_reward_jpeg_compressibility"], rel=1e-5)
+
+
+def test_a_mix_with_the_served_reward_registers_its_client():
+    from spotlight_jax.config.sections import REMOTE_REWARD
+    try:
+        spec = RunSpec.of(load_config("tiny", {
+            "rl.reward": f"geneval_lite:1,{REMOTE_REWARD}:0.5",
+            "remote_reward.url": "http://127.0.0.1:9"}))
+        assert REMOTE_REWARD in R.names()
+        assert spec.settings.reward.endswith(f"{REMOTE_REWARD}:0.5")
+    finally:
+        R.unregister(REMOTE_REWARD)         # the client leaves with the test
+    with pytest.raises(ConfigError, match="remote_reward.url=''"):
+        RunSpec.of(load_config("tiny", {"rl.reward": f"geneval_lite:1,{REMOTE_REWARD}:0.5",
+                                        "remote_reward.url": ""}))
