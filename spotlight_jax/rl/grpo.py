@@ -21,6 +21,7 @@ from flax import nnx
 from spotlight_jax.diffusion import SamplerConfig, batches, velocity
 from spotlight_jax.diffusion.rollout import project_at, step_at
 from spotlight_jax.models import AttentionSpec
+from spotlight_jax.rl import shards as shards_lib
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
     UpdateRows,
@@ -172,10 +173,11 @@ def step_terms(model, latents, log_probs, idx, tokens, mask, sampler: SamplerCon
 
 
 def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_model=None,
-              on_policy=False, attn=AttentionSpec()):
+              on_policy=False, attn=AttentionSpec(), denom=None):
     """Clipped GRPO loss and metrics. ``on_policy`` (bool or traced bool scalar): the weights are
     the ones that sampled the batch (first minibatch of an iteration), so the old log-prob *is*
-    this forward's log-prob."""
+    this forward's log-prob. ``denom``: the count the sums are divided by (default: the
+    batch's rows with a non-zero advantage; a shard of a minibatch passes the minibatch's)."""
     logp, logp_old, kl, rows, j = step_terms(model, batch["latents"], batch["log_probs"], idx,
                                              batch["tokens"], batch["mask"], sampler, ref_model,
                                              attn)
@@ -195,7 +197,7 @@ def grpo_loss(model, batch, idx, sampler: SamplerConfig, cfg: GRPOConfig, ref_mo
         policy = policy * jnp.asarray(step_weights(sampler, cfg.step_weight), jnp.float32)[j]
     # Samples with advantage exactly 0 contribute nothing (their groups carry no signal).
     weight = (adv != 0).astype(jnp.float32)
-    denom = jnp.maximum(weight.sum(), 1.0)
+    denom = jnp.maximum(weight.sum(), 1.0) if denom is None else denom
     kl_on, kl_detail = ((k * weight).sum() / denom for k in kl)
     detail_beta = cfg.beta if cfg.detail_beta is None else cfg.detail_beta
     loss = (policy * weight).sum() / denom + cfg.beta * kl_on + detail_beta * kl_detail
@@ -273,6 +275,51 @@ class GRPOTrainer(PolicyTrainer):
                 self.trainable, self.opt_state, self.ema, self.base, sub, idx,
                 np.bool_(i == 0))
             metrics.append(m)
+        return self._summary(metrics, devs, step)
+
+    def update_sharded(self, batch: dict, key, step: int, shards: int, run,
+                       generator=None) -> dict:
+        """:meth:`update` with each optimizer step's minibatch cut into ``shards`` shards of
+        trajectories (each with its trained steps): ``run(ShardedStep)`` returns one result per
+        shard, computed by whoever the caller chose; they are summed in shard order and the
+        step taken. Equal to :meth:`update` to float rounding (:mod:`spotlight_jax.rl.shards`).
+        """
+        plan, devs = self._plan(batch, key, step)
+        progs = _sharded_programs(self.graphdef, _program_config(self.cfg), self.sampler,
+                                  self.attn)
+        metrics = []
+        for i, (sub, idx) in enumerate(plan):
+            n, k = idx.shape
+            per = shards_lib.check_shards(n, shards, "trajectories")
+            # every shard divides by the minibatch's count of rows with a non-zero advantage
+            denom = np.float32(max(k * int(np.count_nonzero(np.asarray(sub["advantages"]))), 1))
+            on_policy = np.bool_(i == 0)
+            trainable, version = self.trainable, int(step) * len(plan) + i
+
+            def compute(j, sub=sub, idx=idx, trainable=trainable, on_policy=on_policy,
+                        denom=denom, per=per) -> shards_lib.ShardResult:
+                part = _shard_rows(sub, j * per, (j + 1) * per)
+                grads, m = progs.shard(trainable, self.base, part, idx[j * per:(j + 1) * per],
+                                       on_policy, denom)
+                return shards_lib.ShardResult(j, grads, m)
+
+            def apply(results) -> dict:
+                grads, m = shards_lib.sum_results(results, shards)
+                self.trainable, self.opt_state, self.ema, gnorm = progs.apply(
+                    self.trainable, self.opt_state, self.ema, grads)
+                m["grad_norm"] = gnorm
+                metrics.append(m)
+                return m
+
+            run(shards_lib.ShardedStep(shards=shards, rows=per * k, version=version,
+                                       compute=compute, apply=apply))
+            if len(metrics) != i + 1:
+                raise RuntimeError(f"sharded GRPO step {i} was never applied by its runner")
+        return self._summary(metrics, devs, step)
+
+    def _summary(self, metrics: list, devs: list, step: int) -> dict:
+        """The update's metrics from its optimizer steps' (means over steps; the log-prob gap
+        and first ratio from the first step, on the sampling weights)."""
         by_step = {k: np.asarray(jax.device_get(metrics[0][k]))
                    for k in ("rollout_logp_gap_by_step", "trained_by_step")}
         out = {k: float(np.mean([jax.device_get(m[k]) for m in metrics])) for k in metrics[0]
@@ -336,6 +383,48 @@ def _program_config(cfg: GRPOConfig) -> GRPOConfig:
 
 def _policy(graphdef, cfg: GRPOConfig, trainable, base):
     return merged_model(graphdef, cfg, trainable, base)
+
+
+def _shard_rows(sub: dict, start: int, stop: int) -> dict:
+    """Trajectories ``start:stop`` of a minibatch (its flattened ``logp_old`` [n * k] too)."""
+    n = sub["latents"].shape[0]
+    out = {key: v for key, v in sub.items() if key != "logp_old"}
+    out = shards_lib.slice_rows(out, start, stop)
+    out["logp_old"] = sub["logp_old"].reshape(n, -1)[start:stop].reshape(-1)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardedPrograms:
+    """One shard's gradient and metric sums; the optimizer step from summed gradients."""
+
+    shard: object
+    apply: object
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded_programs(graphdef, cfg: GRPOConfig, sampler: SamplerConfig,
+                      attn=AttentionSpec()) -> _ShardedPrograms:
+    tx = make_optimizer(cfg)
+
+    def shard(trainable, base, batch, idx, on_policy, denom):
+        ref = nnx.merge(graphdef, base) if cfg.beta > 0 or cfg.detail_beta else None
+
+        def loss_fn(t):
+            return grpo_loss(_policy(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
+                             on_policy, attn, denom=denom)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
+        return grads, {**metrics, "loss": loss}
+
+    def apply(trainable, opt_state, ema, grads):
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        if ema is not None:
+            ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
+        return trainable, opt_state, ema, optax.tree.norm(grads)
+
+    return _ShardedPrograms(shard=jax.jit(shard), apply=jax.jit(apply, donate_argnums=(0, 1, 2)))
 
 
 @functools.lru_cache(maxsize=32)

@@ -35,6 +35,7 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, batches, encode_prompt, velocity
 from spotlight_jax.models import AttentionSpec
+from spotlight_jax.rl import shards as shards_lib
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
     UpdateRows,
@@ -203,8 +204,13 @@ class NFTTrainer(PolicyTrainer):
         return jax.tree.map(jnp.copy, self.old)
 
     @property
+    def _programs(self) -> _NFTPrograms:
+        return _nft_programs(self.graphdef, self.cfg, tuple(float(t) for t in self.grid),
+                             self.attn)
+
+    @property
     def _step(self):
-        return _nft_step(self.graphdef, self.cfg, tuple(float(t) for t in self.grid), self.attn)
+        return self._programs.step
 
     def update(self, batch: dict, key, step: int, generator=None) -> dict:
         """``batch``: ``latents [B, T+1, ...]`` (only the last, x0, is read), ``tokens``,
@@ -215,6 +221,44 @@ class NFTTrainer(PolicyTrainer):
         self.trainable, self.opt_state, self.ema, self.old, m = self._step(
             *self._step_args(batch, key, step, generator))
         out = {k: float(v) for k, v in jax.device_get(m).items()}
+        self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "
+                          "rl.nft.kl_beta")
+        return out
+
+    def update_sharded(self, batch: dict, key, step: int, shards: int, run,
+                       generator=None) -> dict:
+        """:meth:`update` with the step's images cut into ``shards`` shards (each trained at
+        its K flow times): ``run(ShardedStep)`` returns one result per shard, computed by whoever
+        the caller chose; they are summed in shard order and the optimizer step taken. Equal to
+        :meth:`update` to float rounding (:mod:`spotlight_jax.rl.shards`)."""
+        (trainable, opt_state, ema, old, base, args, key, eta_k,
+         generator) = self._step_args(batch, key, step, generator)
+        progs = self._programs
+        rows = progs.noise(args, key)
+        n = rows["x0"].shape[0]
+        per = shards_lib.check_shards(n, shards, "images")
+        norm = n * self.cfg.times
+        sampled_by = old if generator is None else generator
+
+        def compute(i: int) -> shards_lib.ShardResult:
+            part = shards_lib.slice_rows(rows, i * per, (i + 1) * per)
+            grads, metrics = progs.shard(trainable, sampled_by, base, part, norm)
+            return shards_lib.ShardResult(i, grads, metrics)
+
+        out = {}
+
+        def apply(results) -> dict:
+            grads, metrics = shards_lib.sum_results(results, shards)
+            self.trainable, self.opt_state, self.ema, self.old, gnorm = progs.apply(
+                trainable, opt_state, ema, old, grads, eta_k)
+            out.update({k: float(v) for k, v in metrics.items()}, grad_norm=float(gnorm),
+                       eta=float(eta_k))
+            return out
+
+        run(shards_lib.ShardedStep(shards=shards, rows=per * self.cfg.times,
+                                   version=int(step), compute=compute, apply=apply))
+        if not out:
+            raise RuntimeError("the sharded nft step was never applied by its runner")
         self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "
                           "rl.nft.kl_beta")
         return out
@@ -239,11 +283,13 @@ class NFTTrainer(PolicyTrainer):
 
 
 @functools.lru_cache(maxsize=16)
-def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=AttentionSpec()):
+def _nft_programs(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=AttentionSpec()):
     tx = make_optimizer(cfg)
     lora = bool(cfg.lora_rank)
 
-    def rows_loss(trainable, old, base, chunk):
+    def rows_loss(trainable, old, base, chunk, norm):
+        """The chunk's summed per-row losses and metrics, divided by ``norm`` (its own rows, or
+        a whole step's when the chunk is a shard of it)."""
         x0, tok, msk, p, t, eps = (chunk[k] for k in ("x0", "tokens", "mask", "p", "t", "eps"))
         b, kk = t.shape
         t = t.reshape(-1)
@@ -272,37 +318,66 @@ def _nft_step(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=AttentionS
         per = nft_loss(v, v_old, v_ref, x_t, x0r, t, jnp.repeat(p, kk), beta=cfg.beta,
                        kl_beta=cfg.kl_beta)
         v_sg = jax.lax.stop_gradient(v)
-        metrics = {"policy_shift": jnp.mean((v_sg - jax.lax.stop_gradient(v_old)) ** 2),
-                   "kl": (jnp.mean((v_sg - v_ref) ** 2) if v_ref is not None
-                          else jnp.zeros((), jnp.float32))}
-        return per.sum() / (b * kk), metrics
+        shift = _per_sample_mean((v_sg - jax.lax.stop_gradient(v_old)) ** 2)
+        metrics = {"policy_shift": shift.sum() / norm,
+                   "kl": (_per_sample_mean((v_sg - v_ref) ** 2).sum() / norm
+                          if v_ref is not None else jnp.zeros((), jnp.float32))}
+        return per.sum() / norm, metrics
 
     def step(trainable, opt_state, ema, old, base, batch, key, eta_k, generator):
         m = cfg.minibatches
         sampled_by = old if generator is None else generator
         # (t, eps) for the whole batch first: the chunking never changes the draws
-        t, eps = forward_noise(key, batch["group"], batch["x0"], np.asarray(grid), cfg.times,
-                               cfg.shared_noise)
-        batch = {**batch, "t": t, "eps": eps}
+        batch = with_noise(batch, key)
         chunks = jax.tree.map(lambda a: a.reshape((m, a.shape[0] // m) + a.shape[1:]), batch)
         grad_fn = jax.value_and_grad(rows_loss, has_aux=True)
+        norm = batch["x0"].shape[0] // m * cfg.times
 
         def body(acc, i):
             chunk = jax.tree.map(lambda a: a[i], chunks)
-            (loss, met), g = grad_fn(trainable, sampled_by, base, chunk)
+            (loss, met), g = grad_fn(trainable, sampled_by, base, chunk, norm)
             return jax.tree.map(jnp.add, acc, (loss, met, g)), None
 
         zero = (jnp.zeros(()), {"policy_shift": jnp.zeros(()), "kl": jnp.zeros(())},
                 jax.tree.map(jnp.zeros_like, trainable))
         (loss, met, grads), _ = jax.lax.scan(body, zero, jnp.arange(m))
         loss, met, grads = jax.tree.map(lambda a: a / m, (loss, met, grads))
-        gnorm = optax.tree.norm(grads)
+        return (*apply(trainable, opt_state, ema, old, grads, eta_k),
+                {**met, "loss": loss, "grad_norm": optax.tree.norm(grads), "eta": eta_k})
+
+    def with_noise(batch, key):
+        t, eps = forward_noise(key, batch["group"], batch["x0"], np.asarray(grid), cfg.times,
+                               cfg.shared_noise)
+        return {**batch, "t": t, "eps": eps}
+
+    def apply(trainable, opt_state, ema, old, grads, eta_k):
         updates, opt_state = tx.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
         old = jax.tree.map(lambda o, p: eta_k * o + (1.0 - eta_k) * p, old, trainable)
         if ema is not None:
             ema = jax.tree.map(lambda e, p: cfg.ema * e + (1 - cfg.ema) * p, ema, trainable)
-        return trainable, opt_state, ema, old, {**met, "loss": loss, "grad_norm": gnorm,
-                                               "eta": eta_k}
+        return trainable, opt_state, ema, old
 
-    return jax.jit(step, donate_argnums=(0, 1, 2, 3))
+    def shard(trainable, sampled_by, base, rows, norm):
+        (loss, met), g = jax.value_and_grad(rows_loss, has_aux=True)(
+            trainable, sampled_by, base, rows, norm)
+        return g, {**met, "loss": loss}
+
+    def apply_summed(trainable, opt_state, ema, old, grads, eta_k):
+        return (*apply(trainable, opt_state, ema, old, grads, eta_k), optax.tree.norm(grads))
+
+    return _NFTPrograms(step=jax.jit(step, donate_argnums=(0, 1, 2, 3)),
+                        noise=jax.jit(with_noise),
+                        shard=jax.jit(shard, static_argnums=4),
+                        apply=jax.jit(apply_summed, donate_argnums=(0, 1, 2, 3)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _NFTPrograms:
+    """The update as one program (``step``), and in the sharded form's pieces: the batch's
+    forward noise, one shard's gradient, the optimizer step from summed gradients."""
+
+    step: object
+    noise: object
+    shard: object
+    apply: object

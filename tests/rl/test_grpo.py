@@ -67,19 +67,7 @@ def test_decoupled_advantages_normalise_each_part_then_the_group():
         decoupled_advantages(np.ones(4), np.zeros(4))
 
 
-SAMPLER = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.7)
-
-
-@pytest.fixture(scope="module")
-def rollout_batch():
-    cfg, graphdef, state = micro_model(seed=3)
-    prompts = ["a red bar"] * 4 + ["two blue squares"] * 4
-    tokens, mask = world.tokenize(prompts, cfg.text_len)
-    out = Sampler(graphdef, (16, 16, 3), SAMPLER).rollout(state, tokens, mask, np.arange(8))
-    r = np.array([0.1, 0.5, 0.9, 0.3, 0.2, 0.2, 0.8, 0.4], np.float32)
-    batch = {"latents": np.asarray(out["latents"]), "log_probs": np.asarray(out["log_probs"]),
-             "advantages": advantages(r, np.repeat([0, 1], 4)), "tokens": tokens, "mask": mask}
-    return graphdef, state, batch
+from conftest import SAMPLER  # noqa: E402  (tests/rl/conftest.py: the rollout_batch fixture)
 
 
 def test_first_on_policy_ratio_is_exactly_one(rollout_batch):
