@@ -223,6 +223,12 @@ def add_spotlight_sections(c):
     d.spot_devices_per_node = 2
     d.spot_sp = 2                   # SP degree of a spot group (one group per node)
     d.commit_every = 2              # periodic commits of in-flight rollouts (abrupt losses)
+    # spotlight modes: the update cut into gradient shards that the spot groups help compute
+    # (runner/shared_update.py): 'off' | 'fixed' (they may take update_spot_share of the
+    # shards) | 'auto' (the share with the shortest critical path; exploration gets the rest)
+    d.shared_update = "off"
+    d.update_spot_share = 1.0
+    d.update_shards = 8             # shards per optimizer step (divides its images/trajectories)
     # spotlight, emulated transport: the spot nodes are a SpotFleet of emulated devices that the
     # trace's preemptions and joins really regroup (weights deleted / pulled device-to-device,
     # programs precompiled per node) and that runs the exploration (spotlight_jax.spot_fleet)

@@ -212,6 +212,17 @@ class TrainerJob:
     def update_rows(cfg, sampler, batch: int):
         return trainer_class(cfg).update_rows(cfg, sampler, batch)
 
+    @staticmethod
+    def shard_units(cfg, batch: int) -> tuple[int, int]:
+        return trainer_class(cfg).shard_units(cfg, batch)
+
+    def update_sharded(self, batch: dict, key, step: int, shards: int, run,
+                       generator=None) -> dict:
+        raise NotImplementedError(
+            "a multi-process trainer job computes the whole update on its own mesh; run with "
+            "--config.deployment.shared_update=off (the shared update needs a single-process "
+            "trainer)")
+
     def eval_state(self):
         return self.local.eval_state()
 

@@ -92,6 +92,10 @@ def _check_run_settings(s) -> None:
         bad("explore.budget_frac", e.budget_frac, "must be in [0, 1] (a share of the spot time)")
     if s.transport not in ("emulated", "ray"):
         bad("deployment.transport", s.transport, "choose 'emulated' or 'ray'")
+    if s.transport == "ray" and s.shared_update != "off":
+        bad("deployment.shared_update", s.shared_update, "the shared update runs on the "
+            "emulated fleet only so far; use --config.deployment.shared_update=off with "
+            "deployment.transport='ray'")
     if s.transport == "ray" and importlib.util.find_spec("ray") is None:
         bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
             "--config.deployment.transport=emulated)")
@@ -208,6 +212,7 @@ class RunSettings:
     trainer_devices: int
     explore: ExploreSettings
     transport: str              # 'emulated' | 'ray'
+    shared_update: str          # deployment.shared_update: 'off' | 'fixed' | 'auto'
     fleet: bool
     scheduler: bool
     rollout_on_groups: str | bool
@@ -238,7 +243,8 @@ def run_settings(config) -> RunSettings:
         max_to_keep=int(config.checkpoint.max_to_keep),
         trainer_devices=int(config.trainer_devices),
         explore=pick_fields(ExploreSettings, config.explore),
-        transport=d.transport, fleet=bool(d.fleet), scheduler=bool(d.scheduler),
+        transport=d.transport, shared_update=str(d.get("shared_update", "off")),
+        fleet=bool(d.fleet), scheduler=bool(d.scheduler),
         rollout_on_groups=d.rollout_on_groups, ray_spot_resource=d.ray_spot_resource,
         ray_explore_deadline=bool(d.ray_explore_deadline), ray_address=str(d.ray_address),
         ray_host_wait_s=float(d.ray_host_wait_s),

@@ -206,6 +206,11 @@ class CostModel:
         """Sending the new policy weights to a spot node."""
         raise NotImplementedError
 
+    def gradient(self) -> float:
+        """Sending one gradient shard's gradient from a spot group to the trainer (the shared
+        update): here as long as a broadcast of the trainable weights."""
+        return self.broadcast()
+
     def regroup(self, kind: str = "shrink") -> float:
         """SP regroup latency: 'shrink' (survivors re-wrap), 'grow' (a joined device gets a
         device-to-device copy), 'cold' (reload from storage + compile, the baseline path)."""
@@ -344,6 +349,16 @@ class ProfileCost(CostModel):
 
     def broadcast(self) -> float:
         return self.broadcast_bytes() / (self.cost.network_gbit_s * 1e9 / 8)
+
+    def gradient_bytes(self) -> int:
+        """Float32 gradient of the trainable weights (the LoRA factors, or all of them)."""
+        if self.lora_rank > 0:
+            return lora_param_count(self.model, self.lora_rank) * 4
+        return self.weight_bytes // self.cost.param_bytes * 4
+
+    def gradient(self) -> float:
+        return (self.gradient_bytes() / (self.cost.network_gbit_s * 1e9 / 8)
+                + self.cost.collective_latency_s)
 
     def regroup(self, kind: str = "shrink") -> float:
         c = self.cost

@@ -20,13 +20,21 @@ from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock
 from spotlight_jax.emulation.cost_models import CostConfig, Workload, make_cost_model
 from spotlight_jax.emulation.traces import TraceConfig, replay
 
+SHARED_UPDATES = ("off", "fixed", "auto")
+
 
 @dataclasses.dataclass(frozen=True)
 class DeploymentConfig:
     """The emulated hardware: ``on_demand_devices`` reserved devices plus ``spot_nodes`` spot
     nodes of ``spot_devices_per_node`` devices, each node one SP group of degree ``spot_sp``;
     scheduled rollouts commit in-flight state every ``commit_every`` steps (what an abrupt loss
-    redoes). ``scheduler``: rollouts go through the pull scheduler (``sched``)."""
+    redoes). ``scheduler``: rollouts go through the pull scheduler (``sched``).
+
+    ``shared_update``: the spot modes' update cut into ``update_shards`` gradient shards per
+    optimizer step that live spot groups help compute (``runner.shared_update``): 'off' (the
+    trainer alone), 'fixed' (the spot groups may take ``update_spot_share`` of the shards) or
+    'auto' (the share that makes the iteration's critical path shortest, exploration taking
+    the spot time left)."""
 
     on_demand_devices: int = 4
     spot_nodes: int = 4
@@ -34,10 +42,21 @@ class DeploymentConfig:
     spot_sp: int = 2
     commit_every: int = 2
     scheduler: bool = True
+    shared_update: str = "off"
+    update_spot_share: float = 1.0
+    update_shards: int = 8
 
     def __post_init__(self):
         def bad(name, why):
             raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
+        if self.shared_update not in SHARED_UPDATES:
+            bad("shared_update", f"choose one of {', '.join(map(repr, SHARED_UPDATES))}")
+        if not 0.0 <= self.update_spot_share <= 1.0:
+            bad("update_spot_share", "must be in [0, 1] (the share of an update's shards the "
+                                     "spot groups may take)")
+        if self.update_shards < 1:
+            bad("update_shards", "must be >= 1")
 
         for name in ("on_demand_devices", "spot_devices_per_node", "spot_sp", "commit_every"):
             if getattr(self, name) < 1:

@@ -242,6 +242,12 @@ class GRPOTrainer(PolicyTrainer):
         ref = cfg.beta > 0 or bool(cfg.detail_beta)
         return UpdateRows(grad=rows, forward=rows if ref else 0, guidance=sampler.guidance)
 
+    @staticmethod
+    def shard_units(cfg: GRPOConfig, batch: int) -> tuple[int, int]:
+        """One optimizer step per minibatch of every inner epoch, its shards dividing the
+        minibatch's trajectories."""
+        return cfg.inner_epochs * cfg.minibatches, batch // cfg.minibatches
+
     # -- update ------------------------------------------------------------------------------
     # The jitted programs are built by module-level cached builders keyed by the (hashable) graph
     # and configs, so every trainer of the same model shares compiled executables.

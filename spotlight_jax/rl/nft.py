@@ -192,6 +192,12 @@ class NFTTrainer(PolicyTrainer):
         rows = batch // cfg.minibatches * cfg.times
         return UpdateRows(grad=rows, forward=rows * (2 if cfg.kl_beta else 1))
 
+    @staticmethod
+    def shard_units(cfg: NFTConfig, batch: int) -> tuple[int, int]:
+        """One optimizer step per update (the minibatches accumulate gradients), its shards
+        dividing the batch's images."""
+        return 1, batch
+
     def sampling_state(self):
         return self.merged(self.old)
 

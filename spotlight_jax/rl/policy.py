@@ -86,6 +86,17 @@ class Trainer(Protocol):
         """The rows one gradient step of an update on ``batch`` samples pushes through the
         model, under the objective's config ``cfg`` and rollout ``sampler``."""
 
+    @staticmethod
+    def shard_units(cfg, batch: int) -> tuple[int, int]:
+        """``(optimizer steps of an update on batch samples, the samples each step's gradient
+        shards divide)``: a shared update has one window per step."""
+
+    def update_sharded(self, batch: dict, key, step: int, shards: int, run,
+                       generator=None) -> dict:
+        """:meth:`update` with each optimizer step cut into ``shards`` gradient shards that
+        ``run(rl.shards.ShardedStep)`` has computed by whoever it chooses; equal to
+        :meth:`update` to float rounding."""
+
 
 def check_policy_fields(cfg) -> None:
     """One-line ValueErrors (``name=value: ...``) for the fields every objective's config shares:

@@ -56,14 +56,15 @@ class ShardedStep:
 def check_shards(n: int, shards: int, what: str) -> int:
     """Rows per shard of ``n`` rows in ``shards`` shards, or a one-line error naming the fix."""
     if shards < 1 or n % shards:
-        raise ValueError(f"rl.update_shards={shards}: must be >= 1 and divide the {n} {what} "
-                         f"of an optimizer step (e.g. {_divisor_near(n, shards)})")
+        raise ValueError(f"{shards} shards must be >= 1 and divide the {n} {what} of an "
+                         f"optimizer step (e.g. {shard_count(n, shards)})")
     return n // shards
 
 
-def _divisor_near(n: int, k: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - max(k, 1)), d))
+def shard_count(n: int, most: int) -> int:
+    """The shards of a step of ``n`` samples: the largest divisor of ``n`` not above ``most``
+    (``deployment.update_shards``), so every shard has the same rows (one compiled program)."""
+    return max(d for d in range(1, max(min(n, most), 1) + 1) if n % d == 0)
 
 
 def in_order(results: Sequence[ShardResult], shards: int) -> list[ShardResult]:

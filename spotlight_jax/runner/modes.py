@@ -207,27 +207,37 @@ class SpotlightMode(Mode):
         stale = s.trainer.sampling_state()                # θ_k, before the update
         generator = s.trainer.generator() if self.keep_candidates else None
         with d.clock.concurrent() as phase:
-            phase.run("train", d.od, train_s)
             if d.spot_devices == 0:
+                phase.run("train", d.od, train_s)
                 self.explored(s, k, None)
                 return s.train_on(batch, k, prompts, generator=self.batch_generator), {}
             per = d.spot_seconds_per_candidate()
             base_candidates = st.prompts_per_iter * st.group_size
-            budget = extras_budget_s(st.explore.budget_frac * train_s, d.spot_devices,
-                                     base_candidates, per)
+            shared, shard_s, window = None, 0.0, train_s
+            if s.shared_update.enabled:     # the spot groups compute some of the update
+                n = len(batch["rewards"])
+                steps = s.trainer.shard_units(s.trainer.cfg, n)[0]
+                shared = s.shared_update.plan(n, k * steps, spot_work_s=base_candidates * per)
+                shard_s, window = shared.spot_device_s, shared.seconds
+            phase.run("train", d.od, window)
+            # the spot time of the update's window that its shards leave to exploration
+            budget = max(extras_budget_s(st.explore.budget_frac * window, d.spot_devices,
+                                         base_candidates, per) - shard_s, 0.0)
             plan_budget, plan_per, capacity = self.spot.plan_budget(budget, per,
                                                                     base_candidates)
             pulled, pull_s, pull_bytes = self.spot.pull(stale, k)
             future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), plan_budget, plan_per,
                                       keep=self.keep_candidates, capacity=capacity)
             t_train = time.perf_counter()
-            m = s.train_on(batch, k, prompts, generator=self.batch_generator)
+            m = s.train_on(batch, k, prompts, generator=self.batch_generator, shared=shared)
             t_train = (t_train, time.perf_counter())
             self.spot.update_done(t_train[1] - t_train[0])
             (cands, chosen, cbatch, info), t_explore = future.result()
             info.update(self.spot.info())
             phase.run("explore", d.spot_group(),
-                      info["explore_candidates"] * per / max(d.spot_devices, 1))
+                      (info["explore_candidates"] * per + shard_s) / max(d.spot_devices, 1))
+        if shared is not None:
+            info.update(shared.info())
         self.explored(s, k, (cands, chosen, cbatch, generator, info))
         overlap = max(min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0]), 0.0)
         explore_s = t_explore[1] - t_explore[0]

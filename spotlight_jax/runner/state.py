@@ -29,6 +29,7 @@ from spotlight_jax.runner.rollouts import (
     ScheduledRollouts,
     rollout_on_groups,
 )
+from spotlight_jax.runner.shared_update import SharedUpdate
 
 
 def iteration_prompts(prompts, k: int, n: int, seed: int):
@@ -114,6 +115,7 @@ class RunState:
         rewards.get(st.eval_reward)             # an unknown name fails here, not at eval 0
         self.explorer = LocalExplorer(self.engine)
         self.deploy = spec.make_deployment()
+        self.shared_update = SharedUpdate(self)
         self.planner = Planner(PlannerConfig(group_size=st.group_size,
                                              algorithm=st.explore.algorithm,
                                              max_extra_per_prompt=st.explore.max_extra_per_prompt,
@@ -188,10 +190,11 @@ class RunState:
         """The batch of ``prompts`` x seeds on the trainer's devices (no time charged)."""
         return self.direct.rollout(self.iteration, prompts, seeds_per_prompt)[0]
 
-    def train_on(self, batch, k: int, prompts, generator=None) -> dict:
+    def train_on(self, batch, k: int, prompts, generator=None, shared=None) -> dict:
         """The objective's update on ``batch`` (advantages computed here); ``generator``: the
         trainer's :meth:`generator` of the policy that sampled it, when that is not the current
-        sampling policy."""
+        sampling policy; ``shared``: the :class:`~spotlight_jax.runner.shared_update.UpdatePlan`
+        of a shared update (its shards summed in order: the same update to float rounding)."""
         parts = weights = None
         terms = self.reward_terms(batch, prompts)
         if self.trainer.needs_reward_parts and terms:
@@ -202,6 +205,11 @@ class RunState:
         adv = self.trainer.advantages(batch["rewards"], batch["prompt_ids"], parts, weights)
         train = {key: batch[key] for key in self.trainer.batch_keys}
         train["advantages"] = adv
+        if shared is not None:
+            return self.trainer.update_sharded(train, self.key, k,
+                                               shards=self.shared_update.shards(shared),
+                                               run=self.shared_update.runner(shared),
+                                               generator=generator)
         if generator is None:       # a trainer with the plain update(batch, key, step) serves
             return self.trainer.update(train, self.key, k)
         return self.trainer.update(train, self.key, k, generator=generator)

@@ -26,7 +26,8 @@ once). :meth:`RequestQueue.check_invariants` asserts this; nothing else removes 
   continuing the last commit, wrong policy version for a rollout, unknown request id) raises
   :class:`~spotlight_jax.sched.requests.CommitRejected`; a known request goes back to pending at
   its last good commit and is re-run, never dropped.
-* **Policy versions.** A training rollout is only given to a group holding exactly its version;
+* **Policy versions.** A training rollout (or a gradient shard) is only given to a group holding
+  exactly its version;
   a group with another version is passed over (counted as ``version_skips``) and the rollout
   stays pending for a group that has it. Exploration requests go to any group (stale weights are
   fine by design) and their committed state records the version of every step.
@@ -210,7 +211,7 @@ class RequestQueue:
         eligible = []
         for rid in self.pending():
             r = self._requests[rid]
-            if r.is_rollout and r.policy_version != policy_version:
+            if r.needs_version and r.policy_version != policy_version:
                 self.stats["version_skips"] += 1
                 continue
             eligible.append(r)
@@ -435,7 +436,7 @@ class RequestQueue:
         if len(s.versions) != s.step:
             raise ValueError(f"request {rid!r}: {len(s.versions)} step versions for step "
                              f"{s.step}")
-        if s.step == 0:
+        if s.step == 0 or r.kind == "shard":
             return
         arr("latent", s.latent, shape, LATENT_DTYPE)
         if r.is_rollout:

@@ -1,7 +1,10 @@
 """Requests and their committed state: what the scheduler owns and what a worker sends back.
 
 A :class:`Request` is one rollout (a training trajectory: every latent and per-step log-prob is
-kept) or one exploration job (a candidate seed scored by its final image only). Its
+kept), one exploration job (a candidate seed scored by its final image only) or one gradient
+shard of a shared update (``kind='shard'``, one "step": its gradient travels to the update's
+accumulator, not through the queue, which only decides who computes it, exactly once, with
+which weights). Its
 :class:`CommittedState` is the last state the queue accepted: the step index reached, the latent
 after that step, and for rollouts the trajectory so far. It is plain numpy arrays plus JSON-able
 metadata (``to_state()`` gives ``(arrays, meta)``), so it goes into an Orbax checkpoint and across
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-KINDS = ("rollout", "explore")
+KINDS = ("rollout", "explore", "shard")
 LATENT_DTYPE = np.dtype(np.float32)
 LOGP_DTYPE = np.dtype(np.float32)
 
@@ -139,6 +142,12 @@ class Request:
     def is_rollout(self) -> bool:
         return self.kind == "rollout"
 
+    @property
+    def needs_version(self) -> bool:
+        """Whether only its exact ``policy_version`` may run it (a training rollout is sampled,
+        a gradient shard computed, with the weights being trained; exploration takes any)."""
+        return self.kind in ("rollout", "shard")
+
     def image(self) -> np.ndarray:
         """The final image in [0, 1] (same map as ``diffusion.to_image``); needs ``done``."""
         if not self.done:
@@ -184,7 +193,7 @@ class Commit:
     rid: str
     start: int
     step: int
-    latent: np.ndarray
+    latent: np.ndarray | None
     policy_version: int
     latents: np.ndarray | None = None
     log_probs: np.ndarray | None = None
@@ -227,14 +236,18 @@ def validate_commit(req: Request, c: Commit, latent_shape: Sequence[int]) -> Non
     if not committed < c.step <= req.num_steps:
         raise CommitRejected(rid, f"step {c.step} out of range: must be in "
                                   f"({committed}, {req.num_steps}]")
-    _check_array(rid, "latent", c.latent, shape, LATENT_DTYPE)
+    if req.kind == "shard":          # no latent: the gradient goes to the accumulator
+        if c.latent is not None:
+            raise CommitRejected(rid, "a gradient shard's commit carries no latent")
+    else:
+        _check_array(rid, "latent", c.latent, shape, LATENT_DTYPE)
     if isinstance(c.policy_version, bool) or not isinstance(c.policy_version, (int, np.integer)):
         raise CommitRejected(rid, f"policy_version must be an integer, got {c.policy_version!r}")
+    if req.needs_version and c.policy_version != req.policy_version:
+        raise CommitRejected(rid, f"{'training rollout' if req.is_rollout else 'gradient shard'}"
+                                  f" ran on policy version {c.policy_version}; it must run on "
+                                  f"version {req.policy_version}")
     if req.is_rollout:
-        if c.policy_version != req.policy_version:
-            raise CommitRejected(rid, f"training rollout ran on policy version "
-                                      f"{c.policy_version}; it must run on version "
-                                      f"{req.policy_version}")
         n = c.step - c.start
         if c.latents is None or c.log_probs is None:
             raise CommitRejected(rid, "a rollout commit needs latents and log_probs")

@@ -133,5 +133,6 @@ def test_a_shard_is_summed_once_and_none_is_missing():
         shards_lib.sum_results(r + [r[1]], 3)
     with pytest.raises(ValueError, match=r"shards \[2\] have no result"):
         shards_lib.sum_results(r[:2], 3)
-    with pytest.raises(ValueError, match=r"rl.update_shards=3: .* divide the 8 images"):
+    with pytest.raises(ValueError, match=r"3 shards must be >= 1 and divide the 8 images"):
         shards_lib.check_shards(8, 3, "images")
+    assert [shards_lib.shard_count(n, 8) for n in (64, 12, 4, 7, 1)] == [8, 6, 4, 7, 1]
