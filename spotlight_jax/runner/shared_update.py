@@ -55,9 +55,12 @@ class UpdatePlan:
 class SharedUpdate:
     """Plans (on the emulated clock) and runs (for real) the shared update of a spot mode."""
 
-    def __init__(self, state):
-        self.state = state
-        self.cfg = state.deploy.cfg
+    def __init__(self, deploy, shard_units):
+        """``deploy``: the emulated deployment (its clock, trace, cost model, live nodes);
+        ``shard_units(n)``: the trainer's ``(optimizer steps, samples each step's shards
+        divide)`` of an update on ``n`` samples."""
+        self.deploy, self.shard_units = deploy, shard_units
+        self.cfg = deploy.cfg
 
     @property
     def enabled(self) -> bool:
@@ -67,7 +70,7 @@ class SharedUpdate:
     def groups(self, n: int, steps: int, shards: int) -> list[ShardGroup]:
         """The trainer's mesh and every live spot group, with their seconds per shard of an
         update on ``n`` samples in ``steps`` optimizer steps of ``shards`` shards."""
-        d, c = self.state.deploy, self.cfg
+        d, c = self.deploy, self.cfg
         per_shard = d.cost.train(n, 1) / (steps * shards)    # device-seconds
         out = [ShardGroup(TRAINER, "od0", c.on_demand_devices,
                           per_shard / c.on_demand_devices)]
@@ -80,7 +83,7 @@ class SharedUpdate:
 
     def events(self, horizon_s: float) -> list[SimEvent]:
         """The trace's events of the next ``horizon_s`` seconds, relative to now."""
-        d = self.state.deploy
+        d = self.deploy
         now = d.clock.now()
         return [SimEvent(e.time - now, e.kind, str(e.node),
                          deadline=None if e.deadline is None else e.deadline - now,
@@ -92,8 +95,8 @@ class SharedUpdate:
         """The trainer's update of ``n`` samples (its first optimizer step at ``version``), at
         the configured share, or for ``auto`` the share with the shortest iteration given
         ``spot_work_s`` device-seconds the spot groups must also do during the update."""
-        d, trainer = self.state.deploy, self.state.trainer
-        steps, units = trainer.shard_units(trainer.cfg, n)
+        d = self.deploy
+        steps, units = self.shard_units(n)
         shards = shard_count(units, self.cfg.update_shards)
         trainer_s = d.train_s(n)
         args = (n, steps, shards, version, trainer_s)
@@ -114,7 +117,7 @@ class SharedUpdate:
         devices = {g.gid: g.devices for g in groups}
         quota = round(share * shards)
         # the broadcast of each step's weights to the spot groups that take part
-        ready = self.state.deploy.cost.broadcast() if quota else 0.0
+        ready = self.deploy.cost.broadcast() if quota else 0.0
         events = self.events(horizon_s=2 * trainer_s + 3600.0)
         windows, t, spot_s = [], 0.0, 0.0
         for j in range(steps):

@@ -115,7 +115,8 @@ class RunState:
         rewards.get(st.eval_reward)             # an unknown name fails here, not at eval 0
         self.explorer = LocalExplorer(self.engine)
         self.deploy = spec.make_deployment()
-        self.shared_update = SharedUpdate(self)
+        self.shared_update = SharedUpdate(
+            self.deploy, lambda n: self.trainer.shard_units(self.trainer.cfg, n))
         self.planner = Planner(PlannerConfig(group_size=st.group_size,
                                              algorithm=st.explore.algorithm,
                                              max_extra_per_prompt=st.explore.max_extra_per_prompt,

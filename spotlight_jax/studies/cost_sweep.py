@@ -31,9 +31,12 @@ from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
 MODES = ("baseline", "spotlight", "spotlight_pipelined")
-DEFAULT_SWEEPS = ("rl.nft.times=1,2,4,8", "cost.cfg_passes=1,2", "sampler.num_steps=10,20,40",
+DEFAULT_SWEEPS = ("deployment.shared_update=off,auto",
+                  "deployment.update_spot_share=0,0.25,0.5,0.75,1",
+                  "rl.nft.times=1,2,4,8", "cost.cfg_passes=1,2", "sampler.num_steps=10,20,40",
                   "cost.lora_rank=0,32", "cost.reward_s_per_image=0.02,0.1,0.5",
                   "deployment.spot_nodes=2,4,8")
+SPLIT_KEY = "deployment.update_spot_share"     # swept with deployment.shared_update='fixed'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,24 +57,34 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     and cost model, every spot node alive. Dollars: every device of the deployment (on-demand
     and spot) held for that long, as the runs pay them (all modes hold the same hardware)."""
     from spotlight_jax import config as conf  # noqa: PLC0415 - programs import JAX late
+    from spotlight_jax.rl import trainer_class  # noqa: PLC0415
+    from spotlight_jax.runner.shared_update import SharedUpdate  # noqa: PLC0415
 
     d = conf.make_deployment(config)
     n = int(config.rl.prompts_per_iter) * int(config.rl.group_size)
-    d.alive_nodes = set(range(d.cfg.spot_nodes))
+    d.alive_nodes = {f"spot{i}" for i in range(d.cfg.spot_nodes)}
+    d.events.position = len(d.events.events)      # every node alive: no event in the window
     spot = d.cfg.spot_nodes * d.cfg.spot_devices_per_node
     reward, train, broadcast = d.reward_s(n), d.train_s(n), d.cost.broadcast()
     # the spot groups sample and reward the next batch's candidates (prompts x G at least)
     # during the update
-    sample_next = n * d.spot_seconds_per_candidate() / max(spot, 1)
+    sample_next_s = n * d.spot_seconds_per_candidate()            # device-seconds
+    update, spot_shards_s = train, 0.0
+    if d.cfg.shared_update != "off":      # the spot groups compute some of the update too
+        rl = conf.rl_config(config)
+        plan = SharedUpdate(d, lambda b: trainer_class(rl).shard_units(rl, b)).plan(
+            n, version=0, spot_work_s=sample_next_s)
+        update, spot_shards_s = plan.seconds, plan.spot_device_s
+    window = max(update, (sample_next_s + spot_shards_s) / max(spot, 1))
     rate = (d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand")
             + spot * d.cost.price_per_hour("spot")) / 3600.0
     phases = {
         "baseline": {"rollout": d.rollout_s(n, use_spot=False), "reward": reward,
                       "train": train},
         "spotlight": {"rollout": d.rollout_s(n, use_spot=True), "reward": reward,
-                      "train": max(train, sample_next), "broadcast": broadcast},
+                      "train": window, "broadcast": broadcast},
         "spotlight_pipelined": {"rollout": 0.0, "reward": 0.0,   # rewarded on the spot groups
-                                "train": max(train, sample_next), "broadcast": broadcast},
+                                "train": window, "broadcast": broadcast},
     }
     return {m: IterationCost(m, p, sum(p.values()) * rate) for m, p in phases.items()}
 
@@ -98,6 +111,8 @@ def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
     from spotlight_jax import config as conf  # noqa: PLC0415
 
     def at(extra):
+        if SPLIT_KEY in extra:                     # the split only means something when fixed
+            extra = {"deployment.shared_update": "fixed", **extra}
         cfg = config.copy_and_resolve_references()
         with cfg.unlocked():
             it = iteration_phases(conf.apply_overrides(cfg, extra))

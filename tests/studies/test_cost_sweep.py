@@ -8,18 +8,23 @@ from spotlight_jax.config import RunSpec
 from spotlight_jax.studies import cost_sweep
 
 
-def _charged(r, k):
+def _charged(r, k, rows=None):
     t0 = r.deploy.clock.now()
-    r.step(k)
+    row = r.step(k)
+    if rows is not None:
+        rows.append(row)
     return r.deploy.clock.now() - t0
 
 
-# pipelined among the longer checks (the default suite's 10-minute budget)
-@pytest.mark.parametrize("mode", ["baseline",
-                                  pytest.param("spotlight_pipelined", marks=pytest.mark.e2e)])
-def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
+# pipelined among the longer checks (the default suite's 8-minute budget): the one with the
+# shared update runs in the default suite (its shards' gradients computed and summed for real)
+@pytest.mark.parametrize("mode,shared", [
+    ("baseline", "off"), pytest.param("spotlight_pipelined", "off", marks=pytest.mark.e2e),
+    ("spotlight_pipelined", "auto")])
+def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared):
     graphdef, state = base
     c = mode_config(mode, iterations=2, objective="nft")
+    c.deployment.shared_update = shared
     c.trace.rate_per_node_hour = 0.0                 # every spot node stays alive
     r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     predicted = cost_sweep.iteration_phases(c)[mode]
@@ -27,7 +32,11 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode):
     assert r.deploy.spot_devices == c.deployment.spot_nodes * c.deployment.spot_devices_per_node
     if mode == "spotlight_pipelined":
         assert r.mode.pending is not None
-    assert _charged(r, 1) == pytest.approx(predicted.seconds, rel=1e-9)
+    rows = []
+    assert _charged(r, 1, rows) == pytest.approx(predicted.seconds, rel=1e-9)
+    if shared != "off":     # the update's window, shorter than the trainer's alone
+        assert 0 < rows[0]["update_s"] < rows[0]["update_trainer_s"]
+        assert rows[0]["update_shards_spot"] > 0 and rows[0]["pipelined"] == 1
     crit = {k: v["critical_s"] for k, v in r.deploy.clock.breakdown().items()}
     reward = r.deploy.reward_s(c.rl.prompts_per_iter * c.rl.group_size)
     if mode == "baseline":
