@@ -18,9 +18,12 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from spotlight_jax.config import RunSpec
+from spotlight_jax.config.sections import base_shardings
 from spotlight_jax.diffusion import prompt, velocity
 from spotlight_jax.models import as_dtype
 from spotlight_jax.models.build import abstract_model
+from spotlight_jax.models.convert.transformer import host_peak_bytes
+from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl import trainer_class
@@ -140,6 +143,8 @@ def dry_run(config, devices=None) -> str:
     batch = run.settings.prompts_per_iter * run.settings.group_size
     rows = trainer_class(rl_cfg).update_rows(rl_cfg, run.sampler, batch)
     act, fixed = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
+    load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
+    host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
     lines = [
         f"model: width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} "
@@ -154,6 +159,10 @@ def dry_run(config, devices=None) -> str:
         f"{' at CFG ' + format(rows.guidance, 'g') if rows.guidance != 1 else ''} "
         f"(+{rows.forward} rows forward only)"
         + (f", {fixed / gib:.3f} GiB of them merged LoRA weights" if fixed else ""),
+        f"loading the base from a diffusers folder (streamed onto these shardings): host "
+        f"peak {load_peak / gib:.3f} GiB per process (its largest parameter's local shards + "
+        f"one source tensor); a spot host holding it whole on its devices: "
+        f"{host_peak / gib:.3f} GiB",
         "parameter groups (count, PartitionSpec, shape, dtype):",
     ]
     for name, (n, spec, shape, dtype) in groups.items():

@@ -74,7 +74,8 @@ def load_or_pretrain_base(spec: RunSpec, workdir: str, *, progress: bool = True,
     of a pretraining run."""
     choice = spec.process.base_checkpoint
     if spec.diffusers_base is not None:
-        graphdef, state = spec.load_diffusers_base()
+        # streamed onto the trainer's mesh, each parameter straight onto its shards
+        graphdef, state = spec.load_diffusers_base(spec.build_mesh(spec.trainer_devices()))
         logging.info("base model: converted %s/transformer (diffusers)", choice)
         return graphdef, state, choice
     cfg = spec.model

@@ -113,6 +113,7 @@ class SpotHostImpl:
         from spotlight_jax import rewards  # noqa: PLC0415
         from spotlight_jax.config import RunSpec  # noqa: PLC0415
         from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
+        from spotlight_jax.parallel import make_mesh  # noqa: PLC0415
         from spotlight_jax.sched.worker import InProcessWorker, SamplerCache  # noqa: PLC0415
 
         spec = RunSpec.from_plain(spec)
@@ -133,7 +134,9 @@ class SpotHostImpl:
         self._decoder = spec.image_decoder()
         # the resident base a LoRA version is merged into: a diffusers base is loaded here
         # (shared storage); any other comes once from the object store (set_base)
-        self._base = spec.load_diffusers_base()[1] if spec.diffusers_base else None
+        # streamed straight onto this host's devices (every group holds it whole)
+        self._base = (spec.load_diffusers_base(make_mesh(jax.local_devices()))[1]
+                      if spec.diffusers_base else None)
         self._notice = False
         self._steps = 0
         self.warmup_s = self._warm_up(stepper, source.train_prompts[0])

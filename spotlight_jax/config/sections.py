@@ -38,6 +38,7 @@ from spotlight_jax.emulation import (
 from spotlight_jax.models import AttentionSpec, MMDiTConfig, as_dtype, convert
 from spotlight_jax.models.build import abstract_model
 from spotlight_jax.parallel import STRATEGIES, MeshConfig, make_mesh
+from spotlight_jax.parallel.sharding import param_shardings
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.prompt_embeddings import (
     EmbeddingPrompts,
@@ -93,16 +94,29 @@ def load_diffusers_base(config):
     return transformer_of(diffusers_base(config), model_config(config))
 
 
-def transformer_of(base: str, cfg: MMDiTConfig):
+def transformer_of(base: str, cfg: MMDiTConfig, mesh: Mesh | None = None):
     """``(graphdef, state)`` of the transformer in the diffusers folder ``base`` as the model
-    ``cfg`` (its architecture read from there, with the run's fields)."""
+    ``cfg`` (its architecture read from there, with the run's fields), each parameter streamed
+    straight onto its sharding on ``mesh`` (:func:`base_shardings`; None: the default
+    device)."""
     overrides = {f: getattr(cfg, f) for f in RUN_MODEL_FIELDS if f not in ("dtype",
                                                                             "param_dtype")}
+    shardings = None if mesh is None else base_shardings(cfg, mesh)
     model, _ = build_section({}, lambda: convert.from_diffusers(
-        os.path.join(base, "transformer"), dtype=as_dtype(cfg.param_dtype), **overrides))
+        os.path.join(base, "transformer"), dtype=as_dtype(cfg.param_dtype),
+        shardings=shardings, **overrides))
     # the graph of model_config (compute dtype included), as every other process builds it
     graphdef, _ = abstract_model(cfg)
     return graphdef, nnx.split(model)[1]
+
+
+def base_shardings(cfg: MMDiTConfig, mesh: Mesh):
+    """``(path, shape) -> NamedSharding`` of the model ``cfg``'s parameters on ``mesh`` (the
+    rule table's, as ``shard_state`` places them): where a converted base streams to."""
+    _, abstract = abstract_model(cfg)
+    table = {tuple(path): sharding for path, sharding in
+             nnx.to_flat_state(param_shardings(abstract, mesh))}
+    return lambda path, shape: table[tuple(path)]
 
 
 def image_decoder(config):

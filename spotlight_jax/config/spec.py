@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
 import ml_collections
 from jax.sharding import Mesh
 
@@ -132,9 +133,15 @@ class RunSpec:
         """The frozen VAE of a diffusers base (None for a model that draws pixels)."""
         return sections.decoder_of(self.diffusers_base, self.model)
 
-    def load_diffusers_base(self):
-        """``(graphdef, state)`` of the diffusers base's transformer."""
-        return sections.transformer_of(self.diffusers_base, self.model)
+    def load_diffusers_base(self, mesh: Mesh | None = None):
+        """``(graphdef, state)`` of the diffusers base's transformer, each parameter streamed
+        straight onto its sharding on ``mesh`` (None: the default device)."""
+        return sections.transformer_of(self.diffusers_base, self.model, mesh)
+
+    def trainer_devices(self) -> list:
+        """This process's devices the trainer uses (``trainer_devices`` of them; 0 = all)."""
+        local = list(jax.local_devices())
+        return local[:self.settings.trainer_devices] if self.settings.trainer_devices else local
 
     def prompt_source(self) -> PromptSource:
         """The run's prompts and their model inputs (the world's, or the embedding file's)."""

@@ -73,9 +73,7 @@ class RunState:
         # This process's devices: the runner never places work on another process's devices
         # (in a multi-process trainer job only the trainer's collectives span them).
         self.devices = list(jax.local_devices())
-        if devices is None and st.trainer_devices:
-            devices = self.devices[:st.trainer_devices]
-        self.mesh = spec.build_mesh(devices if devices is not None else self.devices)
+        self.mesh = spec.build_mesh(devices if devices is not None else spec.trainer_devices())
         base = shard_state(base, self.mesh)
         self.base_state = base                  # the frozen base (LoRA's reference policy)
         self.mcfg = spec.model

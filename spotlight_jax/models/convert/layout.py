@@ -13,6 +13,7 @@ exact permutations, so nothing is rounded.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -186,8 +187,9 @@ def dense(target: Path, source: str | tuple[str, ...], kernel_op: Op | None = No
 
 def apply_rules(tensors: dict[str, np.ndarray], rules: list[Rule],
                 targets: dict[Path, tuple[int, ...]], *, checked: tuple[str, ...] = (),
-                source: str = "checkpoint") -> dict[Path, np.ndarray]:
-    """Our parameters ``{path: array}`` from the diffusers ``tensors`` by ``rules``.
+                source: str = "checkpoint", lazy: bool = False) -> dict:
+    """Our parameters ``{path: array}`` from the diffusers ``tensors`` by ``rules`` (with
+    ``lazy``: ``{path: function returning the array}``, every check done first).
 
     ``targets`` are our parameter shapes; ``checked`` names tensors the caller verifies itself
     instead of loading (SD3's stored position table). Raises :class:`CheckpointError` naming
@@ -214,7 +216,6 @@ def apply_rules(tensors: dict[str, np.ndarray], rules: list[Rule],
         raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} (and "
                               f"{len(unexpected) - 1} more): config.json does not describe "
                               f"these weights, or the model has a part we do not convert")
-    out = {}
     for r in rules:
         expected = r.op.source_shapes(targets[r.target])
         for name, shape in zip(r.sources, expected):
@@ -223,5 +224,14 @@ def apply_rules(tensors: dict[str, np.ndarray], rules: list[Rule],
                                       f"{tuple(tensors[name].shape)}, expected {tuple(shape)} "
                                       f"(for our {path_name(r.target)}; config.json does not "
                                       f"match the weights)")
-        out[r.target] = r.op([np.asarray(tensors[name]) for name in r.sources])
+    out = {}
+    for r in rules:
+        if lazy:    # converted when called: one parameter in host memory at a time
+            out[r.target] = functools.partial(_convert, r, tensors)
+        else:
+            out[r.target] = _convert(r, tensors)
     return out
+
+
+def _convert(r: Rule, tensors: dict[str, np.ndarray]) -> np.ndarray:
+    return r.op([np.asarray(tensors[name]) for name in r.sources])

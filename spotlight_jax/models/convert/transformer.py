@@ -21,9 +21,10 @@ FAMILIES = {m.CLASS_NAME: m for m in (qwen_image, sd3)}
 
 
 def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
-                    **overrides) -> tuple[MMDiTConfig, dict]:
+                    lazy: bool = False, **overrides) -> tuple[MMDiTConfig, dict]:
     """``(our config, {our parameter path: numpy array})`` of a diffusers transformer's
-    ``config.json`` and tensors; ``overrides`` replace config fields (e.g. ``remat=True``)."""
+    ``config.json`` and tensors (``lazy``: ``{path: function returning it}``, every check
+    done first); ``overrides`` replace config fields (e.g. ``remat=True``)."""
     name = config.get("_class_name")
     family = FAMILIES.get(name)
     if family is None:
@@ -36,7 +37,7 @@ def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
     targets = {tuple(path): tuple(var.get_value().shape)
                for path, var in nnx.to_flat_state(abstract)}
     arrays = layout.apply_rules(tensors, family.rules(cfg), targets, checked=family.CHECKED,
-                                source=source)
+                                source=source, lazy=lazy)
     family.check(tensors, cfg, source)
     return cfg, arrays
 
@@ -54,16 +55,8 @@ def config_from_diffusers(checkpoint_dir, **overrides) -> MMDiTConfig:
                                **overrides).validate()
 
 
-def _stack_blocks(arrays: dict, depth: int) -> dict:
-    """Per-block paths ``("blocks", i, ...)`` -> stacked ``("blocks", ...)`` (scan_blocks)."""
-    out = {p: a for p, a in arrays.items() if p[0] != "blocks"}
-    suffixes = sorted({p[2:] for p in arrays if p[0] == "blocks"}, key=str)
-    for s in suffixes:
-        out[("blocks",) + s] = np.stack([arrays[("blocks", i) + s] for i in range(depth)])
-    return out
-
-
-def from_diffusers(checkpoint_dir, dtype=jnp.float32, **overrides) -> tuple[MMDiT, MMDiTConfig]:
+def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
+                   **overrides) -> tuple[MMDiT, MMDiTConfig]:
     """``(model, config)`` of a diffusers transformer component folder (``.../transformer``:
     ``config.json`` and one or sharded safetensors, fp32/bf16/fp16).
 
@@ -72,23 +65,100 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, **overrides) -> tuple[MMDi
     text mask and, for SD3, the pooled embedding; it returns the velocity ``noise - x0``, the
     sign diffusers' flow-matching models use. ``overrides`` set other config fields, e.g.
     ``scan_blocks=True, remat=True`` for training a large model.
+
+    The weights stream from the memory-mapped files onto the devices one parameter at a time
+    (for stacked blocks, one block's tensor at a time), each straight onto its sharding:
+    ``shardings(path, shape)`` (our parameter path, the stored shape) gives a
+    ``jax.sharding.Sharding`` (default: the default device). The host then never holds more
+    than one parameter's local shards and one source tensor (:func:`host_peak_bytes`).
     """
     config, tensors = read_component(checkpoint_dir)
     dtype_name = np.dtype(dtype).name
-    cfg, arrays = convert_tensors(config, tensors, source=str(checkpoint_dir),
+    cfg, thunks = convert_tensors(config, tensors, source=str(checkpoint_dir), lazy=True,
                                   dtype=dtype_name, param_dtype=dtype_name, **overrides)
-    if cfg.scan_blocks:
-        arrays = _stack_blocks(arrays, cfg.depth)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(0))))
     pure = nnx.to_pure_dict(state)
-    for path, a in arrays.items():
+    place = shardings or (lambda path, shape: None)
+    host_dtype = np.dtype(dtype)
+    for path, parts in _parameters(thunks, cfg).items():
         node = pure
         for key in path[:-1]:
             node = node[key]
-        node[path[-1]] = jnp.asarray(np.asarray(a), dtype=dtype)
+        shape = tuple(node[path[-1]].shape)
+        node[path[-1]] = _assemble(parts, shape, host_dtype, place(path, shape))
     leftover = [p for p, v in jax.tree_util.tree_leaves_with_path(pure)
                 if isinstance(v, jax.ShapeDtypeStruct)]
     if leftover:
         raise ValueError(f"parameters left unconverted: {leftover[:3]}")
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(graphdef, state), cfg
+
+
+def _parameters(thunks: dict, cfg: MMDiTConfig) -> dict:
+    """``{our state path: [functions, one per stacked block (scan_blocks) or one]}``."""
+    if not cfg.scan_blocks:
+        return {p: [f] for p, f in thunks.items()}
+    out = {p: [f] for p, f in thunks.items() if p[0] != "blocks"}
+    suffixes = sorted({p[2:] for p in thunks if p[0] == "blocks"}, key=str)
+    for suffix in suffixes:
+        out[("blocks",) + suffix] = [thunks[("blocks", i) + suffix] for i in range(cfg.depth)]
+    return out
+
+
+def _assemble(parts: list, shape: tuple, dtype: np.dtype, sharding) -> jax.Array:
+    """One parameter on ``sharding`` from its converted parts (one part, or one per stacked
+    block along axis 0): each part is converted once and copied into the host buffers of the
+    distinct local shards only, then each shard goes to its devices. ``sharding`` None: one
+    uncommitted array on the default device (jit may still move it), as ``jnp.asarray``."""
+    if sharding is None:
+        buf = np.empty(shape, dtype)
+        for i, part in enumerate(parts):
+            if len(parts) > 1:
+                buf[i] = part()
+            else:
+                buf[...] = part()
+        return jnp.asarray(buf)
+    indices = sharding.addressable_devices_indices_map(shape)
+    buffers: dict = {}
+    for index in indices.values():
+        key = _index_key(index, shape)
+        if key not in buffers:
+            buffers[key] = np.empty(tuple(b - a for a, b in key), dtype)
+    stacked = len(parts) > 1
+    for i, part in enumerate(parts):
+        a = np.asarray(part())
+        for key, buf in buffers.items():
+            if stacked:
+                (lo, hi), rest = key[0], key[1:]
+                if lo <= i < hi:
+                    buf[i - lo] = a[tuple(slice(x, y) for x, y in rest)]
+            else:
+                buf[...] = a[tuple(slice(x, y) for x, y in key)]
+        del a
+    arrays = [jax.device_put(buffers[_index_key(index, shape)], d)
+              for d, index in indices.items()]
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+def _index_key(index: tuple, shape: tuple) -> tuple:
+    """A device's index (a tuple of slices) as ``((start, stop), ...)`` per dimension."""
+    return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+
+
+def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> int:
+    """Host bytes :func:`from_diffusers` holds at most while loading ``cfg``'s transformer onto
+    ``shardings`` (``(path, shape) -> Sharding``): the largest parameter's distinct local
+    shard buffers plus one converted source tensor (the memory-mapped files themselves are
+    page cache, not counted)."""
+    _, abstract = nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(0))))
+    item = np.dtype(cfg.param_dtype).itemsize
+    peak = 0
+    for path, var in nnx.to_flat_state(abstract):
+        shape = tuple(var.get_value().shape)
+        indices = shardings(tuple(path), shape).addressable_devices_indices_map(shape)
+        keys = {_index_key(ix, shape) for ix in indices.values()}
+        local = sum(int(np.prod([b - a for a, b in k])) for k in keys) * item
+        per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] == "blocks"
+                               else shape))
+        peak = max(peak, local + per_part * max(source_itemsize, item))
+    return peak
