@@ -81,6 +81,12 @@ def mode_summary(history: list[dict], target: float | None) -> dict:
         "fleet_regroup_max_ms": 1e3 * max((h.get("fleet_regroup_max_s", 0.0) for h in history),
                                           default=0.0),
         "fleet_compiles": sum(h.get("fleet_compiles", 0) for h in history),
+        # the shared update (deployment.shared_update): its windows, the trainer alone, and
+        # the share of its gradient shards the spot groups computed
+        "update_s": sum(h.get("update_s", 0.0) for h in steps),
+        "update_trainer_s": sum(h.get("update_trainer_s", 0.0) for h in steps),
+        "update_spot_shards": sum(h.get("update_shards_spot", 0) for h in steps),
+        "update_shards": sum(h.get("update_shards", 0) for h in steps),
     }
 
 
@@ -186,6 +192,15 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
         for m, p in phases.items():
             lines.append(f"| {m} | " + " | ".join(
                 f"{p[lab]['critical_s']:.0f}" if lab in p else "—" for lab in labels) + " |")
+    shared = {m: r for m, r in rows.items() if r.get("update_shards")}
+    if shared:
+        lines += ["", "## The shared update (critical-path seconds of the update, whole run)",
+                  "", "| mode | update (shared) | the trainer alone | shards on spot groups |",
+                  "|---|---|---|---|"]
+        lines += [f"| {m} | {r['update_s']:.0f} | {r['update_trainer_s']:.0f} | "
+                  f"{r['update_spot_shards']} of {r['update_shards']} "
+                  f"({r['update_spot_shards'] / r['update_shards']:.0%}) |"
+                  for m, r in shared.items()]
     if assumptions:
         lines += ["", "## Assumptions of the cost model", "", "| name | value | unit | source |",
                   "|---|---|---|---|"]
