@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import nft_batch
 from helpers import micro_config, micro_model
 
 from spotlight_jax import world
@@ -134,14 +135,7 @@ def _trainer(**kw):
     return cfg, NFTTrainer(graphdef, state, ncfg, sampler)
 
 
-def _batch(cfg, n=4, adv=None):
-    rng = np.random.default_rng(0)
-    prompts = world.train_prompts(world.WorldConfig(image_size=cfg.image_size))[:n // 2]
-    tokens, mask = world.tokenize([p for p in prompts for _ in range(2)], cfg.text_len)
-    shape = (n, 5, cfg.image_size, cfg.image_size, cfg.channels)
-    return {"latents": rng.normal(size=shape).astype(np.float32), "tokens": tokens,
-            "mask": mask, "prompt_ids": np.repeat(np.arange(n // 2), 2),
-            "advantages": np.array([1.0, -1.0, 2.0, -2.0], np.float32) if adv is None else adv}
+_batch = nft_batch
 
 
 def test_sampling_policy_update_and_zero_advantage_batch():

@@ -5,24 +5,14 @@ import jax
 import numpy as np
 import pytest
 from conftest import SAMPLER as GRPO_SAMPLER
+from conftest import nft_batch
 from helpers import micro_model
 
-from spotlight_jax import world
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.rl import GRPOConfig, GRPOTrainer, NFTConfig, NFTTrainer
 from spotlight_jax.rl import shards as shards_lib
 
 NFT_SAMPLER = SamplerConfig(num_steps=4, shift=3.0, noise_level=0.0, sde_type="ode")
-
-
-def _nft_batch(cfg, n=8):
-    rng = np.random.default_rng(0)
-    prompts = world.train_prompts(world.WorldConfig(image_size=cfg.image_size))[:n // 2]
-    tokens, mask = world.tokenize([p for p in prompts for _ in range(2)], cfg.text_len)
-    shape = (n, 5, cfg.image_size, cfg.image_size, cfg.channels)
-    return {"latents": rng.normal(size=shape).astype(np.float32), "tokens": tokens,
-            "mask": mask, "prompt_ids": np.repeat(np.arange(n // 2), 2),
-            "advantages": rng.normal(size=n).astype(np.float32)}
 
 
 def _trainers(objective, lora, request):
@@ -32,7 +22,7 @@ def _trainers(objective, lora, request):
         cfg, graphdef, state = micro_model()
         ncfg = NFTConfig(lr=LR, times=2, minibatches=2, eta_rate=0.3, kl_beta=0.01, **rank)
         make = lambda: NFTTrainer(graphdef, state, ncfg, NFT_SAMPLER)  # noqa: E731
-        return make(), make(), _nft_batch(cfg)
+        return make(), make(), nft_batch(cfg, n=8)
     graphdef, state, batch = request.getfixturevalue("rollout_batch")
     gcfg = GRPOConfig(train_steps=2, minibatches=2, lr=LR, beta=0.02, **rank)
     make = lambda: GRPOTrainer(graphdef, state, gcfg, GRPO_SAMPLER)  # noqa: E731
