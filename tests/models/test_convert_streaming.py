@@ -16,7 +16,9 @@ from spotlight_jax.parallel import MeshConfig, make_mesh
 TRANSFORMER = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers" / "transformer"
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["blocks", "scanned"])
+# per-block parameters with -m e2e (the scanned stack is the harder case: one block at a time)
+@pytest.mark.parametrize("scan", [pytest.param(False, marks=pytest.mark.e2e), True],
+                         ids=["blocks", "scanned"])
 def test_streamed_onto_an_fsdp_mesh_equals_the_plain_conversion(scan):
     folder = TRANSFORMER / "qwen_image"
     plain, cfg = from_diffusers(folder, scan_blocks=scan)
