@@ -192,7 +192,8 @@ def test_a_batch_from_an_earlier_sampling_policy_trains_against_that_policy():
                                    rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("shared", [True, False])
+# per-image noise among the longer checks (the default suite's 8-minute budget): -m e2e
+@pytest.mark.parametrize("shared", [True, pytest.param(False, marks=pytest.mark.e2e)])
 def test_minibatches_do_not_change_the_update(shared):
     cfg, a = _trainer(minibatches=1, shared_noise=shared)
     _, b = _trainer(minibatches=2, shared_noise=shared)

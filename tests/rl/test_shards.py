@@ -96,9 +96,11 @@ def test_sharded_update_equals_the_single_program_update(objective, lora, reques
             assert mb["rollout_logp_gap_by_step"].keys() == ma["rollout_logp_gap_by_step"].keys()
 
 
-@pytest.mark.parametrize("objective", ["nft", "flow_grpo"])
-@pytest.mark.parametrize("lora", [True, pytest.param(False, marks=pytest.mark.e2e)],
-                         ids=["lora", "full"])
+# nft LoRA in the default suite; the other three with -m e2e (~20 s each on 2 cores)
+@pytest.mark.parametrize("objective,lora", [
+    ("nft", True), pytest.param("nft", False, marks=pytest.mark.e2e),
+    pytest.param("flow_grpo", True, marks=pytest.mark.e2e),
+    pytest.param("flow_grpo", False, marks=pytest.mark.e2e)])
 def test_gradients_of_shards_sum_to_the_whole_steps(objective, lora, request):
     """One shard (the whole step's rows in one program) against four: the summed gradient
     agrees to 1e-5 relative."""
