@@ -226,9 +226,12 @@ def add_spotlight_sections(c):
     # spotlight modes: the update cut into gradient shards that the spot groups help compute
     # (runner/shared_update.py): 'off' | 'fixed' (they may take update_spot_share of the
     # shards) | 'auto' (the share with the shortest critical path; exploration gets the rest)
+    # | 'payoff' (the share with the least time per unit of progress: the planner's expected
+    # selection gain g over the base variance v, progress (1 + g / v) ** update_payoff_exponent)
     d.shared_update = "off"
     d.update_spot_share = 1.0
     d.update_shards = 8             # shards per optimizer step (divides its images/trajectories)
+    d.update_payoff_exponent = 0.5  # 0.5: progress per iteration ~ the selected groups' std
     # spotlight, emulated transport: the spot nodes are a SpotFleet of emulated devices that the
     # trace's preemptions and joins really regroup (weights deleted / pulled device-to-device,
     # programs precompiled per node) and that runs the exploration (spotlight_jax.spot_fleet)

@@ -212,7 +212,7 @@ class RunSettings:
     trainer_devices: int
     explore: ExploreSettings
     transport: str              # 'emulated' | 'ray'
-    shared_update: str          # deployment.shared_update: 'off' | 'fixed' | 'auto'
+    shared_update: str          # deployment.shared_update: 'off' | 'fixed' | 'auto' | 'payoff'
     fleet: bool
     scheduler: bool
     rollout_on_groups: str | bool

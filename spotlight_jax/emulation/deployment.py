@@ -20,7 +20,7 @@ from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock
 from spotlight_jax.emulation.cost_models import CostConfig, Workload, make_cost_model
 from spotlight_jax.emulation.traces import TraceConfig, replay
 
-SHARED_UPDATES = ("off", "fixed", "auto")
+SHARED_UPDATES = ("off", "fixed", "auto", "payoff")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,9 @@ class DeploymentConfig:
     optimizer step that live spot groups help compute (``runner.shared_update``): 'off' (the
     trainer alone), 'fixed' (the spot groups may take ``update_spot_share`` of the shards) or
     'auto' (the share that makes the iteration's critical path shortest, exploration taking
-    the spot time left)."""
+    the spot time left) or 'payoff' (the share with the least expected time per unit of
+    progress: exploration's selection gain, learned online by the planner, raised to
+    ``update_payoff_exponent``, against the iteration's seconds)."""
 
     on_demand_devices: int = 4
     spot_nodes: int = 4
@@ -45,6 +47,7 @@ class DeploymentConfig:
     shared_update: str = "off"
     update_spot_share: float = 1.0
     update_shards: int = 8
+    update_payoff_exponent: float = 0.5
 
     def __post_init__(self):
         def bad(name, why):
@@ -57,6 +60,9 @@ class DeploymentConfig:
                                      "spot groups may take)")
         if self.update_shards < 1:
             bad("update_shards", "must be >= 1")
+        if not (self.update_payoff_exponent > 0 and math.isfinite(self.update_payoff_exponent)):
+            bad("update_payoff_exponent", "must be finite and > 0 (progress per iteration as a "
+                                          "power of the selected/base variance ratio)")
 
         for name in ("on_demand_devices", "spot_devices_per_node", "spot_sp", "commit_every"):
             if getattr(self, name) < 1:

@@ -262,7 +262,10 @@ class Planner:
         arm = _check_id(self.key_fn(prompt_id), "key_fn(prompt_id)")
         gains = gain_curve(r, cfg.group_size, cfg.max_extra_per_prompt, cfg.n_resamples, self._rng)
         obs = self._arms.setdefault(arm, [])
-        obs.append({"it": self._iteration, "gains": [float(x) for x in gains]})
+        obs.append({"it": self._iteration, "gains": [float(x) for x in gains],
+                    # the variance of the G base candidates (listed first), for expected_gain's
+                    # callers that weigh the selection's gain against it
+                    "base_var": float(np.var(r[:cfg.group_size]))})
         del obs[:-cfg.window]
         rec = self._prompts.get(prompt_id)
         if rec is None:
@@ -381,6 +384,54 @@ class Planner:
                           "budget_s": budget, "extra": dict(zip(ids, extra)),
                           "saturated": saturated, "rechecked": rechecked}
         return {pid: g + e for pid, e in zip(ids, extra)}
+
+    def expected_gain(self, prompt_ids: Sequence, budget_s: float,
+                      cost_s: float | Mapping[Any, float]) -> float:
+        """The posterior-mean total gain in selected-group variance of the best allocation of
+        ``budget_s`` device-seconds of extras over ``prompt_ids`` (the greedy of :meth:`plan` on
+        the arms' posterior means, without optimism). Saturated prompts count nothing, as in a
+        plan without re-checks. Changes no state: a caller may weigh budgets before planning.
+        0.0 before any observation (nothing is known about the gains then)."""
+        cfg = self.config
+        if not self._arms or budget_s <= 0:
+            return 0.0
+        ids = list(prompt_ids)
+        costs = [float(cost_s[p] if isinstance(cost_s, Mapping) else cost_s) for p in ids]
+        prior = self._prior()
+        curves: dict[Any, np.ndarray] = {}
+        values = []
+        for pid in ids:
+            if self.is_saturated(pid):
+                values.append(np.zeros(cfg.max_extra_per_prompt))
+                continue
+            arm = (self._prompts[pid]["arm"] if pid in self._prompts else self.key_fn(pid))
+            if arm not in curves:
+                mu, _ = self.arm_posterior(arm, prior)
+                curves[arm] = np.maximum(_nonincreasing(np.maximum(mu, 0.0)), 0.0)
+            values.append(curves[arm])
+        extra, _ = _greedy_allocate(values, costs, float(budget_s), [0] * len(ids),
+                                    cfg.max_extra_per_prompt)
+        return float(math.fsum(float(np.sum(v[:e])) for v, e in zip(values, extra)))
+
+    def base_variance(self, prompt_ids: Sequence) -> float | None:
+        """The expected reward variance of a prompt's G base candidates, averaged over
+        ``prompt_ids``: each arm's discounted mean over its observations, an arm never observed
+        taking the mean over all arms. None before any observation."""
+        def mean(obs):
+            pairs = [(self.config.discount ** (self._iteration - o["it"]), o["base_var"])
+                     for o in obs if "base_var" in o]
+            w = sum(p[0] for p in pairs)
+            return sum(a * b for a, b in pairs) / w if w > 0 else None
+
+        overall = mean([o for obs in self._arms.values() for o in obs])
+        if overall is None:
+            return None
+        per = []
+        for pid in prompt_ids:
+            arm = (self._prompts[pid]["arm"] if pid in self._prompts else self.key_fn(pid))
+            v = mean(self._arms.get(arm, []))
+            per.append(overall if v is None else v)
+        return float(np.mean(per)) if per else overall
 
     def _arm_value(self, arm, prior) -> np.ndarray:
         mu, se = self.arm_posterior(arm, prior)

@@ -82,6 +82,7 @@ class Mode:
 
     def __init__(self, state, base):
         self._degraded_logged = False
+        self._iteration_start = 0.0     # the clock when the current iteration began
 
     # -- the phases a mode may change -----------------------------------------------------------
     def seeds(self, s, k: int, prompts) -> list:
@@ -125,6 +126,7 @@ class Mode:
         n = s.settings.prompts_per_iter * s.settings.group_size
         self._log_degraded(d.spot_devices > 0)
         row = self.new_row(s, k)
+        self._iteration_start = clock.now()
         t0 = time.time()
         batch, info, backend = self.rollout_phase(s, k, prompts)
         row.update(info)
@@ -217,7 +219,10 @@ class SpotlightMode(Mode):
             if s.shared_update.enabled:     # the spot groups compute some of the update
                 n = len(batch["rewards"])
                 steps = s.trainer.shard_units(s.trainer.cfg, n)[0]
-                shared = s.shared_update.plan(n, k * steps, spot_work_s=base_candidates * per)
+                shared = s.shared_update.plan(
+                    n, k * steps, spot_work_s=base_candidates * per,
+                    other_s=d.clock.now() - self._iteration_start + d.cost.broadcast(),
+                    progress=self.exploration_progress(s, k, per, base_candidates))
                 shard_s, window = shared.spot_device_s, shared.seconds
             phase.run("train", d.od, window)
             # the spot time of the update's window that its shards leave to exploration
@@ -250,6 +255,27 @@ class SpotlightMode(Mode):
         info.setdefault("explore_lost", 0)
         info.setdefault("explore_dropped", 0)
         return m, info
+
+    def exploration_progress(self, s, k: int, per: float, base_candidates: int):
+        """``progress(plan)`` for the ``payoff`` split: the expected learning progress of
+        iteration k+1 relative to one trained on its base seeds, ``(1 + g / v) ** exponent``,
+        where ``g`` is the planner's expected gain in selected-group variance per prompt for the
+        exploration budget the plan's window leaves (as :meth:`train_phase` computes it) and
+        ``v`` the base candidates' variance. None while the planner has observed no pool."""
+        d, st = s.deploy, s.settings
+        prompts = s.prompts(k + 1)
+        v = s.planner.base_variance(prompts)
+        if v is None or v <= 0:
+            return None
+        exponent = d.cfg.update_payoff_exponent
+
+        def progress(plan):
+            budget = max(extras_budget_s(st.explore.budget_frac * plan.seconds, d.spot_devices,
+                                         base_candidates, per) - plan.spot_device_s, 0.0)
+            g = s.planner.expected_gain(prompts, budget, per) / len(prompts)
+            return (1.0 + g / v) ** exponent
+
+        return progress
 
     def explored(self, s, k: int, result) -> None:
         """What exploration during update k found (None: no spot device was alive): the seeds

@@ -18,6 +18,14 @@ the groups the window assigned. The spot groups' share:
   the spot groups' shards plus the exploration the mode needs of them (the next batch's
   candidates); ties go to the smaller share, so exploration keeps the spot time the update
   does not need. What the spot time left buys then goes to the exploration planner.
+* ``payoff``: the share with the least expected time per unit of progress. A share buys
+  seconds (a shorter window) and costs exploration (the spot time its shards take is not
+  explored); the mode passes ``progress(plan)``, the expected learning progress of the
+  iteration relative to one without extra candidates: ``(1 + g / v) ** update_payoff_exponent``
+  with ``g`` the planner's posterior-mean gain in selected-group variance for the exploration
+  budget that share leaves and ``v`` the base candidates' variance, both learned online from
+  every explored pool (``Planner.expected_gain``, ``Planner.base_variance``). Before the planner
+  has observed a pool the progress is unknown and the choice is ``auto``'s.
 """
 from __future__ import annotations
 
@@ -41,10 +49,11 @@ class UpdatePlan:
     seconds: float
     spot_device_s: float
     trainer_s: float              # the update on the trainer alone
+    progress: float = 1.0         # 'payoff': the expected progress the split was chosen for
 
     def info(self) -> dict:
         return {"update_s": self.seconds, "update_trainer_s": self.trainer_s,
-                "update_split": self.share,
+                "update_split": self.share, "update_payoff_progress": self.progress,
                 "update_shards": sum(w.shards for w in self.windows),
                 "update_shards_spot": sum(w.spot_shards for w in self.windows),
                 "update_lost": sum(w.lost for w in self.windows),
@@ -91,10 +100,14 @@ class SharedUpdate:
                 for e in d.events.events[d.events.position:]
                 if 0.0 <= e.time - now <= horizon_s]
 
-    def plan(self, n: int, version: int, spot_work_s: float = 0.0) -> UpdatePlan:
+    def plan(self, n: int, version: int, spot_work_s: float = 0.0, *, other_s: float = 0.0,
+             progress=None) -> UpdatePlan:
         """The trainer's update of ``n`` samples (its first optimizer step at ``version``), at
         the configured share, or for ``auto`` the share with the shortest iteration given
-        ``spot_work_s`` device-seconds the spot groups must also do during the update."""
+        ``spot_work_s`` device-seconds the spot groups must also do during the update. For
+        ``payoff``, the share whose iteration (``other_s`` seconds outside the update window
+        plus the window) takes the least time per unit of ``progress(plan)``; ``progress``
+        None (nothing learned yet) chooses as ``auto``."""
         d = self.deploy
         steps, units = self.shard_units(n)
         shards = shard_count(units, self.cfg.update_shards)
@@ -103,12 +116,15 @@ class SharedUpdate:
         if self.cfg.shared_update == "fixed":
             return self._plan_at(self.cfg.update_spot_share, *args)
         spot = max(d.spot_devices, 1)
+        weigh = self.cfg.shared_update == "payoff" and progress is not None
         best, best_s = None, math.inf
         for share in AUTO_SHARES:
             p = self._plan_at(share, *args)
-            critical = max(p.seconds, (p.spot_device_s + spot_work_s) / spot)
-            if critical < best_s - 1e-9:
-                best, best_s = p, critical
+            seconds = other_s + max(p.seconds, (p.spot_device_s + spot_work_s) / spot)
+            if weigh:
+                p.progress = float(progress(p))
+            if seconds / p.progress < best_s - 1e-9:
+                best, best_s = p, seconds / p.progress
         return best
 
     def _plan_at(self, share: float, n: int, steps: int, shards: int, version: int,

@@ -216,3 +216,52 @@ def test_bandit_beats_uniform_on_synthetic_mix():
     one = simulate("ucb", seed=0, **kw)
     assert np.mean(one.selected_var) == res["ucb"][0]  # deterministic
     assert all(e <= 8 * 8 for e in one.extra_rollouts)
+
+
+def test_expected_gain_is_the_best_allocation_of_posterior_means_and_changes_nothing():
+    """expected_gain against brute force: every allocation of extras within the budget (equal
+    costs), the largest sum of the arms' posterior-mean marginal gains; no state changes."""
+    import itertools
+    rng = np.random.default_rng(3)
+    pl = Planner(PlannerConfig(group_size=4, max_extra_per_prompt=4, seed=1))
+    assert pl.expected_gain([0, 1], 10.0, 1.0) == 0.0        # nothing observed yet
+    for it in range(3):
+        pl.plan([0, 1, 2, 3], 0.0, 1.0)
+        pl.update(0, rng.random(8))                          # high-variance pools
+        pl.update(1, (np.arange(8) < it + 1).astype(float))  # mostly equal
+        pl.update(2, np.ones(8))                             # saturated: worth nothing
+    before = json.dumps(pl.state_dict())
+    prior = pl._prior()
+    means = {p: np.zeros(4) if pl.is_saturated(p) else
+             np.maximum(pl.arm_posterior(p, prior)[0], 0.0) for p in range(4)}
+    assert pl.is_saturated(2) and not pl.is_saturated(0) and means[3][0] > 0
+    assert all(np.all(np.diff(m) <= 1e-12) for m in means.values())   # concave: greedy optimal
+    prompts = [0, 1, 2, 3]
+    for budget in (0.0, 1.0, 3.0, 5.5, 9.0, 40.0):
+        best = max(sum(float(np.sum(means[p][:e])) for p, e in zip(prompts, alloc))
+                   for alloc in itertools.product(range(5), repeat=4)
+                   if sum(alloc) <= budget)
+        assert pl.expected_gain(prompts, budget, 1.0) == pytest.approx(best, rel=1e-12,
+                                                                       abs=1e-15)
+    assert json.dumps(pl.state_dict()) == before
+    assert pl.expected_gain(prompts, 4.0, 1.0) <= pl.expected_gain(prompts, 8.0, 1.0)
+
+
+def test_base_variance_is_the_discounted_mean_of_the_base_seeds_variance():
+    pl = Planner(PlannerConfig(group_size=3, max_extra_per_prompt=2, discount=0.5, seed=0))
+    assert pl.base_variance([0]) is None
+    pools = {0: [[0.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.0, 9.0]], 1: [[0.2, 0.4, 0.9]]}
+    pl.plan([0, 1], 0.0, 1.0)
+    pl.update(0, pools[0][0])
+    pl.update(1, pools[1][0])
+    pl.plan([0, 1], 0.0, 1.0)
+    pl.update(0, pools[0][1])
+    v = lambda r: float(np.var(r[:3]))                                  # noqa: E731
+    # prompt 0: observations one plan apart, weights 0.5 and 1
+    want0 = (0.5 * v(pools[0][0]) + 1.0 * v(pools[0][1])) / 1.5
+    assert pl.base_variance([0]) == pytest.approx(want0, rel=1e-12)
+    want1 = v(pools[1][0])
+    assert pl.base_variance([0, 1]) == pytest.approx((want0 + want1) / 2, rel=1e-12)
+    # a prompt never seen: the mean over every observation
+    every = (0.5 * v(pools[0][0]) + 0.5 * want1 + 1.0 * v(pools[0][1])) / 2.0
+    assert pl.base_variance([7]) == pytest.approx(every, rel=1e-12)
