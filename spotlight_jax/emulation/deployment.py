@@ -47,7 +47,7 @@ class DeploymentConfig:
     shared_update: str = "off"
     update_spot_share: float = 1.0
     update_shards: int = 8
-    update_payoff_exponent: float = 0.5
+    update_payoff_exponent: float = 0.75
 
     def __post_init__(self):
         def bad(name, why):
