@@ -216,6 +216,10 @@ class TrainerJob:
     def shard_units(cfg, batch: int) -> tuple[int, int]:
         return trainer_class(cfg).shard_units(cfg, batch)
 
+    @staticmethod
+    def shard_program(graphdef, cfg, sampler):
+        return trainer_class(cfg).shard_program(graphdef, cfg, sampler)
+
     def update_sharded(self, batch: dict, key, step: int, shards: int, run,
                        generator=None) -> dict:
         raise NotImplementedError(

@@ -118,7 +118,8 @@ class SpotHostImpl:
 
         spec = RunSpec.from_plain(spec)
         mcfg = spec.model
-        self._name, self._mcfg = name, mcfg
+        self._name, self._mcfg, self._spec = name, mcfg, spec
+        self._shard_program = None      # the shared update's shard program, built on first use
         self._graphdef, self._abstract = abstract_model(mcfg, spec.seed)
         group = self._group(jax.local_devices())
         self._cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
@@ -246,6 +247,22 @@ class SpotHostImpl:
         self._worker.set_policy(params, version)
         return version
 
+    def shard(self, weights, rows):
+        """One gradient shard of a shared update (``rl.shards.ShardedStep.inputs``: the step's
+        weights, resolved from the object store, and the shard's rows) over the resident base:
+        ``(gradient, metric sums)`` as host arrays."""
+        import jax  # noqa: PLC0415
+
+        from spotlight_jax.rl import trainer_class  # noqa: PLC0415
+        if self._base is None:
+            raise RuntimeError("a gradient shard needs the resident base: set_base first")
+        if self._shard_program is None:
+            rl = self._spec.rl
+            self._shard_program = trainer_class(rl).shard_program(self._graphdef, rl,
+                                                                  self._spec.sampler)
+        out = self._shard_program(self._base, weights, rows)
+        return jax.tree.map(np.asarray, out)
+
     def load(self, lease) -> None:
         self._worker.load(lease)
 
@@ -325,6 +342,13 @@ def host_arrays(params) -> dict:
     return jax.tree.map(np.asarray, pure)
 
 
+def host_arrays_tree(tree):
+    """Every array of ``tree`` (NNX states, dicts, tuples, scalars) as a numpy array: what a
+    call to a host carries."""
+    import jax  # noqa: PLC0415
+    return jax.tree.map(np.asarray, tree)
+
+
 def publish(params) -> object:
     """Puts weights (an NNX state or pure dict) into the object store as a pure dict of host
     arrays; returns the ref every host pulls (a version's full weights, or the base)."""
@@ -388,6 +412,11 @@ class RayWorker(Worker):
         out = self._call(self.actor.set_devices, list(device_ids))
         self.degree, self._capacity = out["degree"], out["capacity"]
         return out
+
+    def shard(self, weights_ref, rows_ref):
+        """The object ref of one gradient shard computed on the host (not waited for: the
+        caller collects it, and a dead host raises there)."""
+        return self.actor.shard.remote(weights_ref, rows_ref)
 
     def load(self, lease) -> None:
         self._call(self.actor.load, lease)

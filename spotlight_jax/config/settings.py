@@ -30,6 +30,7 @@ from spotlight_jax.config.sections import (
     prompt_source,
     register_remote_reward,
     remote_reward_config,
+    rl_config,
     sampler_config,
     trace_config,
     train_reward,
@@ -92,10 +93,10 @@ def _check_run_settings(s) -> None:
         bad("explore.budget_frac", e.budget_frac, "must be in [0, 1] (a share of the spot time)")
     if s.transport not in ("emulated", "ray"):
         bad("deployment.transport", s.transport, "choose 'emulated' or 'ray'")
-    if s.transport == "ray" and s.shared_update != "off":
-        bad("deployment.shared_update", s.shared_update, "the shared update runs on the "
-            "emulated fleet only so far; use --config.deployment.shared_update=off with "
-            "deployment.transport='ray'")
+    if s.transport == "ray" and s.shared_update not in ("off", "fixed"):
+        bad("deployment.shared_update", s.shared_update, "over Ray the hosts take a fixed "
+            "share of the shards ('auto' and 'payoff' plan on the emulated clock); use "
+            "--config.deployment.shared_update=fixed with deployment.update_spot_share")
     if s.transport == "ray" and importlib.util.find_spec("ray") is None:
         bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
             "--config.deployment.transport=emulated)")
@@ -143,6 +144,11 @@ def validate(config, devices=None) -> None:
         prompt_source(config)         # a missing or mismatched file (a real config without
         #                               one still validates: its dry run needs no prompts)
     deploy = deployment_config(config)
+    if (deploy.shared_update != "off" and config.deployment.transport == "ray"
+            and not rl_config(config).lora_rank):
+        raise ConfigError(f"deployment.shared_update={deploy.shared_update!r}: over Ray the "
+                          "hosts compute shards over their resident base, with LoRA only; set "
+                          "rl.lora_rank > 0 or --config.deployment.shared_update=off")
     trace = trace_config(config)
     if trace.paths:                   # missing files and a start past the trace's end
         build_section(section_paths("trace", TraceConfig),

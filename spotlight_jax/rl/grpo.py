@@ -309,6 +309,11 @@ class GRPOTrainer(PolicyTrainer):
                                        on_policy, denom)
                 return shards_lib.ShardResult(j, grads, m)
 
+            def inputs(j, sub=sub, idx=idx, trainable=trainable, on_policy=on_policy,
+                       denom=denom, per=per) -> tuple:
+                return (trainable,), (_shard_rows(sub, j * per, (j + 1) * per),
+                                      idx[j * per:(j + 1) * per], on_policy, denom)
+
             def apply(results) -> dict:
                 grads, m = shards_lib.sum_results(results, shards)
                 self.trainable, self.opt_state, self.ema, gnorm = progs.apply(
@@ -318,10 +323,23 @@ class GRPOTrainer(PolicyTrainer):
                 return m
 
             run(shards_lib.ShardedStep(shards=shards, rows=per * k, version=version,
-                                       compute=compute, apply=apply))
+                                       compute=compute, apply=apply, inputs=inputs))
             if len(metrics) != i + 1:
                 raise RuntimeError(f"sharded GRPO step {i} was never applied by its runner")
         return self._summary(metrics, devs, step)
+
+    @staticmethod
+    def shard_program(graphdef, cfg: GRPOConfig, sampler: SamplerConfig):
+        """``program(base, weights, rows)``: a shard's gradient and metric sums from a
+        :class:`~spotlight_jax.rl.shards.ShardedStep`'s ``inputs(i)``, in another process (a
+        spot host) holding the same base; single-device attention."""
+        progs = _sharded_programs(graphdef, _program_config(cfg), sampler)
+
+        def program(base, weights, rows):
+            (trainable,), (part, idx, on_policy, denom) = weights, rows
+            return progs.shard(trainable, base, part, idx, on_policy, denom)
+
+        return program
 
     def _summary(self, metrics: list, devs: list, step: int) -> dict:
         """The update's metrics from its optimizer steps' (means over steps; the log-prob gap

@@ -198,6 +198,19 @@ class NFTTrainer(PolicyTrainer):
         dividing the batch's images."""
         return 1, batch
 
+    @staticmethod
+    def shard_program(graphdef, cfg: NFTConfig, sampler: SamplerConfig):
+        """``program(base, weights, rows)``: a shard's gradient and metric sums from a
+        :class:`~spotlight_jax.rl.shards.ShardedStep`'s ``inputs(i)``, in another process (a
+        spot host) holding the same base; single-device attention."""
+        progs = _nft_programs(graphdef, cfg, tuple(float(t) for t in time_grid(sampler)))
+
+        def program(base, weights, rows):
+            (trainable, sampled_by), (part, norm) = weights, rows
+            return progs.shard(trainable, sampled_by, base, part, int(norm))
+
+        return program
+
     def sampling_state(self):
         return self.merged(self.old)
 
@@ -251,6 +264,10 @@ class NFTTrainer(PolicyTrainer):
             grads, metrics = progs.shard(trainable, sampled_by, base, part, norm)
             return shards_lib.ShardResult(i, grads, metrics)
 
+        def inputs(i: int) -> tuple:
+            return (trainable, sampled_by), (shards_lib.slice_rows(rows, i * per, (i + 1) * per),
+                                             norm)
+
         out = {}
 
         def apply(results) -> dict:
@@ -262,7 +279,8 @@ class NFTTrainer(PolicyTrainer):
             return out
 
         run(shards_lib.ShardedStep(shards=shards, rows=per * self.cfg.times,
-                                   version=int(step), compute=compute, apply=apply))
+                                   version=int(step), compute=compute, apply=apply,
+                                   inputs=inputs))
         if not out:
             raise RuntimeError("the sharded nft step was never applied by its runner")
         self.check_finite(out, step, "nft", "lower rl.lr or raise rl.nft.eta_max / "

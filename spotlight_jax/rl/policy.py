@@ -97,6 +97,11 @@ class Trainer(Protocol):
         ``run(rl.shards.ShardedStep)`` has computed by whoever it chooses; equal to
         :meth:`update` to float rounding."""
 
+    @staticmethod
+    def shard_program(graphdef, cfg, sampler):
+        """``program(base, weights, rows)``: one shard's ``(gradient, metric sums)`` from a
+        ``ShardedStep.inputs(i)``, for a process that holds the same base (a spot host)."""
+
 
 def check_policy_fields(cfg) -> None:
     """One-line ValueErrors (``name=value: ...``) for the fields every objective's config shares:

@@ -44,6 +44,11 @@ class ShardedStep:
     ``version``: the optimizer steps taken before this one in the trainer's lifetime (the
     weights a shard must be computed with). ``compute(i)`` returns shard ``i``'s
     :class:`ShardResult`; ``apply(results)`` takes the step from one result per index.
+
+    ``inputs(i)``: what another process needs to compute shard ``i``, ``(weights, rows)``: the
+    step's weights (the same for every shard: sent once) and the shard's own arguments; there
+    the trainer class's ``shard_program(graphdef, rl_config, sampler)`` turns them, with that
+    process's resident base, into the shard's gradient and metric sums (what ``compute`` gives).
     """
 
     shards: int
@@ -51,6 +56,7 @@ class ShardedStep:
     version: int
     compute: Callable[[int], ShardResult]
     apply: Callable[[Sequence[ShardResult]], dict]
+    inputs: Callable[[int], tuple] | None = None
 
 
 def check_shards(n: int, shards: int, what: str) -> int:

@@ -243,6 +243,8 @@ class SpotlightMode(Mode):
                       (info["explore_candidates"] * per + shard_s) / max(d.spot_devices, 1))
         if shared is not None:
             info.update(shared.info())
+            if s.ray_shards is not None:    # where the shards really ran (the Ray hosts)
+                info.update(s.ray_shards.take_counts())
         self.explored(s, k, (cands, chosen, cbatch, generator, info))
         overlap = max(min(t_train[1], t_explore[1]) - max(t_train[0], t_explore[0]), 0.0)
         explore_s = t_explore[1] - t_explore[0]

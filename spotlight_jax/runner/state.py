@@ -22,7 +22,7 @@ from spotlight_jax.explore.planner import Planner, PlannerConfig
 from spotlight_jax.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.runner.modes import MODES, make_mode
-from spotlight_jax.runner.ray_fleet import RayFleet
+from spotlight_jax.runner.ray_fleet import RayFleet, RayShards
 from spotlight_jax.runner.rollouts import (
     DirectRollouts,
     RayRollouts,
@@ -122,6 +122,10 @@ class RunState:
                                key_fn=prompt_kind if st.explore.cluster_by_kind else None)
         self.direct = DirectRollouts(self)
         self.ray_fleet = RayFleet(self) if st.transport == "ray" else None
+        # a shared update over Ray: the hosts compute their share of the shards for real
+        self.ray_shards = (RayShards(self.ray_fleet, self.deploy.cfg.update_spot_share)
+                           if self.ray_fleet is not None and self.shared_update.enabled
+                           else None)
         self.spot_rollouts = self._spot_rollouts()
         self.writer = MetricWriter(workdir, "rl", wandb=st.wandb,
                                    wandb_project=st.wandb_project, run_config=spec.plain())
@@ -207,7 +211,9 @@ class RunState:
         if shared is not None:
             return self.trainer.update_sharded(train, self.key, k,
                                                shards=self.shared_update.shards(shared),
-                                               run=self.shared_update.runner(shared),
+                                               run=(self.ray_shards.run
+                                                    if self.ray_shards is not None
+                                                    else self.shared_update.runner(shared)),
                                                generator=generator)
         if generator is None:       # a trainer with the plain update(batch, key, step) serves
             return self.trainer.update(train, self.key, k)

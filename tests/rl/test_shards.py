@@ -128,3 +128,29 @@ def test_a_shard_is_summed_once_and_none_is_missing():
     with pytest.raises(ValueError, match=r"3 shards must be >= 1 and divide the 8 images"):
         shards_lib.check_shards(8, 3, "images")
     assert [shards_lib.shard_count(n, 8) for n in (64, 12, 4, 7, 1)] == [8, 6, 4, 7, 1]
+
+
+# nft LoRA in the default suite; Flow-GRPO with -m e2e (its shard program compiles ~20 s)
+@pytest.mark.parametrize("objective", ["nft", pytest.param("flow_grpo", marks=pytest.mark.e2e)])
+def test_a_shard_computed_from_its_inputs_elsewhere_equals_the_trainers_own(objective, request):
+    """What a spot host does with ``ShardedStep.inputs(i)`` (host arrays, as the object store
+    delivers them) and the trainer class's ``shard_program`` over its own copy of the base: the
+    gradient and metrics of the trainer's ``compute(i)``."""
+    a, _, batch = _trainers(objective, True, request)
+    cfg, sampler = a.cfg, (NFT_SAMPLER if objective == "nft" else GRPO_SAMPLER)
+    program = type(a).shard_program(a.graphdef, cfg, sampler)
+    base = jax.tree.map(np.array, a.base)              # the host's own copy
+
+    def run(step):
+        for i in (0, step.shards - 1):
+            weights, rows = jax.tree.map(np.asarray, step.inputs(i))
+            grads, metrics = program(base, weights, rows)
+            want = step.compute(i)
+            _close(grads, want.grads, 1e-6)
+            assert max(float(np.abs(np.asarray(g)).max()) for g in jax.tree.leaves(grads)) > 0
+            for key, v in want.metrics.items():
+                np.testing.assert_allclose(np.asarray(metrics[key]), np.asarray(v),
+                                           rtol=1e-6, atol=1e-9, err_msg=key)
+        raise StopIteration
+    with pytest.raises(StopIteration):
+        a.update_sharded(batch, jax.random.key(0), 0, shards=4, run=run)

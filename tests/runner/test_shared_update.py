@@ -58,7 +58,15 @@ def test_shared_update_is_refused_where_it_does_not_run():
         RunSpec.of(c)
     c.deployment.shared_update = "auto"
     c.deployment.transport = "ray"
-    with pytest.raises(ConfigError, match="emulated fleet only"):
+    with pytest.raises(ConfigError, match="'auto' and 'payoff' plan on the emulated clock"):
+        RunSpec.of(c)
+    c.deployment.shared_update = "fixed"
+    c.rl.lora_rank = 0
+    with pytest.raises(ConfigError, match="with LoRA only; set rl.lora_rank > 0"):
+        RunSpec.of(c)
+    c.deployment.transport = "emulated"
+    c.deployment.update_payoff_exponent = 0.0
+    with pytest.raises((ConfigError, ValueError), match="update_payoff_exponent=0.0"):
         RunSpec.of(c)
 
 

@@ -1,0 +1,128 @@
+"""The shared update on real Ray spot hosts (``deployment.shared_update='fixed'`` over
+``deployment.transport='ray'``): a host computes a gradient shard from the step's inputs over its
+own resident base exactly as the trainer does; in a run the hosts take their share while they
+explore; a host killed with shards in flight loses nothing (the trainer recomputes them) and the
+step equals a twin trainer's. References are independent: the trainer's own shard computation,
+and a second trainer computing every shard itself on the same batch."""
+import dataclasses
+import time
+
+import jax
+import numpy as np
+import pytest
+from helpers import micro_model, mode_config
+
+ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
+from spotlight_jax import runner  # noqa: E402
+from spotlight_jax.config import RunSpec  # noqa: E402
+from spotlight_jax.rl import shards as shards_lib  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+
+TAKE_OVER_S = 5.0     # the test's trainer is this slow to take a shard over: the hosts win
+
+
+def _config():
+    c = mode_config("spotlight", iterations=1)          # Flow-GRPO, LoRA
+    c.deployment.update({"transport": "ray", "spot_nodes": 2, "spot_devices_per_node": 2,
+                         "ray_explore_deadline": False, "ray_host_wait_s": 600.0,
+                         "spot_regroup_precompile": False, "shared_update": "fixed",
+                         "update_spot_share": 1.0})
+    c.trace.rate_per_node_hour = 0.0
+    return c
+
+
+def _close(a, b, rtol, atol=0.0):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        err, scale = float(np.abs(x - y).max()), max(float(np.abs(y).max()), 1e-12)
+        assert err <= rtol * scale + atol, (err, scale)
+
+
+def _train_batch(r):
+    """A Flow-GRPO training batch of iteration 0's prompts, rolled out on the trainer."""
+    prompts = r.prompts(0)
+    batch = r.rollout(prompts, r.mode.seeds(r, 0, prompts))
+    ids = np.repeat(np.arange(len(prompts)), r.settings.group_size)
+    train = {k: batch[k] for k in r.trainer.batch_keys}
+    train["advantages"] = r.trainer.advantages(batch["rewards"], ids, None, None)
+    return train
+
+
+def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp_path):
+    _, graphdef, state = micro_model()      # perturbed: a fresh adaLN-Zero model has no gradient
+    c = _config()
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    try:
+        r.ray_fleet.top_up(0, r.trainer.sampling_state())
+        hosts = list(r.ray_fleet.hosts)
+        assert len(hosts) == 2 and all(w.has_base for w in hosts)
+        train = _train_batch(r)
+        key = jax.random.key(0)
+
+        # 1. a host's shard from the step's inputs (through the object store) over its own base
+        def each_host(step):
+            for i, w in enumerate(hosts):
+                weights, rows = step.inputs(i)
+                grads, metrics = ray.get(w.shard(
+                    ray.put(jax.tree.map(np.asarray, weights)),
+                    ray.put(jax.tree.map(np.asarray, rows))))
+                want = step.compute(i)
+                _close(grads, want.grads, 1e-5)
+                np.testing.assert_allclose(metrics["loss"], np.asarray(want.metrics["loss"]),
+                                           rtol=1e-5, atol=1e-8)
+            raise StopIteration
+        with pytest.raises(StopIteration):
+            r.trainer.update_sharded(train, key, 0, shards=4, run=each_host)
+
+        # 2. in a run: the hosts take their shards while they explore
+        row = r.step(0)
+        assert row["update_shards"] > 0 and row["update_split"] == 1.0
+        assert (row["update_shards_spot"] + row["update_lost"] + row["update_dropped"]
+                == row["update_shards"])
+        assert row["update_lost"] == 0 and np.isfinite(row["loss"])
+        assert row["explore_hosts"] == 2
+
+        # 3. one host killed with its shards in flight: recomputed here, the same step
+        a = r.spec.make_trainer(graphdef, state, mesh=r.mesh)
+        b = r.spec.make_trainer(graphdef, state, mesh=r.mesh)
+        # the reference: every shard on the trainer (equal to its single-program update to
+        # float rounding: tests/rl/test_shards.py)
+        want = a.update_sharded(train, key, 0, shards=4,
+                                run=lambda step: step.apply(shards_lib.run_locally(step)))
+        victim, killed = hosts[0], []
+        submit = type(victim).shard
+
+        def shard_then_die(w, weights_ref, rows_ref):
+            ref = submit(w, weights_ref, rows_ref)
+            if w is victim and not killed:
+                ray.kill(w.actor)
+                killed.append(True)
+            return ref
+
+        def slow(step):      # the trainer takes the live host's shards over only after
+            def compute(i):  # TAKE_OVER_S (the victim's at once)
+                time.sleep(TAKE_OVER_S if i % 2 else 0.0)
+                return step.compute(i)
+            return dataclasses.replace(step, compute=compute)
+
+        r.ray_fleet.hosts = hosts
+        r.ray_shards.take_counts()
+        type(victim).shard = shard_then_die
+        try:
+            got = b.update_sharded(train, key, 0, shards=4,
+                                   run=lambda step: r.ray_shards.run(slow(step)))
+        finally:
+            type(victim).shard = submit
+        counts = r.ray_shards.take_counts()
+        # Flow-GRPO: optimizer steps of 4 shards each, dealt in turn: the even ones to the victim
+        assert counts["update_shards"] % 4 == 0 and counts["update_shards"] > 0
+        assert counts["update_lost"] == counts["update_shards"] // 2
+        assert counts["update_shards_spot"] == counts["update_shards"] // 2
+        assert counts["update_dropped"] == 0
+        for k in ("loss", "grad_norm"):
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=k)
+        # weights: float rounding of the summation order, far below one step (lr 1e-3 scale)
+        _close(b.trainable, a.trainable, 1e-5, 1e-2 * float(c.rl.lr) * 4)
+    finally:
+        r.close()
