@@ -140,17 +140,16 @@ def sd3_sincos_crop(grid_h: int, grid_w: int, dim: int, max_size: int, base_size
                            max_size, base_size, interpolation_scale)
 
 
-def rope_angles(positions: np.ndarray, axes, theta: float) -> np.ndarray:
-    """Rotary angles ``[S, sum(axes) / 2]`` float32 for integer positions ``[S, len(axes)]``:
-    axis ``a`` takes ``axes[a] / 2`` frequencies ``theta ** (-2j / axes[a])``, its angles
-    ``position * frequency``, concatenated over the axes (Qwen-Image's 3-axis RoPE, computed
-    in float32 as diffusers does)."""
+def rope_angles(positions: np.ndarray, axes, theta: float, dtype=np.float32) -> np.ndarray:
+    """Rotary angles ``[S, sum(axes) / 2]`` for integer positions ``[S, len(axes)]``: axis
+    ``a`` takes ``axes[a] / 2`` frequencies ``theta ** (-2j / axes[a])``, its angles
+    ``position * frequency``, concatenated over the axes, computed in ``dtype`` (float32 as
+    diffusers does for Qwen-Image, float64 for Flux)."""
     out = []
     for a, dim in enumerate(axes):
-        inv = np.float32(1.0) / np.power(np.float32(theta),
-                                         np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
-        out.append(positions[:, a].astype(np.float32)[:, None] * inv[None].astype(np.float32))
-    return np.concatenate(out, axis=1).astype(np.float32)
+        inv = dtype(1.0) / np.power(dtype(theta), np.arange(0, dim, 2, dtype=dtype) / dtype(dim))
+        out.append(positions[:, a].astype(dtype)[:, None] * inv[None].astype(dtype))
+    return np.concatenate(out, axis=1).astype(dtype)
 
 
 def apply_rope(x, cos, sin):

@@ -19,10 +19,14 @@ at 32x32, and since it starts at zero a model without it can be grown into one w
 
 Real checkpoints (``spotlight_jax.models.convert``) are configs of the same model, not other
 classes: ``pos_embed`` (our computed sin-cos, SD3's stored sin-cos table recomputed and centre
-cropped, or Qwen-Image's 3-axis RoPE on q/k after QK-norm), ``pooled`` (our masked text mean,
+cropped, Qwen-Image's 3-axis RoPE on q/k after QK-norm, or Flux's with its own positions),
+``pooled`` (our masked text mean,
 SD3's separate pooled embedding through a two-layer SiLU MLP, or none as in Qwen-Image),
 ``text_norm`` (Qwen-Image's RMSNorm before the text projection), ``use_text_mask`` (SD3 attends
-to every text token), ``context_pre_only_last`` (SD3's last block: the text stream is only
+to every text token), ``single_blocks`` (Flux's single-stream blocks after the dual-stream
+ones: one set of weights over the joint sequence, attention and MLP in parallel),
+``guidance_embed`` (FLUX.1 [dev]'s distilled guidance scale embedded like the timestep and
+added to the conditioning), ``context_pre_only_last`` (SD3's last block: the text stream is only
 normalised and projected to q/k/v), ``dual_attention_layers`` (SD3.5's image-only second
 attention with its own modulation) and the timestep embedding's float32 rounding
 (``timestep_scaling``, ``timestep_freqs``). Their defaults are this project's model, parameter
@@ -58,7 +62,7 @@ from spotlight_jax.models.layers import (
 )
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-POS_EMBEDS = ("sincos", "sd3_table", "rope3d")
+POS_EMBEDS = ("sincos", "sd3_table", "rope3d", "rope3d_flux")
 POOLED = ("text_mean", "input", "none")
 TIMESTEP_SCALINGS = ("before_freqs", "after_freqs")
 TIMESTEP_FREQS = ("jnp", "rounded")
@@ -108,6 +112,8 @@ class MMDiTConfig:
     pos_embed_max_size: int = 0
     pos_embed_base_size: int = 0
     pos_embed_dtype: str = "float32"  # sd3_table: the checkpoint stores the table in this dtype
+    # | rope3d_flux (Flux: the same rotation, image patches at (0, row, col) from the corner,
+    # every text token at (0, 0, 0), angles in float64).
     rope_axes: tuple[int, ...] = (16, 56, 56)
     rope_theta: float = 10_000.0
     # Pooled conditioning added to the time embedding: text_mean (masked mean of the text
@@ -119,6 +125,8 @@ class MMDiTConfig:
     use_text_mask: bool = True    # False: every text token is attended to (SD3 has no mask)
     context_pre_only_last: bool = False     # SD3: the last block's text is only projected
     dual_attention_layers: tuple[int, ...] = ()   # SD3.5: blocks with a 2nd image attention
+    single_blocks: int = 0        # Flux: single-stream blocks after the `depth` dual-stream ones
+    guidance_embed: bool = False  # FLUX.1 [dev]: a distilled guidance scale input, embedded
     # The x1000 of the timestep embedding multiplies t (ours, SD3) or the t * freq products
     # (Qwen-Image): the same value, rounded differently in float32. Its frequencies: jnp.exp
     # (ours) or correctly rounded float32 (torch's, for diffusers parity).
@@ -181,7 +189,7 @@ class MMDiTConfig:
                               ("timestep_freqs", TIMESTEP_FREQS)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")
-        for name in ("pos_embed_max_size", "pos_embed_base_size", "pooled_dim"):
+        for name in ("pos_embed_max_size", "pos_embed_base_size", "pooled_dim", "single_blocks"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0 (0 = unused)")
         if self.pos_embed == "sd3_table":
@@ -199,9 +207,9 @@ class MMDiTConfig:
             bad("rope_theta", "must be > 0 (e.g. rope_theta=10000.0)")
         axes = tuple(self.rope_axes)
         if len(axes) != 3 or any(not isinstance(a, int) or a < 2 or a % 2 for a in axes) or (
-                self.pos_embed == "rope3d" and sum(axes) != self.head_dim):
+                self.pos_embed.startswith("rope3d") and sum(axes) != self.head_dim):
             bad("rope_axes", f"must be 3 even sizes (frame, height, width), summing to "
-                             f"head_dim={self.head_dim} with pos_embed='rope3d' (e.g. "
+                             f"head_dim={self.head_dim} with pos_embed={self.pos_embed!r} (e.g. "
                              f"rope_axes={_rope_split(self.head_dim)})")
         if self.pooled == "input" and self.pooled_dim < 1:
             bad("pooled_dim", "must be >= 1 with pooled='input' (the pooled text width, "
@@ -396,6 +404,38 @@ class MMDiTBlock(nnx.Module):
         return txt, self.img.post_attention(img, o[:, lt:], imods, attn, irope)
 
 
+class SingleStreamBlock(nnx.Module):
+    """Flux's single-stream block over the joint sequence ``[text; image]``: one (shift, scale,
+    gate) modulation, then attention and an MLP in parallel on the same normed input, their
+    outputs concatenated into one output projection ``out`` (``[width + hidden, width]``)."""
+
+    def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs):
+        d, dt, pdt = cfg.width, as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+        kw = dict(rngs=rngs, dtype=dt, param_dtype=pdt)
+        hidden = int(cfg.width * cfg.mlp_ratio)
+        self.mod = Dense(d, 3 * d, axes=("cond", "embed"), zero=True, **kw)
+        self.qkv = Dense(d, 3 * d, axes=("embed", "qkv"), **kw)
+        self.fc1 = Dense(d, hidden, axes=("embed", "mlp"), **kw)
+        self.out = Dense(d + hidden, d, axes=("mlp", "embed"), zero=True, **kw)
+        self.q_norm = RMSNorm(cfg.head_dim, rngs=rngs, param_dtype=pdt)
+        self.k_norm = RMSNorm(cfg.head_dim, rngs=rngs, param_dtype=pdt)
+        self.heads = cfg.num_heads
+
+    def __call__(self, x, c, kv_mask, attn: AttentionSpec, rope=None):
+        """``x``: the joint sequence; ``rope``: its ``(cos, sin)`` or None."""
+        shift, scale, gate = jnp.split(self.mod(c), 3, axis=-1)
+        b, n, d = x.shape
+        normed = modulate(layer_norm(x), shift, scale)
+        qkv = self.qkv(normed).reshape(b, n, 3, self.heads, d // self.heads)
+        q, k = self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        o = parallel.attention(q, k, qkv[:, :, 2], mesh=attn.mesh, strategy=attn.strategy,
+                               axis=attn.axis, kv_mask=kv_mask)
+        h = jax.nn.gelu(self.fc1(normed))
+        return x + gate[:, None] * self.out(jnp.concatenate([o.reshape(b, n, d), h], axis=-1))
+
+
 class Conv3x3(nnx.Module):
     def __init__(self, cin, cout, *, rngs, zero=False, param_dtype=jnp.float32,
                  dtype=jnp.float32):
@@ -428,11 +468,13 @@ def unpatchify(x, p, h, w, c):
 class MMDiT(nnx.Module):
     """Velocity model ``v(x_t, t, prompt)`` for flow matching.
 
-    Call: ``model(x, t, tokens, text_mask=None, pooled=None, attn=AttentionSpec())`` with x
-    ``[B,H,W,C]``, t ``[B]`` in [0, 1] (1 = noise), tokens int ``[B, L]`` (or float embeddings
-    ``[B, L, text_embed_dim]`` when the config has no prompt encoder), text_mask bool ``[B, L]``
-    (True = a real token; None = all real), pooled ``[B, pooled_dim]`` when
-    ``pooled='input'``. Returns the velocity ``noise - x0`` ``[B,H,W,C]`` in float32.
+    Call: ``model(x, t, tokens, text_mask=None, pooled=None, guidance=None,
+    attn=AttentionSpec())`` with x ``[B,H,W,C]``, t ``[B]`` in [0, 1] (1 = noise), tokens int
+    ``[B, L]`` (or float embeddings ``[B, L, text_embed_dim]`` when the config has no prompt
+    encoder), text_mask bool ``[B, L]`` (True = a real token; None = all real), pooled
+    ``[B, pooled_dim]`` when ``pooled='input'``, guidance ``[B]`` the distilled guidance scale
+    when ``guidance_embed`` (FluxPipeline's ``guidance_scale``, e.g. 3.5). Returns the velocity
+    ``noise - x0`` ``[B,H,W,C]`` in float32.
     """
 
     def __init__(self, cfg: MMDiTConfig, *, rngs: nnx.Rngs):
@@ -459,16 +501,20 @@ class MMDiT(nnx.Module):
         elif cfg.pooled == "input":
             self.pool_fc1 = Dense(cfg.pooled_dim, d, axes=("cond", "embed"), **kw)
             self.pool_fc2 = Dense(d, d, axes=("embed", "cond"), **kw)
+        if cfg.guidance_embed:
+            self.g_fc1 = Dense(256, d, axes=("cond", "embed"), **kw)
+            self.g_fc2 = Dense(d, d, axes=("embed", "cond"), **kw)
         if cfg.scan_blocks:
-            @nnx.split_rngs(splits=cfg.depth)
-            @nnx.vmap(in_axes=0, out_axes=0)
-            def make(r):
-                return MMDiTBlock(cfg, rngs=r)
-
-            self.blocks = make(rngs)
+            self.blocks = _stacked(lambda r: MMDiTBlock(cfg, rngs=r), cfg.depth, rngs)
         else:
             self.blocks = nnx.List([MMDiTBlock(cfg, rngs=rngs, index=i)
                                     for i in range(cfg.depth)])
+        if cfg.single_blocks and cfg.scan_blocks:
+            self.single_blocks = _stacked(lambda r: SingleStreamBlock(cfg, rngs=r),
+                                          cfg.single_blocks, rngs)
+        elif cfg.single_blocks:
+            self.single_blocks = nnx.List([SingleStreamBlock(cfg, rngs=rngs)
+                                           for _ in range(cfg.single_blocks)])
         self.final_mod = Dense(d, 2 * d, axes=("cond", "embed"), zero=True, **kw)
         self.final = Dense(d, cfg.patch_size ** 2 * cfg.channels, axes=("embed", "patch"),
                            zero=True, **kw)
@@ -530,6 +576,17 @@ class MMDiT(nnx.Module):
             # diffusers adds the stored table: rounded to its dtype, as the checkpoint has it
             stored = jnp.asarray(table).astype(as_dtype(cfg.pos_embed_dtype))
             return stored.astype(dt), None
+        if cfg.pos_embed == "rope3d_flux":      # image from the corner, text at the origin
+            rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+            img_pos = np.stack([np.zeros(gh * gw, np.int64), rows.reshape(-1),
+                                cols.reshape(-1)], 1)
+            txt_pos = np.zeros((text_len, 3), np.int64)
+            rope = []
+            for pos in (txt_pos, img_pos):
+                ang = rope_angles(pos, cfg.rope_axes, cfg.rope_theta, dtype=np.float64)
+                rope.append((jnp.asarray(np.cos(ang).astype(np.float32)),
+                             jnp.asarray(np.sin(ang).astype(np.float32))))
+            return None, tuple(rope)
         rows, cols = np.meshgrid(np.arange(gh) - (gh - gh // 2), np.arange(gw) - (gw - gw // 2),
                                  indexing="ij")
         img_pos = np.stack([np.zeros(gh * gw, np.int64), rows.reshape(-1), cols.reshape(-1)], 1)
@@ -541,7 +598,7 @@ class MMDiT(nnx.Module):
             rope.append((jnp.asarray(np.cos(ang)), jnp.asarray(np.sin(ang))))
         return None, tuple(rope)
 
-    def __call__(self, x, t, tokens, text_mask=None, pooled=None,
+    def __call__(self, x, t, tokens, text_mask=None, pooled=None, guidance=None,
                  attn: AttentionSpec = AttentionSpec(), context=None):
         """``context``: ``encode(tokens, text_mask, pooled)`` computed once by the caller (the
         same result as leaving it None, which encodes here)."""
@@ -562,6 +619,14 @@ class MMDiT(nnx.Module):
         temb = self.t_fc2(jax.nn.silu(self.t_fc1(timestep_embedding(
             t, 256, scale_after_freqs=cfg.timestep_scaling == "after_freqs",
             rounded_freqs=cfg.timestep_freqs == "rounded").astype(dt))))
+        if cfg.guidance_embed:
+            if guidance is None:
+                raise ValueError("guidance=None: this model (guidance_embed=True, FLUX.1 [dev]) "
+                                 "needs the distilled guidance scale [batch] (e.g. 3.5, "
+                                 "sampler.guidance)")
+            g = jnp.broadcast_to(jnp.asarray(guidance, jnp.float32), (b,))
+            temb = temb + self.g_fc2(jax.nn.silu(self.g_fc1(timestep_embedding(
+                g, 256, rounded_freqs=cfg.timestep_freqs == "rounded").astype(dt))))
         c = jax.nn.silu(temb + pooled)
         kv_mask = None
         if text_mask is not None and cfg.use_text_mask:
@@ -572,17 +637,20 @@ class MMDiT(nnx.Module):
 
         if cfg.remat:
             run_block = nnx.remat(run_block)
-        if cfg.scan_blocks:
-            graphdef, stacked = nnx.split(self.blocks)
+        txt, img = _run_blocks(self.blocks, run_block, (txt, img), cfg.scan_blocks)
+        if cfg.single_blocks:       # Flux: one stream over [text; image] from here on
+            joint_rope = None if rope is None else tuple(
+                jnp.concatenate([a, b], axis=0) for a, b in zip(*rope))
 
-            def body(carry, block_state):
-                block = nnx.merge(graphdef, block_state)
-                return run_block(block, *carry), None
+            def run_single(block, x):
+                return block(x, c, kv_mask, attn, joint_rope)
 
-            (txt, img), _ = jax.lax.scan(body, (txt, img), stacked)
-        else:
-            for block in self.blocks:
-                txt, img = run_block(block, txt, img)
+            if cfg.remat:
+                run_single = nnx.remat(run_single)
+            lt = txt.shape[1]
+            joint = _run_blocks(self.single_blocks, run_single,
+                                jnp.concatenate([txt, img], axis=1), cfg.scan_blocks)
+            img = joint[:, lt:]
         shift, scale = jnp.split(self.final_mod(c), 2, axis=-1)
         feats = modulate(layer_norm(img), shift, scale)
         out = unpatchify(self.final(feats), cfg.patch_size, h, w, ch)
@@ -594,6 +662,32 @@ class MMDiT(nnx.Module):
             conv1, conv2, conv3 = self.pixel_convs
             out = out + conv3(jax.nn.gelu(conv2(jax.nn.gelu(conv1(z)))))
         return out.astype(jnp.float32)
+
+
+def _stacked(make, n: int, rngs: nnx.Rngs):
+    """``n`` blocks ``make(rngs)`` with their parameters stacked on a leading axis (scanned)."""
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def build(r):
+        return make(r)
+
+    return build(rngs)
+
+
+def _run_blocks(blocks, run, carry, scanned: bool):
+    """``carry`` through every block of ``blocks`` (``run(block, *carry)`` for a tuple carry,
+    ``run(block, carry)`` otherwise): a ``lax.scan`` over stacked blocks, else a loop."""
+    call = (lambda b, c: run(b, *c)) if isinstance(carry, tuple) else run
+    if scanned:
+        graphdef, stacked = nnx.split(blocks)
+
+        def body(c, block_state):
+            return call(nnx.merge(graphdef, block_state), c), None
+
+        return jax.lax.scan(body, carry, stacked)[0]
+    for block in blocks:
+        carry = call(block, carry)
+    return carry
 
 
 def count_params(state) -> int:

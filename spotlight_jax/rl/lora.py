@@ -1,4 +1,5 @@
-"""LoRA on the attention projections (qkv, out) of every MMDiT block.
+"""LoRA on the attention projections (qkv, out) of every MMDiT block (dual-stream, and Flux's
+single-stream ones, whose ``out`` projects [attention; MLP]).
 
 Functional: the adapters are a separate pytree ``{path: {"a": [in, r], "b": [r, out]}}`` and
 ``merge(base, lora, scale)`` returns the base state with ``W + scale * a @ b`` on the adapted
@@ -18,7 +19,7 @@ def is_target(path) -> bool:
     """Whether a parameter path is a LoRA target (a block's qkv/out kernel)."""
     keys = [str(getattr(p, "key", p)) for p in path]
     return (len(keys) >= 3 and keys[-1] == "kernel" and keys[-2] in TARGETS
-            and "blocks" in keys)
+            and ("blocks" in keys or "single_blocks" in keys))
 
 
 def init_lora(base_state, rank: int, key):

@@ -8,7 +8,8 @@ take their thirds of ``lora_B = (s b)^T``; the scale ``s = alpha / rank`` is fol
 ``lora_B`` and no alpha is written, so a loader's default ``lora_alpha = rank`` applies them
 exactly. Module names are diffusers' attention names, the same for SD3/SD3.5 and Qwen-Image
 (``transformer_blocks.{i}.attn.to_q``, ``add_q_proj``, ``to_out.0``, ``to_add_out``,
-``attn2.*``), prefixed ``transformer.`` as ``pipeline.load_lora_weights`` expects.
+``attn2.*``), and Flux's single-stream blocks (``single_transformer_blocks.{i}.attn.to_q``,
+``proj_out``), prefixed ``transformer.`` as ``pipeline.load_lora_weights`` expects.
 """
 from __future__ import annotations
 
@@ -27,20 +28,26 @@ _MODULES = {
     ("txt", "out"): ("attn.to_add_out",),
     ("img.attn2", "qkv"): ("attn2.to_q", "attn2.to_k", "attn2.to_v"),
     ("img.attn2", "out"): ("attn2.to_out.0",),
+    ("", "qkv"): ("attn.to_q", "attn.to_k", "attn.to_v"),     # Flux's single-stream blocks
+    ("", "out"): ("proj_out",),
 }
-_PATH = re.compile(r"^\['blocks'\](?:\[(\d+)\])?((?:\['\w+'\])+)\['(qkv|out)'\]\['kernel'\]$")
+_STACKS = {"blocks": "transformer_blocks", "single_blocks": "single_transformer_blocks"}
+_PATH = re.compile(r"^\['(blocks|single_blocks)'\](?:\[(\d+)\])?((?:\['\w+'\])*)"
+                   r"\['(qkv|out)'\]\['kernel'\]$")
 
 
 def _parse(path: str):
-    """``(block index or None for stacked blocks, stream path, projection)`` of an adapter key."""
+    """``(diffusers block list, block index or None for stacked blocks, stream path,
+    projection)`` of an adapter key."""
     m = _PATH.match(path)
     if m is None:
         raise ValueError(f"LoRA adapter {path!r} is not on a block's qkv/out projection; "
                          "only those export to the diffusers format")
-    stream = ".".join(re.findall(r"\['(\w+)'\]", m.group(2)))
-    if (stream, m.group(3)) not in _MODULES:
+    stack, index, proj = m.group(1), m.group(2), m.group(4)
+    stream = ".".join(re.findall(r"\['(\w+)'\]", m.group(3)))
+    if (stream, proj) not in _MODULES or (stream == "") != (stack == "single_blocks"):
         raise ValueError(f"LoRA adapter {path!r}: no diffusers module for stream {stream!r}")
-    return (None if m.group(1) is None else int(m.group(1))), stream, m.group(3)
+    return _STACKS[stack], (None if index is None else int(index)), stream, proj
 
 
 def to_diffusers(lora: dict, scale: float, prefix: str = "transformer") -> dict[str, np.ndarray]:
@@ -49,7 +56,7 @@ def to_diffusers(lora: dict, scale: float, prefix: str = "transformer") -> dict[
     .lora_A.weight [r, in]`` and ``.lora_B.weight [out, r]``."""
     out = {}
     for path, ad in sorted(lora.items()):
-        index, stream, proj = _parse(path)
+        blocks, index, stream, proj = _parse(path)
         a = np.asarray(ad["a"], np.float32)
         b = np.asarray(ad["b"], np.float32) * np.float32(scale)
         if index is None:                          # stacked blocks: one leading axis per block
@@ -60,7 +67,7 @@ def to_diffusers(lora: dict, scale: float, prefix: str = "transformer") -> dict[
         for i, ai, bi in pairs:
             parts = np.split(bi, len(modules), axis=-1)   # fused [q | k | v] along the output
             for name, bpart in zip(modules, parts):
-                key = f"{prefix}.transformer_blocks.{i}.{name}"
+                key = f"{prefix}.{blocks}.{i}.{name}"
                 out[f"{key}.lora_A.weight"] = np.ascontiguousarray(ai.T)
                 out[f"{key}.lora_B.weight"] = np.ascontiguousarray(bpart.T)
     return out

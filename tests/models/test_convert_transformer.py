@@ -1,6 +1,6 @@
-"""diffusers transformers (Qwen-Image, SD3, SD3.5) converted into our MMDiT equal diffusers' own
-outputs: tiny random models and their float32 outputs on square, wide and tall latents are
-committed fixtures (tests/fixtures/diffusers/, made by make_transformer_fixtures.py), so no torch
+"""diffusers transformers (Qwen-Image, SD3, SD3.5, FLUX.1 [dev] and [schnell]) converted into
+our MMDiT equal diffusers' own outputs: tiny random models and their float32 outputs on square,
+wide and tall latents are committed fixtures (tests/fixtures/diffusers/, made by make_transformer_fixtures.py), so no torch
 is needed. Also: mask None equals an all-True mask, fp32/fp16/sharded checkpoints load, a bf16
 model keeps the stored bits, a renamed/missing/mis-shaped tensor is one clear error, sequence-
 parallel attention equals dense, scan equals loop, and LoRA finds the projections. Where
@@ -27,8 +27,9 @@ from spotlight_jax.rl import lora
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers"
 TRANSFORMER = FIXTURES / "transformer"
-NAMES = ("qwen_image", "sd3", "sd35")
-SIZES = ("square", "wide", "tall")     # tall only for Qwen-Image (its RoPE's text offset)
+NAMES = ("qwen_image", "sd3", "sd35", "flux_dev", "flux_schnell")
+SIZES = ("square", "wide", "tall")     # tall only for the RoPE models (Qwen-Image, Flux)
+ROPE = ("qwen_image", "flux_dev", "flux_schnell")
 ATOL = 1e-5                     # float32, matmuls at 'highest' precision
 
 
@@ -45,8 +46,8 @@ def converted(name):
 
 
 @jax.jit
-def _forward(graphdef, state, x, t, text, mask, pooled):
-    return nnx.merge(graphdef, state)(x, t, text, mask, pooled)
+def _forward(graphdef, state, x, t, text, mask, pooled, guidance):
+    return nnx.merge(graphdef, state)(x, t, text, mask, pooled, guidance)
 
 
 def forward(name, inp, mask="given", attn=None, split=None):
@@ -54,10 +55,10 @@ def forward(name, inp, mask="given", attn=None, split=None):
     (graphdef, state), _ = split or converted(name)
     m = {"given": inp.get("mask"), "none": None,
          "all": np.ones(inp["text"].shape[:2], bool)}[mask]
+    args = (inp["x"], inp["t"], inp["text"], m, inp.get("pooled"), inp.get("guidance"))
     if attn is not None:
-        return nnx.merge(graphdef, state)(inp["x"], inp["t"], inp["text"], m, inp.get("pooled"),
-                                          attn=attn)
-    return _forward(graphdef, state, inp["x"], inp["t"], inp["text"], m, inp.get("pooled"))
+        return nnx.merge(graphdef, state)(*args, attn=attn)
+    return _forward(graphdef, state, *args)
 
 
 def fixture_inputs(name, size):
@@ -65,13 +66,36 @@ def fixture_inputs(name, size):
     return {k.split("/", 1)[1]: ref[k] for k in ref.files if k.startswith(f"{size}/")}
 
 
-CASES = [(n, s) for n in NAMES for s in SIZES if s != "tall" or n == "qwen_image"]
+CASES = [(n, s) for n in NAMES for s in SIZES if s != "tall" or n in ROPE]
+
+
+def reference(inp):
+    """diffusers' velocity; for Flux [dev] computed with a correctly rounded ``exp`` (torch's
+    is one ulp off on 2 of the timestep embedding's frequencies, which the guidance scale x 1000
+    magnifies: ``make_transformer_fixtures.reference_rounded_exp``; the test below bounds
+    diffusers' velocity as torch computes it)."""
+    return inp.get("v_rounded_exp", inp["v"])
 
 
 @pytest.mark.parametrize("name, size", CASES, ids=[f"{n}-{s}" for n, s in CASES])
 def test_converted_model_equals_diffusers(name, size):
     inp = fixture_inputs(name, size)
-    np.testing.assert_allclose(forward(name, inp), inp["v"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(forward(name, inp), reference(inp), rtol=0, atol=ATOL)
+
+
+def test_flux_dev_guidance_matters_and_torchs_own_exp_moves_it_by_its_rounding():
+    inp = fixture_inputs("flux_dev", "wide")
+    ours = np.asarray(forward("flux_dev", inp))
+    # torch's exp rounding alone moves diffusers' output by ~1e-5 (3500 x one ulp of a frequency
+    # in the guidance embedding); ours sits within 2e-5 of it
+    gap = float(np.abs(inp["v"] - inp["v_rounded_exp"]).max())
+    assert 1e-6 < gap < 2e-5
+    np.testing.assert_allclose(ours, inp["v"], rtol=0, atol=2e-5)
+    other = np.asarray(forward("flux_dev", {**inp, "guidance": inp["guidance"][::-1].copy()}))
+    assert np.abs(other - ours).max() > 1e-3          # the guidance input is used
+    (graphdef, state), _ = converted("flux_dev")
+    with pytest.raises(ValueError, match=r"^guidance=None: this model \(guidance_embed=True"):
+        nnx.merge(graphdef, state)(inp["x"], inp["t"], inp["text"], None, inp["pooled"])
 
 
 def test_qwen_image_mask_none_equals_all_true_and_diffusers_unmasked():
@@ -185,8 +209,10 @@ def test_a_missing_an_unexpected_and_a_misshaped_tensor_are_named():
 
 
 def test_unsupported_configs_and_a_foreign_position_table_are_named():
-    msg = errors_of("sd3", lambda c, _: c.update(_class_name="FluxTransformer2DModel"))
-    assert "_class_name='FluxTransformer2DModel' is not a transformer we convert" in msg
+    msg = errors_of("sd3", lambda c, _: c.update(_class_name="HunyuanDiT2DModel"))
+    assert "_class_name='HunyuanDiT2DModel' is not a transformer we convert" in msg
+    msg = errors_of("flux_dev", lambda c, _: c.update(patch_size=2))
+    assert "patch_size=2: Flux's transformer takes packed 2x2 latents" in msg
     msg = errors_of("qwen_image", lambda c, _: c.update(zero_cond_t=True))
     assert "zero_cond_t=True is not supported" in msg
     msg = errors_of("sd3", lambda c, _: c.update(sample_size=32))   # base_size 16, not 8
@@ -196,7 +222,7 @@ def test_unsupported_configs_and_a_foreign_position_table_are_named():
 
 @pytest.mark.parametrize("name, strategy, sp", [("qwen_image", "ulysses", 2),
                                                 ("qwen_image", "ring", 4),
-                                                ("sd35", "ring", 2)])
+                                                ("sd35", "ring", 2), ("flux_dev", "ulysses", 2)])
 def test_sequence_parallel_attention_equals_dense(name, strategy, sp):
     inp = fixture_inputs(name, "wide")
     mesh = make_mesh(jax.devices()[:sp], MeshConfig(data=1, fsdp=1, sp=sp))
@@ -205,19 +231,22 @@ def test_sequence_parallel_attention_equals_dense(name, strategy, sp):
     graphdef, state = split[0]
 
     @jax.jit
-    def run(state, x, t, text, mask, pooled):
-        return nnx.merge(graphdef, state)(x, t, text, mask, pooled,
+    def run(state, x, t, text, mask, pooled, guidance):
+        return nnx.merge(graphdef, state)(x, t, text, mask, pooled, guidance,
                                           attn=AttentionSpec(mesh=mesh, strategy=strategy))
-    out = run(state, inp["x"], inp["t"], inp["text"], inp.get("mask"), inp.get("pooled"))
+    out = run(state, inp["x"], inp["t"], inp["text"], inp.get("mask"), inp.get("pooled"),
+              inp.get("guidance"))
     np.testing.assert_allclose(out, dense, rtol=0, atol=ATOL)
 
 
-def test_scan_over_blocks_equals_the_loop():
-    model, cfg = from_diffusers(TRANSFORMER / "qwen_image", scan_blocks=True, remat=True)
+@pytest.mark.parametrize("name", ["qwen_image", "flux_dev"])
+def test_scan_over_blocks_equals_the_loop(name):
+    """Flux: both stacks (dual- and single-stream blocks) scanned."""
+    model, cfg = from_diffusers(TRANSFORMER / name, scan_blocks=True, remat=True)
     assert cfg.scan_blocks
-    inp = fixture_inputs("qwen_image", "tall")
-    np.testing.assert_allclose(forward("qwen_image", inp, split=(nnx.split(model), cfg)),
-                               inp["v"], rtol=0, atol=ATOL)
+    inp = fixture_inputs(name, "tall")
+    np.testing.assert_allclose(forward(name, inp, split=(nnx.split(model), cfg)),
+                               reference(inp), rtol=0, atol=ATOL)
 
 
 def test_lora_adapts_every_attention_projection_including_sd35s_second():
@@ -228,6 +257,10 @@ def test_lora_adapts_every_attention_projection_including_sd35s_second():
     assert len(names) == 6 + 3, names
     assert any("attn2" in n and "qkv" in n for n in names)
     assert any("attn2" in n and "out" in n for n in names)
+    (_, state), cfg = converted("flux_schnell")
+    names = sorted(lora.init_lora(state, 2, jax.random.key(0)))
+    # 2 dual-stream blocks x (img, txt) x (qkv, out) + 2 single-stream blocks x (qkv, out)
+    assert len(names) == 8 + 4 and sum("single_blocks" in n for n in names) == 4, names
 
 
 def test_family_options_are_validated_with_the_fix():
@@ -246,7 +279,7 @@ def test_family_options_are_validated_with_the_fix():
     assert dataclasses.replace(MMDiTConfig(**base), rope_axes=[2, 6, 8]).rope_axes == (2, 6, 8)
 
 
-@pytest.mark.parametrize("name", ["qwen_image", "sd35"])
+@pytest.mark.parametrize("name", ["qwen_image", "sd35", "flux_dev"])
 def test_live_regenerated_model_equals_diffusers(tmp_path, name):
     pytest.importorskip("torch")
     pytest.importorskip("diffusers")
@@ -257,7 +290,7 @@ def test_live_regenerated_model_equals_diffusers(tmp_path, name):
     model = gen.build(name, seed=5)
     model.save_pretrained(tmp_path / name, safe_serialization=True)      # float32 this time
     inp = gen.inputs(name, "wide", seed=11)
-    want = gen.reference(model, name, inp)
+    want = (gen.reference_rounded_exp if name == "flux_dev" else gen.reference)(model, name, inp)
     ours, cfg = from_diffusers(tmp_path / name)
     got = forward(name, inp, split=(nnx.split(ours), cfg))
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)

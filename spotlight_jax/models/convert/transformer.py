@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax.models.convert import layout, qwen_image, sd3
+from spotlight_jax.models.convert import flux, layout, qwen_image, sd3
 from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
 from spotlight_jax.models.mmdit import MMDiT, MMDiTConfig
 
-FAMILIES = {m.CLASS_NAME: m for m in (qwen_image, sd3)}
+FAMILIES = {m.CLASS_NAME: m for m in (flux, qwen_image, sd3)}
 
 
 def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
@@ -98,10 +98,12 @@ def _parameters(thunks: dict, cfg: MMDiTConfig) -> dict:
     """``{our state path: [functions, one per stacked block (scan_blocks) or one]}``."""
     if not cfg.scan_blocks:
         return {p: [f] for p, f in thunks.items()}
-    out = {p: [f] for p, f in thunks.items() if p[0] != "blocks"}
-    suffixes = sorted({p[2:] for p in thunks if p[0] == "blocks"}, key=str)
-    for suffix in suffixes:
-        out[("blocks",) + suffix] = [thunks[("blocks", i) + suffix] for i in range(cfg.depth)]
+    stacks = {"blocks": cfg.depth, "single_blocks": cfg.single_blocks}
+    out = {p: [f] for p, f in thunks.items() if p[0] not in stacks}
+    for stack, n in stacks.items():
+        suffixes = sorted({p[2:] for p in thunks if p[0] == stack}, key=str)
+        for suffix in suffixes:
+            out[(stack,) + suffix] = [thunks[(stack, i) + suffix] for i in range(n)]
     return out
 
 
@@ -158,7 +160,7 @@ def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> in
         indices = shardings(tuple(path), shape).addressable_devices_indices_map(shape)
         keys = {_index_key(ix, shape) for ix in indices.values()}
         local = sum(int(np.prod([b - a for a, b in k])) for k in keys) * item
-        per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] == "blocks"
-                               else shape))
+        per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] in (
+            "blocks", "single_blocks") else shape))
         peak = max(peak, local + per_part * max(source_itemsize, item))
     return peak
