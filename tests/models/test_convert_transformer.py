@@ -1,10 +1,11 @@
-"""diffusers transformers (Qwen-Image, SD3, SD3.5, FLUX.1 [dev] and [schnell]) converted into
-our MMDiT equal diffusers' own outputs: tiny random models and their float32 outputs on square,
-wide and tall latents are committed fixtures (tests/fixtures/diffusers/, made by make_transformer_fixtures.py), so no torch
-is needed. Also: mask None equals an all-True mask, fp32/fp16/sharded checkpoints load, a bf16
-model keeps the stored bits, a renamed/missing/mis-shaped tensor is one clear error, sequence-
-parallel attention equals dense, scan equals loop, and LoRA finds the projections. Where
-diffusers is importable, one test regenerates a model live and compares."""
+"""diffusers transformers (Qwen-Image, SD3, SD3.5, FLUX.1 [dev] and [schnell]) converted into our
+MMDiT equal diffusers' own outputs: tiny random models and their float32 outputs on square, wide
+and tall latents are committed fixtures (tests/fixtures/diffusers/, made by
+make_transformer_fixtures.py), so no torch is needed. Also: mask None equals an all-True mask,
+fp32/fp16/sharded checkpoints load, a bf16 model keeps the stored bits, a renamed, missing or
+mis-shaped tensor is one clear error, sequence-parallel attention equals dense, scan equals
+the loop, and LoRA finds the projections. Where diffusers is importable, one test regenerates a
+model live and compares."""
 import dataclasses
 import functools
 import importlib.util
