@@ -26,7 +26,7 @@ from absl import app, flags
 def define_flags():
     """The tool's flags (defined only when it is the program, so importing it adds none)."""
     flags.DEFINE_string("pipeline", None, "A diffusers pipeline folder (model_index.json): "
-                        "StableDiffusion3Pipeline (SD3, SD3.5) or QwenImagePipeline.")
+                        "StableDiffusion3Pipeline (SD3, SD3.5), QwenImagePipeline or FluxPipeline.")
     flags.DEFINE_string("output", None, "The prompt-embedding file to write (.safetensors).")
     flags.DEFINE_string("prompts", None, "Training prompts: a text file, one per line.")
     flags.DEFINE_string("val_prompts", None, "Held-out prompts: a text file, one per line.")

@@ -1,5 +1,6 @@
 """``python -m spotlight_jax.encode_prompts`` writes what the pipeline's own ``encode_prompt``
-returns: tiny random SD3 (CLIP-L, CLIP-G, T5) and Qwen-Image (Qwen2.5-VL) text encoders built
+returns: tiny random SD3 (CLIP-L, CLIP-G, T5), Flux (CLIP-L, T5) and Qwen-Image (Qwen2.5-VL)
+text encoders built
 from configs, with tokenizers built in code (no downloads), saved as diffusers pipelines; the
 tool encodes prompts with them in a fresh process and the file's rows equal ``encode_prompt`` of
 the same batches. Needs torch, transformers and diffusers (the ``[encode]`` extra)."""
@@ -66,6 +67,21 @@ def sd3_pipeline():
         text_encoder=clip_encoder(tok, 16, 8, seed=0), tokenizer=tok,
         text_encoder_2=clip_encoder(tok, 24, 12, seed=1), tokenizer_2=clip_tokenizer(),
         text_encoder_3=t5, tokenizer_3=t5_tok)
+
+
+def flux_pipeline():
+    tok = clip_tokenizer()
+    t5_tok = t5_tokenizer()
+    torch.manual_seed(4)
+    t5 = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=len(t5_tok), d_model=40, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+    clip = clip_encoder(tok, 16, 8, seed=5)
+    text_encoder = transformers.CLIPTextModel(clip.config).eval()     # Flux's: no projection
+    text_encoder.load_state_dict(clip.state_dict(), strict=False)
+    return diffusers.FluxPipeline(
+        transformer=None, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=None,
+        text_encoder=text_encoder, tokenizer=tok, text_encoder_2=t5, tokenizer_2=t5_tok)
 
 
 def qwen_tokenizer():
@@ -152,6 +168,30 @@ def test_sd3_file_equals_the_pipelines_encode_prompt(tmp_path):
     np.testing.assert_allclose(p, pooled[[7, 3]], **TOL)
     # the rows differ from prompt to prompt (a tool that wrote one row everywhere would fail)
     assert np.abs(f.embeds[1] - f.embeds[2]).max() > 1e-3
+
+
+def test_flux_file_equals_the_pipelines_encode_prompt(tmp_path):
+    pipe = flux_pipeline()
+    pipe.save_pretrained(tmp_path / "flux")
+    prompts = ["a red bar", 'two blue squares and the text "42"', "a green column"]
+    path = tmp_path / "flux.safetensors"
+    loaded = encoders.load_pipeline(tmp_path / "flux")
+    assert loaded.transformer is None and loaded.vae is None
+    encoders.encode_to_file(loaded, path, prompts, batch_size=2, max_sequence_length=12)
+    f = pe.read(path)
+    assert f.family == "flux" and f.prompts("train") == prompts
+    assert "CLIPTextModel + T5EncoderModel" in f.encoder
+
+    def encode(batch):
+        e, p, _ = pipe.encode_prompt(batch, None, max_sequence_length=12)
+        return e, None, p
+
+    embeds, mask, pooled = reference(encode, ["", *prompts], 2, f.text_len)
+    assert embeds.shape == (4, 12, 40) and pooled.shape == (4, 16)
+    assert f.mask.all()                      # Flux attends to every T5 token
+    np.testing.assert_allclose(f.embeds, embeds, **TOL)
+    np.testing.assert_allclose(f.pooled, pooled, **TOL)
+    assert np.abs(f.pooled[1] - f.pooled[2]).max() > 1e-3
 
 
 def test_qwen_image_file_equals_the_pipelines_encode_prompt(tmp_path):

@@ -12,7 +12,10 @@ own ``encode_prompt``:
   embedding ``[2048]``;
 * ``qwen_image`` (``QwenImagePipeline``): Qwen2.5-VL's last hidden state of the prompt in the
   pipeline's chat template with the template's prefix dropped, ``[L, 3584]`` with its mask (rows
-  of a batch padded to the batch's longest; no pooled embedding).
+  of a batch padded to the batch's longest; no pooled embedding);
+* ``flux`` (``FluxPipeline``, FLUX.1 [dev] and [schnell]): T5's last hidden state padded to
+  ``max_sequence_length`` (512), ``[512, 4096]``, every token real (Flux attends to all of them),
+  and CLIP-L's pooled output ``[768]``.
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ from spotlight_jax.prompt_embeddings.file import PromptEmbeddingError, pad_rows,
 
 # diffusers pipeline class -> family, and each family's default max_sequence_length (the
 # pipelines' own defaults)
-FAMILIES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image"}
-MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024}
+FAMILIES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image",
+            "FluxPipeline": "flux"}
+MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024, "flux": 512}
 DTYPES = ("float32", "bfloat16", "float16")
 _INSTALL = 'pip install -e ".[encode]"'
 
@@ -92,6 +96,10 @@ def encode_batch(pipe, prompts: list[str], max_sequence_length: int):
             embeds, _, pooled, _ = pipe.encode_prompt(
                 prompt=prompts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False,
                 max_sequence_length=max_sequence_length)
+            mask = torch.ones(embeds.shape[:2], dtype=torch.bool)
+        elif family == "flux":
+            embeds, pooled, _ = pipe.encode_prompt(prompt=prompts, prompt_2=None,
+                                                   max_sequence_length=max_sequence_length)
             mask = torch.ones(embeds.shape[:2], dtype=torch.bool)
         else:
             embeds, mask = pipe.encode_prompt(prompt=prompts,
