@@ -99,7 +99,8 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows,
         model = nnx.merge(graphdef, abstract)
         model.cfg = dataclasses.replace(cfg, remat=False)
         plain, _ = nnx.split(model)
-        per_row += residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance) / cfg.depth
+        per_row += (residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance)
+                    / (cfg.depth + cfg.single_blocks))
     merged = 0.0
     if rl_cfg.lora_rank:
         merged = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for path, a in

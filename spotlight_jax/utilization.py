@@ -50,7 +50,7 @@ def device_peak(device) -> tuple[float, str]:
 
 def rollout_flops(model_cfg, sampler_cfg, n: int) -> float:
     """Model FLOPs of sampling ``n`` images (every step's velocity, both CFG passes)."""
-    passes = 1 if sampler_cfg.guidance == 1.0 else 2
+    passes = model_cfg.passes(sampler_cfg.guidance)
     return float(n * sampler_cfg.num_steps * passes * forward_flops(model_cfg))
 
 
@@ -59,7 +59,7 @@ def update_flops(trainer, model_cfg, sampler_cfg, n: int) -> float:
     cfg = trainer.cfg
     rows = trainer.update_rows(cfg, sampler_cfg, n)
     steps = int(getattr(cfg, "minibatches", 1)) * int(getattr(cfg, "inner_epochs", 1))
-    passes = 1 if rows.guidance == 1.0 else 2
+    passes = model_cfg.passes(rows.guidance)
     return float(steps * passes * (3 * rows.grad + rows.forward) * forward_flops(model_cfg))
 
 

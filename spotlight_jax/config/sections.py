@@ -484,10 +484,11 @@ def workload(config) -> Workload:
     each with the old policy's forward (and the reference's with ``rl.nft.kl_beta`` > 0), one
     optimizer step, ODE rollouts without CFG in training."""
     s, r = config.sampler, config.rl
+    passes = model_config(config).passes(float(s.guidance))
     if objective(config) == "nft":
         n = r.nft
         return Workload(num_steps=int(s.num_steps), train_steps=int(n.times), inner_epochs=1,
-                        kl=True, rescore=False, cfg_passes=1 if float(s.guidance) == 1.0 else 2,
+                        kl=True, rescore=False, cfg_passes=passes,
                         lora_rank=int(r.lora_rank), extra_forwards=int(float(n.kl_beta) > 0),
                         objective="nft")
     start, end = resolve_window(s.sde_window, int(s.num_steps))
@@ -498,8 +499,7 @@ def workload(config) -> Workload:
                     inner_epochs=int(r.inner_epochs),
                     kl=float(r.beta) > 0 or bool(r.detail_beta),
                     rescore=bool(r.rescore),
-                    cfg_passes=1 if float(s.guidance) == 1.0 else 2,
-                    lora_rank=int(r.lora_rank))
+                    cfg_passes=passes, lora_rank=int(r.lora_rank))
 
 
 def make_deployment(config) -> Deployment:

@@ -153,12 +153,19 @@ def step_noise(seeds, step, shape):
         jax.random.fold_in(seed_key(s), step + 1), shape))(seeds)
 
 
+def _distilled(model) -> bool:
+    """Whether ``model`` takes the guidance scale as an input (FLUX.1 [dev]) rather than
+    needing a second, unconditional pass."""
+    return bool(getattr(getattr(model, "cfg", None), "guidance_embed", False))
+
+
 def encode_prompt(model, tokens, mask, *, guidance: float = 1.0):
     """The prompt context `velocity` takes: the model's prompt encoding, of the conditional and
     the null prompt (stacked) when guidance is on. Loop-invariant: compute it once per rollout
     or train step, not per denoising step or flow time. ``tokens``: an array or the prompt
-    pytree of ``diffusion.prompt`` (its pooled embedding and null prompt are used here)."""
-    if guidance != 1.0:
+    pytree of ``diffusion.prompt`` (its pooled embedding and null prompt are used here). A
+    guidance-distilled model needs no null prompt (:func:`velocity`)."""
+    if guidance != 1.0 and not _distilled(model):
         tokens, mask = prompt.with_null(tokens, mask)
     embeds, pooled = prompt.model_inputs(tokens)
     return model.encode(embeds, mask, pooled)
@@ -168,9 +175,15 @@ def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=Atten
              context=None):
     """Model velocity with classifier-free guidance against each row's null prompt
     (``diffusion.prompt.null_prompt``: a prompt-embedding file's empty prompt, else the
-    all-masked zero prompt). ``context``: `encode_prompt` of the same prompts and guidance
-    (None = encode here). The one place a model call unpacks ``tokens``."""
+    all-masked zero prompt). A guidance-distilled model (``guidance_embed``, FLUX.1 [dev])
+    takes ``guidance`` as its input instead, in one pass. ``context``: `encode_prompt` of the
+    same prompts and guidance (None = encode here). The one place a model call unpacks
+    ``tokens``."""
     t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])
+    if _distilled(model):
+        embeds, pooled = prompt.model_inputs(tokens)
+        g = jnp.full(x.shape[:1], guidance, jnp.float32)
+        return model(x, t, embeds, mask, pooled=pooled, guidance=g, attn=attn, context=context)
     if guidance == 1.0:
         embeds, pooled = prompt.model_inputs(tokens)
         return model(x, t, embeds, mask, pooled=pooled, attn=attn, context=context)

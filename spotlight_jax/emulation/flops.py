@@ -18,8 +18,12 @@ T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt 
                   + 2 D (2D) + 2 N D p^2 C final adaLN and projection
                   + 2 (h w) 9 C c_stem     optional 3x3 conv stem / head on the h x w image
                   + 2 (h w) 9 C C
+    single block  = 2 S D (4D + 2H)        Flux: qkv (3D^2), MLP in (DH), out ((D + H) D) over
+                  + 4 S^2 D                the joint sequence, one set of weights
+                  + 2 D (3D)               its (shift, scale, gate) modulation
     prompt enc.   = per layer 2 L Tw (12 Tw) + 4 L^2 Tw   (only with a synthetic prompt encoder)
-    forward       = depth * per block + outside + prompt encoder
+    forward       = depth * per block + single_blocks * single block + outside + prompt encoder
+                    (+ 2 (256 D + D^2) for FLUX.1 [dev]'s guidance MLP)
 
 It is tested against the dot_general FLOPs of the real model's jaxpr
 (tests/emulation/test_clock_cost.py).
@@ -38,12 +42,13 @@ def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[st
     s = lt + n
     tdim = cfg.text_width or cfg.text_embed_dim
     pixels = cfg.image_size * cfg.image_size
+    blocks = cfg.depth + cfg.single_blocks      # a single block's matmuls equal a dual one's
     out = {
-        "block_linear": cfg.depth * 2 * s * d * (4 * d + 2 * h),
-        "block_attention": cfg.depth * 4 * s * s * d,
-        "block_adaln": cfg.depth * 2 * 2 * d * 6 * d,
+        "block_linear": blocks * 2 * s * d * (4 * d + 2 * h),
+        "block_attention": blocks * 4 * s * s * d,
+        "block_adaln": cfg.depth * 2 * 2 * d * 6 * d + cfg.single_blocks * 2 * d * 3 * d,
         "embed": (2 * n * p * p * (cfg.conv_stem or c) * d + 2 * lt * tdim * d + 2 * tdim * d
-                  + 2 * (256 * d + d * d)),
+                  + 2 * (256 * d + d * d) * (2 if cfg.guidance_embed else 1)),
         "final": 2 * d * 2 * d + 2 * n * d * p * p * c,
         "conv": (2 * pixels * 9 * c * cfg.conv_stem if cfg.conv_stem else 0)
                 + (2 * pixels * 9 * c * c if cfg.conv_head else 0),
@@ -72,6 +77,10 @@ def param_count(cfg: MMDiTConfig) -> int:
     stream = (dense(d, 6 * d) + dense(d, 3 * d) + dense(d, d) + dense(d, h) + dense(h, d)
               + (2 * cfg.head_dim if cfg.qk_norm else 0))
     total = cfg.depth * 2 * stream
+    total += cfg.single_blocks * (2 * dense(d, 3 * d) + dense(d, h) + dense(d + h, d)
+                                  + 2 * cfg.head_dim)
+    if cfg.guidance_embed:
+        total += dense(256, d) + dense(d, d)
     total += dense(p * p * (cfg.conv_stem or c), d) + dense(tdim, d) + dense(256, d)
     total += dense(d, d) + dense(tdim, d) + dense(d, 2 * d) + dense(d, p * p * c)
     if cfg.conv_stem:
@@ -86,7 +95,9 @@ def param_count(cfg: MMDiTConfig) -> int:
 
 
 def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
-    """LoRA factors on the qkv and out kernels of both streams of every block (rl/lora.py)."""
-    d = cfg.width
+    """LoRA factors on the qkv and out kernels of both streams of every block and of every
+    single-stream block (rl/lora.py)."""
+    d, h = cfg.width, int(cfg.width * cfg.mlp_ratio)
     per_stream = rank * (d + 3 * d) + rank * (d + d)
-    return cfg.depth * 2 * per_stream
+    single = rank * (d + 3 * d) + rank * (d + h + d)
+    return cfg.depth * 2 * per_stream + cfg.single_blocks * single

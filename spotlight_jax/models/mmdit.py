@@ -148,6 +148,12 @@ class MMDiTConfig:
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
+    def passes(self, guidance: float) -> int:
+        """Forward passes per velocity at guidance scale ``guidance``: 2 with classifier-free
+        guidance (conditional and unconditional), 1 without it or for a guidance-distilled
+        model (``guidance_embed``), which takes the scale as an input."""
+        return 1 if guidance == 1.0 or self.guidance_embed else 2
+
     def validate(self) -> MMDiTConfig:
         """Returns self, or raises a one-line ValueError naming the bad field (``name=value:``),
         what it must be and an example fix."""

@@ -68,8 +68,7 @@ def throughput(s, n: int, rollout_s: float, train_s: float, rolled_out: bool) ->
     if rolled_out and rollout_s > 0:
         tokens = (s.mcfg.num_patches + s.mcfg.text_len) * cfg.num_steps
         out.update(rollout_images_per_s=n / rollout_s,
-                   rollout_tokens_per_s=n * tokens * (1 if cfg.guidance == 1.0 else 2)
-                   / rollout_s,
+                   rollout_tokens_per_s=n * tokens * s.mcfg.passes(cfg.guidance) / rollout_s,
                    rollout_tflops=utilization.rollout_flops(s.mcfg, cfg, n) / rollout_s / 1e12)
     return out
 

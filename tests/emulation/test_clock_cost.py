@@ -168,10 +168,16 @@ TINY = [
     MMDiTConfig(image_size=8, channels=4, patch_size=2, width=32, depth=3, num_heads=4,
                 mlp_ratio=4.0, text_len=6, text_width=0, text_embed_dim=12, remat=True,
                 scan_blocks=True),
+    # Flux's structure: single-stream blocks after the dual ones, the guidance MLP, its RoPE
+    MMDiTConfig(image_size=8, channels=4, patch_size=2, width=32, depth=2, num_heads=2,
+                text_len=6, text_width=0, text_embed_dim=12, single_blocks=3,
+                guidance_embed=True, pos_embed="rope3d_flux", rope_axes=(4, 6, 6),
+                use_text_mask=False),
 ]
 
 
-@pytest.mark.parametrize("cfg", TINY, ids=["encoder+conv", "embeddings+scan+remat"])
+@pytest.mark.parametrize("cfg", TINY, ids=["encoder+conv", "embeddings+scan+remat",
+                                           "single_blocks+guidance"])
 def test_flop_formula_matches_the_model_jaxpr(cfg):
     """The formula counts exactly the matmul/conv FLOPs of the real model (relative error 0:
     both are integers and must agree); params too."""
@@ -183,7 +189,8 @@ def test_flop_formula_matches_the_model_jaxpr(cfg):
     tok = (jax.ShapeDtypeStruct((b, cfg.text_len), jnp.int32) if cfg.text_width
            else jax.ShapeDtypeStruct((b, cfg.text_len, cfg.text_embed_dim), f32))
     mask = jax.ShapeDtypeStruct((b, cfg.text_len), jnp.bool_)
-    jaxpr = jax.make_jaxpr(lambda st, *a: nnx.merge(graphdef, st)(*a))(state, x, t, tok, mask)
+    args = (x, t, tok, mask) + ((None, t) if cfg.guidance_embed else ())   # pooled, guidance
+    jaxpr = jax.make_jaxpr(lambda st, *a: nnx.merge(graphdef, st)(*a))(state, *args)
     ref = dot_flops(jaxpr.jaxpr)
     assert flops.forward_flops(cfg, batch=b) == ref
     n_params = sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(state, nnx.Param)))
