@@ -20,6 +20,7 @@ import pytest
 from flax import nnx
 
 from spotlight_jax import safetensors_io
+from spotlight_jax.emulation import flops
 from spotlight_jax.models import AttentionSpec, MMDiTConfig
 from spotlight_jax.models.convert import CheckpointError, convert_tensors, from_diffusers
 from spotlight_jax.models.convert.checkpoint import read_component
@@ -259,9 +260,12 @@ def test_lora_adapts_every_attention_projection_including_sd35s_second():
     assert any("attn2" in n and "qkv" in n for n in names)
     assert any("attn2" in n and "out" in n for n in names)
     (_, state), cfg = converted("flux_schnell")
-    names = sorted(lora.init_lora(state, 2, jax.random.key(0)))
+    adapters = lora.init_lora(state, 2, jax.random.key(0))
+    names = sorted(adapters)
     # 2 dual-stream blocks x (img, txt) x (qkv, out) + 2 single-stream blocks x (qkv, out)
     assert len(names) == 8 + 4 and sum("single_blocks" in n for n in names) == 4, names
+    sizes = sum(int(np.size(x)) for ad in adapters.values() for x in ad.values())
+    assert sizes == flops.lora_param_count(cfg, 2)      # what the cost model charges
 
 
 def test_family_options_are_validated_with_the_fix():

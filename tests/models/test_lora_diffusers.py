@@ -1,5 +1,6 @@
-"""Our exported LoRA loads into diffusers and gives our model's output: a tiny random SD3.5 and
-Qwen-Image transformer (the converter's fixtures) with a random trained-looking LoRA merged on
+"""Our exported LoRA loads into diffusers and gives our model's output: a tiny random SD3.5,
+Qwen-Image and FLUX.1 [dev] transformer (the converter's fixtures; Flux's single-stream blocks
+too) with a random trained-looking LoRA merged on
 our side, and the exported file loaded by diffusers' ``load_lora_adapter`` (PEFT) on theirs.
 Needs torch, diffusers and peft (skipped without them: CI has none)."""
 import importlib.util
@@ -25,7 +26,7 @@ def _generator():
     return gen
 
 
-@pytest.mark.parametrize("name", ["sd35", "qwen_image"])
+@pytest.mark.parametrize("name", ["sd35", "qwen_image", "flux_dev"])
 def test_exported_lora_in_diffusers_equals_our_merged_model(tmp_path, name):
     torch = pytest.importorskip("torch")
     pytest.importorskip("diffusers")
@@ -45,13 +46,15 @@ def test_exported_lora_in_diffusers_equals_our_merged_model(tmp_path, name):
     merged = nnx.merge(graphdef, lora_lib.merge(state, lora, scale))
 
     inp = gen.inputs(name, "wide", seed=3)
-    before = gen.reference(model, name, inp)
+    # Flux [dev]: torch's exp rounding in the guidance embedding set aside (the fixtures' note)
+    reference = gen.reference_rounded_exp if name == "flux_dev" else gen.reference
+    before = reference(model, name, inp)
     # what pipeline.load_lora_weights(path) hands the transformer: the file's keys, prefixed
     model.load_lora_adapter({k: torch.from_numpy(v) for k, v in tensors.items()},
                             prefix="transformer", adapter_name="ours")
-    want = gen.reference(model, name, inp)
+    want = reference(model, name, inp)
     with jax.default_matmul_precision("highest"):
         got = np.asarray(merged(inp["x"], inp["t"], inp["text"], inp.get("mask"),
-                                inp.get("pooled")))
+                                inp.get("pooled"), inp.get("guidance")))
     assert np.abs(want - before).max() > 1e-2          # the adapter changed diffusers' output
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
