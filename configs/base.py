@@ -49,7 +49,7 @@ def get_config():
     m.scan_blocks = False
     # Options of the model families a diffusers checkpoint brings (models.convert sets them from
     # its config.json; configs/qwen_image.py and configs/sd35_medium.py name them for dry runs).
-    m.pos_embed = "sincos"          # sincos | sd3_table | rope3d
+    m.pos_embed = "sincos"          # sincos | sd3_table | rope3d (Qwen-Image) | rope3d_flux
     m.pos_embed_max_size = 0        # sd3_table: the stored table's grid side
     m.pos_embed_base_size = 0       # sd3_table: diffusers' base_size (sample_size // patch)
     m.pos_embed_dtype = "float32"   # sd3_table: the dtype the checkpoint stores the table in
@@ -61,6 +61,8 @@ def get_config():
     m.use_text_mask = True          # False: every text token attended (SD3)
     m.context_pre_only_last = False  # SD3: the last block's text stream only feeds k/v
     m.dual_attention_layers = ()    # SD3.5: blocks with a second, image-only attention
+    m.single_blocks = 0             # Flux: single-stream blocks after the `depth` dual ones
+    m.guidance_embed = False        # FLUX.1 [dev]: sampler.guidance is a model input (no CFG)
     m.timestep_scaling = "before_freqs"  # before_freqs (ours, SD3) | after_freqs (Qwen-Image)
     m.timestep_freqs = "jnp"        # jnp | rounded (diffusers' float32 rounding, for parity)
 

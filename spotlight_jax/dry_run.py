@@ -148,7 +148,9 @@ def dry_run(config, devices=None) -> str:
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
     lines = [
-        f"model: width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} "
+        f"model: width={cfg.width} depth={cfg.depth}"
+        f"{f' (+{cfg.single_blocks} single-stream)' if cfg.single_blocks else ''} "
+        f"heads={cfg.num_heads} "
         f"tokens={cfg.num_patches}+{cfg.text_len} dtype={cfg.dtype}/{cfg.param_dtype} "
         f"remat={cfg.remat} scan={cfg.scan_blocks}",
         f"mesh: {dict(mesh.shape)} over {mesh.devices.size} "
@@ -157,7 +159,7 @@ def dry_run(config, devices=None) -> str:
         f"per device: params {per_device / gib:.3f} GiB + {opt_name} {opt / gib:.3f} GiB + "
         f"activations {act / gib:.3f} GiB = {(per_device + opt + act) / gib:.3f} GiB",
         f"activations: the backward's residuals of {rows.grad} rows per gradient step"
-        f"{' at CFG ' + format(rows.guidance, 'g') if rows.guidance != 1 else ''} "
+        f"{' at CFG ' + format(rows.guidance, 'g') if cfg.passes(rows.guidance) == 2 else ''} "
         f"(+{rows.forward} rows forward only)"
         + (f", {fixed / gib:.3f} GiB of them merged LoRA weights" if fixed else ""),
         f"loading the base from a diffusers folder (streamed onto these shardings): host "

@@ -51,6 +51,16 @@ def test_paper_scale_config_is_about_20b_and_sharded():
     assert "'fsdp'" in text  # large weights are sharded over fsdp
 
 
+def test_flux_dev_config_has_flux1_devs_parameters():
+    """diffusers' ``FluxTransformer2DModel(guidance_embeds=True)`` with its default (FLUX.1
+    [dev]) sizes has 11,901,408,320 parameters (counted on torch's meta device, diffusers
+    0.42.1); the config's model has exactly as many, sharded over fsdp, one pass per velocity."""
+    text = report(ROOT / "configs" / "flux_dev.py")
+    n = int(text.split("parameters: ")[1].split(" ")[0].replace(",", ""))
+    assert n == 11_901_408_320
+    assert "(+38 single-stream)" in text and "'fsdp'" in text and "at CFG" not in text
+
+
 def test_tiny_config_size():
     n = int(report(ROOT / "configs" / "tiny.py").split("parameters: ")[1].split(" ")[0]
             .replace(",", ""))
