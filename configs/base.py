@@ -187,6 +187,17 @@ def get_config():
     # (e.g. "two_object,position"; "" = every kind); held-out evaluation keeps every kind.
     c.prompts.train_kinds = ""
 
+    # Learned rewards in JAX, in process (spotlight_jax.rewards.learned; docs/rewards.md), used
+    # where rl.reward or rl.eval_reward names (or mixes in) clip_score, pickscore or aesthetic:
+    # transformers CLIPModel folders (weights as safetensors, tokenizer.json) and the converted
+    # aesthetic head
+    lr = c.learned_rewards = ml_collections.ConfigDict()
+    lr.clip_dir = ""                # clip_score: e.g. openai/clip-vit-large-patch14
+    lr.pickscore_dir = ""           # pickscore: yuvalkirstain/PickScore_v1 (+ the CLIP-H tokenizer)
+    lr.aesthetic_clip_dir = ""      # aesthetic: CLIP ViT-L/14 (the predictor's embedding)
+    lr.aesthetic_head = ""          # aesthetic: the head converted to .safetensors
+    lr.batch_size = 32              # images per jitted call
+
     # A reward served over HTTP (spotlight_jax.rewards.remote; docs/rewards_remote.md), used
     # where rl.reward or rl.eval_reward is 'remote'. While the server is unreachable the run
     # pauses and retries (back-off) for up to max_wait_s, then stops with an error.

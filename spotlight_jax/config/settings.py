@@ -13,6 +13,7 @@ import re
 from spotlight_jax import rewards
 from spotlight_jax.config.loading import ConfigError, build_section, pick_fields, section_paths
 from spotlight_jax.config.sections import (
+    LEARNED_REWARDS,
     REMOTE_REWARD,
     _grpo_config,
     _nft_config,
@@ -28,6 +29,7 @@ from spotlight_jax.config.sections import (
     pretrain_config,
     process_config,
     prompt_source,
+    register_learned_rewards,
     register_remote_reward,
     remote_reward_config,
     rl_config,
@@ -65,6 +67,8 @@ def _check_run_settings(s) -> None:
         bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
     known = rewards.names() + ([] if REMOTE_REWARD in rewards.names() else
                                [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
+    known += [f"{n} (learned: learned_rewards)" for n in LEARNED_REWARDS
+              if n not in rewards.names()]
     for path, spec in (("rl.reward", s.reward), ("rl.eval_reward", s.eval_reward)):
         try:
             names = rewards.mix.names(spec)     # a plain name, or a weighted mix of rewards
@@ -238,6 +242,7 @@ def run_settings(config) -> RunSettings:
     """The runner's settings; registers the ``remote`` reward first where the run names it
     (:func:`register_remote_reward`), so that ``reward`` and ``eval_reward`` resolve."""
     register_remote_reward(config)
+    register_learned_rewards(config)
     r, d = config.rl, config.deployment
     return RunSettings(
         mode=config.mode, objective=objective(config), seed=int(config.seed),

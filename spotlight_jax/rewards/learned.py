@@ -1,0 +1,151 @@
+"""Learned preference rewards in JAX, in process: CLIP score, PickScore, the LAION aesthetic
+predictor, on a Flax CLIP (``rewards.clip_model``) jitted and batched on the devices JAX gives.
+
+* ``clip_score``: ``max(100 * cos(image, text), 0)`` of a CLIP's projected embeddings, as
+  torchmetrics' ``CLIPScore`` (its default model: OpenAI's ViT-L/14).
+* ``pickscore``: ``exp(logit_scale) * cos(image, text)``, PickScore's (a CLIP-H/14 fine-tuned on
+  Pick-a-Pic; transformers format); raw, about 18-24 for real images (Flow-GRPO divides by 26).
+* ``aesthetic``: the LAION improved aesthetic predictor v2: its MLP (768 -> 1024 -> 128 -> 64 ->
+  16 -> 1, no activations between, as published) on the L2-normalised CLIP ViT-L/14 image
+  embedding; scores about 1-10. The head is published as a torch pickle: convert it once with
+  ``python -m spotlight_jax.rewards.learned --convert_aesthetic=IN.pth --output=OUT.safetensors``
+  (needs torch).
+
+Each is a :class:`LearnedReward` with the registry's contract (host images ``[B, H, W, 3]`` in
+[0, 1] and prompts in, ``float32 [B]`` out; images preprocessed on the host exactly as
+transformers' ``CLIPImageProcessor`` does) and a device path, :meth:`LearnedReward.score_device`,
+that keeps images on device (the resize there is ``jax.image.resize``'s antialiased bicubic, not
+PIL's: close, not equal; docs/rewards.md states how close).
+"""
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from spotlight_jax import safetensors_io
+from spotlight_jax.rewards import clip_model
+
+KINDS = ("clip_score", "pickscore", "aesthetic")
+AESTHETIC_LAYERS = (0, 2, 4, 6, 7)      # the published nn.Sequential's Linear indices
+
+
+class LearnedReward:
+    """One learned reward (``kind`` in :data:`KINDS`) over a transformers CLIP folder
+    (``clip_dir``: model, ``preprocessor_config.json`` where the checkpoint has one, the
+    tokenizer's ``tokenizer.json``) and, for ``aesthetic``, its head (``head``: safetensors with
+    ``layers.{0,2,4,6,7}.{weight,bias}``)."""
+
+    def __init__(self, kind: str, clip_dir, head=None, batch_size: int = 32):
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}: choose one of {KINDS}")
+        self.kind, self.batch_size = kind, int(batch_size)
+        model, self.cfg = clip_model.from_transformers(clip_dir)
+        self.graphdef, self.state = nnx.split(model)
+        self.tokenize = (clip_model.load_tokenizer(clip_dir, self.cfg) if kind != "aesthetic"
+                         else None)
+        self.head = load_aesthetic_head(head) if kind == "aesthetic" else None
+        if kind == "aesthetic" and self.head[0][0].shape[0] != self.cfg.projection:
+            raise ValueError(f"aesthetic head {head}: takes {self.head[0][0].shape[0]}-wide "
+                             f"embeddings, the CLIP at {clip_dir} gives {self.cfg.projection} "
+                             "(the predictor is for CLIP ViT-L/14)")
+
+    def __call__(self, images, prompts) -> np.ndarray:
+        pixels = clip_model.preprocess(images, self.cfg)
+        return self._batched(pixels, list(prompts))
+
+    def score_device(self, images, prompts) -> jax.Array:
+        """:meth:`__call__` for images already on device (float ``[B, H, W, 3]`` in [0, 1]):
+        8-bit rounding, the resize and crop in JAX; the scores stay on device."""
+        pixels = preprocess_device(images, self.cfg)
+        ids = None if self.tokenize is None else self.tokenize(list(prompts))
+        return _score(self.graphdef, self.kind, self.state, pixels, ids, self.head)
+
+    def _batched(self, pixels: np.ndarray, prompts: list) -> np.ndarray:
+        out = []
+        for i in range(0, len(pixels), self.batch_size):
+            ids = (None if self.tokenize is None
+                   else self.tokenize(prompts[i:i + self.batch_size]))
+            out.append(np.asarray(_score(self.graphdef, self.kind, self.state,
+                                         jnp.asarray(pixels[i:i + self.batch_size]), ids,
+                                         self.head)))
+        return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _score(graphdef, kind, state, pixels, ids, head):
+    model = nnx.merge(graphdef, state)
+    img = model.image_embeds(pixels)
+    img = img / jnp.linalg.norm(img, axis=-1, keepdims=True)
+    if kind == "aesthetic":
+        x = img
+        for w, b in head:
+            x = x @ w + b
+        return x[:, 0]
+    txt = model.text_embeds(ids)
+    txt = txt / jnp.linalg.norm(txt, axis=-1, keepdims=True)
+    cos = jnp.sum(img * txt, axis=-1)
+    if kind == "clip_score":
+        return jnp.maximum(100.0 * cos, 0.0)
+    return jnp.exp(model.logit_scale[...]) * cos
+
+
+def preprocess_device(images, cfg: clip_model.CLIPConfig) -> jax.Array:
+    """:func:`clip_model.preprocess` in JAX on device: 8-bit rounding, shortest side to
+    ``image_size`` (antialiased bicubic), centre crop, mean and std."""
+    x = jnp.round(jnp.clip(jnp.asarray(images, jnp.float32), 0.0, 1.0) * 255.0)
+    b, h, w, _ = x.shape
+    s = cfg.image_size
+    nh, nw = (s, int(s * w / h)) if h <= w else (int(s * h / w), s)
+    x = jnp.clip(jnp.round(jax.image.resize(x, (b, nh, nw, 3), "bicubic", antialias=True)),
+                 0.0, 255.0)
+    top, left = (nh - s) // 2, (nw - s) // 2
+    x = x[:, top:top + s, left:left + s] / 255.0
+    return (x - jnp.asarray(cfg.mean, jnp.float32)) / jnp.asarray(cfg.std, jnp.float32)
+
+
+def load_aesthetic_head(path) -> tuple:
+    """The aesthetic predictor's five Linear layers as ``((kernel [in, out], bias), ...)``."""
+    p = pathlib.Path(path) if path else None
+    if p is None or not p.is_file():
+        raise FileNotFoundError(f"aesthetic head {path!r}: no such file (convert the published "
+                                "sac+logos+ava1-l14-linearMSE.pth once: python -m "
+                                "spotlight_jax.rewards.learned --convert_aesthetic=IN.pth "
+                                "--output=OUT.safetensors)")
+    t = safetensors_io.load(p)
+    try:
+        return tuple((jnp.asarray(np.asarray(t[f"layers.{i}.weight"], np.float32).T),
+                      jnp.asarray(np.asarray(t[f"layers.{i}.bias"], np.float32)))
+                     for i in AESTHETIC_LAYERS)
+    except KeyError as e:
+        raise ValueError(f"aesthetic head {p}: missing {e.args[0]!r}; expected the LAION "
+                         "predictor's layers.{0,2,4,6,7}.{weight,bias}") from None
+
+
+def convert_aesthetic(src, dst) -> None:
+    """The published torch pickle of the aesthetic head -> safetensors (needs torch once)."""
+    import torch  # noqa: PLC0415
+    sd = torch.load(src, map_location="cpu", weights_only=True)
+    keys = [f"layers.{i}.{n}" for i in AESTHETIC_LAYERS for n in ("weight", "bias")]
+    safetensors_io.save(dst, {k: sd[k].float().numpy() for k in keys},
+                        {"format": "pt", "source": str(src)})
+
+
+def main(argv):
+    del argv
+    from absl import flags  # noqa: PLC0415
+    f = flags.FLAGS
+    convert_aesthetic(f.convert_aesthetic, f.output)
+    print(f"wrote {f.output}")
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    flags.DEFINE_string("convert_aesthetic", None, "The published aesthetic head (.pth).")
+    flags.DEFINE_string("output", None, "Where to write it (.safetensors).")
+    flags.mark_flags_as_required(["convert_aesthetic", "output"])
+    app.run(main)

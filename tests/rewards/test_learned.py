@@ -1,0 +1,186 @@
+"""Learned rewards in JAX (CLIP score, PickScore, the LAION aesthetic predictor) against
+transformers: tiny random ``CLIPModel`` s (OpenAI's quick_gelu with the legacy end-of-text rule,
+and LAION's gelu with the id rule) and transformers' own embeddings, logits and token ids of fixed
+inputs are committed fixtures (tests/fixtures/transformers/, made by make_clip_fixtures.py), so
+no torch is needed; the image preprocessing against transformers' ``CLIPImageProcessorPil`` on
+real-size images of several aspect ratios (live where transformers is installed, and bit for
+bit against the stored checksums of its output everywhere); the rewards' formulas; the registry
+and config wiring."""
+import hashlib
+import importlib.util
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from spotlight_jax import rewards
+from spotlight_jax.config import ConfigError, RunSpec
+from spotlight_jax.rewards import clip_model, learned
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "transformers"
+NAMES = ("clip_quick_gelu", "clip_gelu")
+ATOL = 1e-5
+# (height, width) of real-size test images, and the sha256 of transformers'
+# CLIPImageProcessorPil output for each (float32 bytes), as the generator computed them
+SIZES = {
+    (512, 512): "e0b33a0e767480909fe45be2f1f106662f28845a164c16c54f0658152ba68b94",
+    (384, 640): "bedad2dfc81a86276b806ebfdb93f52bb0f5e5f120a99d8b6edd57640e3084c4",
+    (1024, 576): "1b261fc7f7a2b649c6d51b8ce348a3e52f0afd9f854969a98982a058526b08dc",
+    (300, 301): "102e084e8e6953b1cb0d19a85d917ac194e911115f02ee0d2e9e993e65ccd9e2",
+    (64, 96): "db91c144cb3e318e608354503994d1e41a322b66c251481e2672450f9c4e7f53",
+}   # transformers 5.25.0, Pillow's bicubic; regenerated live below where transformers is found
+
+
+@pytest.fixture(autouse=True)
+def highest_precision():
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_clip_fixtures",
+                                                  FIXTURES / "make_clip_fixtures.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen
+
+
+def _loaded(name):
+    model, cfg = clip_model.from_transformers(FIXTURES / name)
+    return model, cfg, np.load(FIXTURES / f"{name}.npz")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_embeddings_and_logits_equal_transformers(name):
+    model, cfg, ref = _loaded(name)
+    img = np.asarray(model.image_embeds(ref["pixels"]))
+    txt = np.asarray(model.text_embeds(ref["ids"]))
+    np.testing.assert_allclose(img, ref["image_embeds"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(txt, ref["text_embeds"], rtol=0, atol=ATOL)
+    cos = (img / np.linalg.norm(img, axis=-1, keepdims=True)) @ (
+        txt / np.linalg.norm(txt, axis=-1, keepdims=True)).T
+    np.testing.assert_allclose(np.exp(float(model.logit_scale[...])) * cos,
+                               ref["logits_per_image"], rtol=0, atol=1e-4)
+    assert np.abs(txt[0] - txt[1]).max() > 1e-2          # the prompt matters
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tokenizer_equals_transformers_on_the_fixture_prompts(name):
+    """Empty, short, quoted and over-long (truncated, end-of-text kept) prompts."""
+    gen = _generator()
+    _, cfg, ref = _loaded(name)
+    ids = clip_model.load_tokenizer(FIXTURES / name, cfg)(gen.PROMPTS)
+    np.testing.assert_array_equal(ids, ref["ids"])
+    assert (ids == ref["ids"][0, 0]).sum(axis=1).tolist() == [1] * len(gen.PROMPTS)   # one BOS
+
+
+def test_tokenizer_equals_transformers_on_hundreds_of_prompts():
+    transformers = pytest.importorskip("transformers")
+    from spotlight_jax import world
+    gen = _generator()
+    tok = gen.tokenizer()
+    _, cfg, _ = _loaded("clip_gelu")
+    prompts = world.train_prompts(world.WorldConfig(image_size=16))[:300]
+    prompts += ["", "   ", "ÉCOLE à Zürich", "emoji 🙂 text", "A  Mixed\tCase\nPrompt",
+                "x" * 200, '"quoted" 7, 8.']
+    ours = clip_model.load_tokenizer(FIXTURES / "clip_gelu", cfg)(prompts)
+    want = tok(prompts, padding="max_length", truncation=True, max_length=cfg.max_len,
+               return_tensors="np")["input_ids"]
+    assert isinstance(tok, transformers.CLIPTokenizer)
+    np.testing.assert_array_equal(ours, want)
+
+
+def _image(h, w, seed):
+    return np.random.default_rng(seed).random((h, w, 3)).astype(np.float32)
+
+
+def test_preprocessing_equals_transformers_clip_image_processor():
+    transformers = pytest.importorskip("transformers")
+    processor = transformers.CLIPImageProcessorPil()
+    cfg = clip_model.CLIPConfig(vision=None, text=None)        # 224, OpenAI's mean and std
+    for i, (h, w) in enumerate(SIZES):
+        img = _image(h, w, i)
+        u8 = np.clip(np.round(img * 255), 0, 255).astype(np.uint8)
+        want = processor(images=[u8], return_tensors="np")["pixel_values"][0].transpose(1, 2, 0)
+        np.testing.assert_array_equal(clip_model.preprocess(img[None], cfg)[0], want)
+
+
+def test_preprocessing_equals_the_stored_transformers_output_and_crops_the_centre():
+    """Bit for bit: the sha256 of transformers' output for each image (no transformers needed);
+    and a wide image keeps its middle."""
+    cfg = clip_model.CLIPConfig(vision=None, text=None)
+    for i, ((h, w), digest) in enumerate(SIZES.items()):
+        x = clip_model.preprocess(_image(h, w, i)[None], cfg)
+        assert x.shape == (1, 224, 224, 3) and x.dtype == np.float32
+        assert hashlib.sha256(x[0].tobytes()).hexdigest() == digest, (h, w)
+    # a wide image keeps its middle: a left third of black and a right third of white crop away
+    img = np.full((224, 672, 3), 0.5, np.float32)
+    img[:, :224], img[:, -224:] = 0.0, 1.0
+    x = clip_model.preprocess(img[None], cfg)[0] * np.asarray(cfg.std) + np.asarray(cfg.mean)
+    np.testing.assert_allclose(x, 128 / 255, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["clip_score", "pickscore"])
+def test_clip_score_and_pickscore_formulas(kind):
+    model, cfg, ref = _loaded("clip_gelu")
+    graphdef, state = nnx.split(model)
+    n = len(ref["pixels"])
+    got = np.asarray(learned._score(graphdef, kind, state, ref["pixels"], ref["ids"][:n], None))
+    img, txt = ref["image_embeds"], ref["text_embeds"][:n]
+    cos = np.sum(img * txt, -1) / np.linalg.norm(img, axis=-1) / np.linalg.norm(txt, axis=-1)
+    want = (np.maximum(100 * cos, 0) if kind == "clip_score"
+            else np.exp(float(model.logit_scale[...])) * cos)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_aesthetic_head_on_the_normalised_image_embedding(tmp_path):
+    from spotlight_jax import safetensors_io
+    model, cfg, ref = _loaded("clip_quick_gelu")
+    rng = np.random.default_rng(0)
+    dims = (cfg.projection, 1024, 128, 64, 16, 1)
+    tensors = {}
+    for i, (a, b) in zip(learned.AESTHETIC_LAYERS, zip(dims, dims[1:])):
+        tensors[f"layers.{i}.weight"] = (rng.normal(size=(b, a)) / a ** 0.5).astype(np.float32)
+        tensors[f"layers.{i}.bias"] = rng.normal(size=(b,)).astype(np.float32) * 0.1
+    safetensors_io.save(tmp_path / "head.safetensors", tensors)
+    head = learned.load_aesthetic_head(tmp_path / "head.safetensors")
+    graphdef, state = nnx.split(model)
+    got = np.asarray(learned._score(graphdef, "aesthetic", state, ref["pixels"], None, head))
+    x = ref["image_embeds"] / np.linalg.norm(ref["image_embeds"], axis=-1, keepdims=True)
+    for i in learned.AESTHETIC_LAYERS:                    # torch Linear: x W^T + b, no activation
+        x = x @ tensors[f"layers.{i}.weight"].T + tensors[f"layers.{i}.bias"]
+    np.testing.assert_allclose(got, x[:, 0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(FileNotFoundError, match="convert the published"):
+        learned.load_aesthetic_head(tmp_path / "nope.safetensors")
+
+
+def test_host_and_device_paths_score_alike():
+    """The registry contract (host images in, float32 [B] out) and the device path, whose JAX
+    resize is close to PIL's, not equal."""
+    fn = learned.LearnedReward("clip_score", FIXTURES / "clip_gelu", batch_size=2)
+    images = np.stack([_image(40, 56, i) for i in range(3)])
+    prompts = ["a red bar", "two blue squares", "a green column"]
+    host = fn(images, prompts)
+    assert host.shape == (3,) and host.dtype == np.float32
+    device = np.asarray(fn.score_device(jax.numpy.asarray(images), prompts))
+    np.testing.assert_allclose(device, host, atol=2.0)        # CLIP-score units (0-100)
+    one = fn(images[:1], prompts[:1])                         # batching changes nothing
+    np.testing.assert_allclose(one, host[:1], rtol=1e-6)
+
+
+def test_config_registers_a_learned_reward_and_names_a_missing_folder():
+    from helpers import micro_config
+    c = micro_config(1)
+    c.rl.eval_reward = "geneval_lite:1.0,clip_score:0.01"
+    with pytest.raises(ConfigError, match=r"^learned_rewards.clip_dir='': rl.reward or "):
+        RunSpec.of(c)
+    c.learned_rewards.clip_dir = str(FIXTURES / "clip_quick_gelu")
+    RunSpec.of(c)
+    assert "clip_score" in rewards.names()
+    got = rewards.get("clip_score")(np.zeros((2, 32, 32, 3), np.float32), ["a", "b"])
+    assert got.shape == (2,) and np.isfinite(got).all()
+    c.learned_rewards.clip_dir = str(FIXTURES)               # not a CLIP folder
+    with pytest.raises(ConfigError, match="learned_rewards.clip_dir="):
+        RunSpec.of(c)
