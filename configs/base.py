@@ -346,3 +346,31 @@ def add_spotlight_sections(c):
     # config seed (workdir/seed_<s>) and report every ratio's mean and spread ('()' = c.seed)
     c.compare = ml_collections.ConfigDict(dict(target_frac=0.8, target_gain=0.0, seeds=()))
     return c
+
+
+def paper_scale(c, *, sp: int, attention: str, scan_blocks: bool):
+    """The run settings the paper-scale configs share (qwen_image, sd35_medium, flux_dev): a
+    latent model without the tiny model's pixel convs, bf16 with remat, 8 emulated devices all
+    the trainer's as fsdp x ``sp`` (``attention`` over sp), the paper's 48 prompts x 24 seeds
+    per iteration, LoRA r32, nft's 144 accumulated chunks and the sampler's shift 3."""
+    m = c.model
+    m.conv_stem = 0
+    m.conv_head = False
+    m.dtype = "bfloat16"
+    m.param_dtype = "bfloat16"
+    m.remat = True
+    m.scan_blocks = scan_blocks
+    c.num_cpu_devices = 8
+    c.trainer_devices = 0
+    c.mesh.data = 1
+    c.mesh.fsdp = -1
+    c.mesh.sp = sp
+    c.attention = attention
+    c.pretrain.batch_size = 8
+    c.rl.prompts_per_iter = 48
+    c.rl.group_size = 24
+    c.rl.lora_rank = 32
+    c.rl.lora_alpha = 64.0
+    c.rl.nft.minibatches = 144   # nft: 8 images (x rl.nft.times rows) per accumulated chunk
+    c.sampler.shift = 3.0
+    return c

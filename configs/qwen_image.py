@@ -39,23 +39,5 @@ def get_config():
     m.text_norm = True            # txt_norm RMSNorm before txt_in
     m.timestep_scaling = "after_freqs"
     m.timestep_freqs = "rounded"
-    m.conv_stem = 0
-    m.conv_head = False
-    m.dtype = "bfloat16"
-    m.param_dtype = "bfloat16"
-    m.remat = True
-    m.scan_blocks = True
-    c.num_cpu_devices = 8
-    c.trainer_devices = 0
-    c.mesh.data = 1
-    c.mesh.fsdp = -1
-    c.mesh.sp = 4
-    c.attention = "ulysses"
-    c.pretrain.batch_size = 8
-    c.rl.prompts_per_iter = 48
-    c.rl.group_size = 24
-    c.rl.lora_rank = 32
-    c.rl.lora_alpha = 64.0
-    c.rl.nft.minibatches = 144   # nft: 8 images (x rl.nft.times rows) per accumulated chunk
-    c.sampler.shift = 3.0
+    _base["paper_scale"](c, sp=4, attention="ulysses", scan_blocks=True)
     return c

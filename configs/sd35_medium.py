@@ -43,23 +43,5 @@ def get_config():
     m.context_pre_only_last = True
     m.dual_attention_layers = tuple(range(13))
     m.timestep_freqs = "rounded"
-    m.conv_stem = 0
-    m.conv_head = False
-    m.dtype = "bfloat16"
-    m.param_dtype = "bfloat16"
-    m.remat = True
-    m.scan_blocks = False
-    c.num_cpu_devices = 8
-    c.trainer_devices = 0
-    c.mesh.data = 1
-    c.mesh.fsdp = -1
-    c.mesh.sp = 1
-    c.attention = "dense"
-    c.pretrain.batch_size = 8
-    c.rl.prompts_per_iter = 48
-    c.rl.group_size = 24
-    c.rl.lora_rank = 32
-    c.rl.lora_alpha = 64.0
-    c.rl.nft.minibatches = 144   # nft: 8 images (x rl.nft.times rows) per accumulated chunk
-    c.sampler.shift = 3.0
+    _base["paper_scale"](c, sp=1, attention="dense", scan_blocks=False)
     return c
