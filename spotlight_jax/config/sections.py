@@ -311,33 +311,38 @@ def register_remote_reward(config) -> None:
 _registered_remote: dict[str, RemoteRewardConfig] = {}
 
 
-LEARNED_REWARDS = {"clip_score": ("clip_dir",), "pickscore": ("pickscore_dir",),
-                   "aesthetic": ("aesthetic_clip_dir", "aesthetic_head")}
-"""A learned reward's name -> the ``learned_rewards`` fields it needs."""
+def learned_rewards_config(config):
+    """The ``learned_rewards`` section (``rewards.learned.LearnedRewardsConfig``), validated."""
+    from spotlight_jax.rewards.learned import LearnedRewardsConfig  # noqa: PLC0415
+    if config.get("learned_rewards") is None:
+        return LearnedRewardsConfig()
+    return build_section(section_paths("learned_rewards", LearnedRewardsConfig),
+                         lambda: pick_fields(LearnedRewardsConfig,
+                                             config.learned_rewards).validate())
 
 
 def register_learned_rewards(config) -> None:
     """Where ``rl.reward`` or ``rl.eval_reward`` names or mixes in a learned reward
-    (:data:`LEARNED_REWARDS`), loads it from ``learned_rewards`` (once per folder) and
-    registers it under its name; a missing folder is a one-line ConfigError naming the field."""
-    section = config.get("learned_rewards")
-    for name, fields in LEARNED_REWARDS.items():
+    (``rewards.learned.NEEDS``), loads it from ``learned_rewards`` (once per folder) and
+    registers it under its name; a folder not set is a one-line ConfigError naming the field."""
+    from spotlight_jax.rewards.learned import NEEDS, LearnedReward  # noqa: PLC0415
+    cfg = learned_rewards_config(config)
+    for name, fields in NEEDS.items():
         if not any(rewards.mix.mentions(spec, name)
                    for spec in (train_reward(config), eval_reward(config))):
             continue
-        values = tuple(str(section.get(f, "")) if section is not None else "" for f in fields)
+        values = tuple(getattr(cfg, f) for f in fields)
         for field, value in zip(fields, values):
             if not value:
                 raise ConfigError(f"learned_rewards.{field}='': rl.reward or rl.eval_reward "
                                   f"uses {name!r}, which needs it (docs/rewards.md: what to "
                                   "download and convert)")
-        key = (name, values, int(section.get("batch_size", 32)))
+        key = (name, values, cfg.batch_size)
         if _registered_learned.get(name) == key and name in rewards.names():
             continue
-        from spotlight_jax.rewards.learned import LearnedReward  # noqa: PLC0415
         try:
             fn = LearnedReward(name, values[0], head=values[1] if len(values) > 1 else None,
-                               batch_size=key[2])
+                               batch_size=cfg.batch_size)
         except (OSError, ValueError) as e:
             raise ConfigError(f"learned_rewards.{fields[0]}={values[0]!r}: {e}") from None
         rewards.register(name, fn, overwrite=True)

@@ -13,7 +13,6 @@ import re
 from spotlight_jax import rewards
 from spotlight_jax.config.loading import ConfigError, build_section, pick_fields, section_paths
 from spotlight_jax.config.sections import (
-    LEARNED_REWARDS,
     REMOTE_REWARD,
     _grpo_config,
     _nft_config,
@@ -22,6 +21,7 @@ from spotlight_jax.config.sections import (
     cpu_device_count,
     deployment_config,
     eval_reward,
+    learned_rewards_config,
     mesh_config,
     mode_spec,
     model_config,
@@ -41,6 +41,7 @@ from spotlight_jax.config.sections import (
 from spotlight_jax.emulation import TraceConfig
 from spotlight_jax.explore.planner import PlannerConfig
 from spotlight_jax.metrics import WANDB_MODES
+from spotlight_jax.rewards.learned import NEEDS as LEARNED_NEEDS
 
 
 def _check_run_settings(s) -> None:
@@ -67,7 +68,7 @@ def _check_run_settings(s) -> None:
         bad("rl.group_size", s.group_size, "must be >= 2 (advantages compare a group's rollouts)")
     known = rewards.names() + ([] if REMOTE_REWARD in rewards.names() else
                                [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
-    known += [f"{n} (learned: learned_rewards)" for n in LEARNED_REWARDS
+    known += [f"{n} (learned: learned_rewards)" for n in LEARNED_NEEDS
               if n not in rewards.names()]
     for path, spec in (("rl.reward", s.reward), ("rl.eval_reward", s.eval_reward)):
         try:
@@ -143,6 +144,7 @@ def validate(config, devices=None) -> None:
     _nft_config(config)
     pretrain_config(config)
     remote_reward_config(config)      # (run_settings registered the client if the run uses it)
+    learned_rewards_config(config)
     if (config.prompts.embeddings_file or config.prompts.train_kinds
             or model_config(config).text_width):
         prompt_source(config)         # a missing or mismatched file (a real config without

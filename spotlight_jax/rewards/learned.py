@@ -19,6 +19,7 @@ PIL's: close, not equal; docs/rewards.md states how close).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pathlib
 
@@ -31,6 +32,35 @@ from spotlight_jax import safetensors_io
 from spotlight_jax.rewards import clip_model
 
 KINDS = ("clip_score", "pickscore", "aesthetic")
+NEEDS = {"clip_score": ("clip_dir",), "pickscore": ("pickscore_dir",),
+         "aesthetic": ("aesthetic_clip_dir", "aesthetic_head")}
+"""A learned reward's name -> the :class:`LearnedRewardsConfig` fields it needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedRewardsConfig:
+    """Where the learned rewards' models are (``learned_rewards`` in the config): transformers
+    CLIP folders and the converted aesthetic head; '' = not configured."""
+
+    clip_dir: str = ""
+    pickscore_dir: str = ""
+    aesthetic_clip_dir: str = ""
+    aesthetic_head: str = ""
+    batch_size: int = 32
+
+    def validate(self) -> LearnedRewardsConfig:
+        """Returns self, or a one-line ValueError naming the bad field and the fix."""
+        for name in ("clip_dir", "pickscore_dir", "aesthetic_clip_dir"):
+            value = getattr(self, name)
+            if value and not pathlib.Path(value).is_dir():
+                raise ValueError(f"{name}={value!r}: not a directory (a transformers CLIPModel "
+                                 "folder, or '' when the reward is not used)")
+        if self.aesthetic_head and not pathlib.Path(self.aesthetic_head).is_file():
+            raise ValueError(f"aesthetic_head={self.aesthetic_head!r}: no such file (the head "
+                             "converted to .safetensors, or '' when the reward is not used)")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size!r}: must be >= 1 (images per call)")
+        return self
 AESTHETIC_LAYERS = (0, 2, 4, 6, 7)      # the published nn.Sequential's Linear indices
 
 
