@@ -20,11 +20,18 @@ import time
 import numpy as np
 from absl import app, flags
 
-flags.DEFINE_integer("layers", 2, "Layers per tower (the real PickScore model: 32 and 24).")
-flags.DEFINE_integer("batch", 16, "Images (and prompts) per measurement.")
-flags.DEFINE_integer("repeats", 5, "Timed measurements per side; the median is reported.")
-flags.DEFINE_integer("threads", 0, "torch intra-op threads (0 = torch's default).")
 FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This benchmark's flags (defined only when it runs as the program)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_integer("layers", 2, "Layers per tower (the real PickScore model: 32 and 24).",
+                         **fv)
+    flags.DEFINE_integer("batch", 16, "Images (and prompts) per measurement.", **fv)
+    flags.DEFINE_integer("repeats", 5, "Timed measurements per side; the median is reported.",
+                         **fv)
+    flags.DEFINE_integer("threads", 0, "torch intra-op threads (0 = torch's default).", **fv)
 
 
 def _model(layers: int, folder: str):
@@ -88,7 +95,8 @@ def measure(layers: int, batch: int, repeats: int) -> dict:
 
 
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import torch  # noqa: PLC0415
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
@@ -101,4 +109,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

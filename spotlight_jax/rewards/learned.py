@@ -8,7 +8,7 @@ predictor, on a Flax CLIP (``rewards.clip_model``) jitted and batched on the dev
 * ``aesthetic``: the LAION improved aesthetic predictor v2: its MLP (768 -> 1024 -> 128 -> 64 ->
   16 -> 1, no activations between, as published) on the L2-normalised CLIP ViT-L/14 image
   embedding; scores about 1-10. The head is published as a torch pickle: convert it once with
-  ``python -m spotlight_jax.rewards.learned --convert_aesthetic=IN.pth --output=OUT.safetensors``
+  ``python -m spotlight_jax.convert_reward_head --aesthetic=IN.pth --output=OUT.safetensors``
   (needs torch).
 
 Each is a :class:`LearnedReward` with the registry's contract (host images ``[B, H, W, 3]`` in
@@ -144,7 +144,7 @@ def load_aesthetic_head(path) -> tuple:
     if p is None or not p.is_file():
         raise FileNotFoundError(f"aesthetic head {path!r}: no such file (convert the published "
                                 "sac+logos+ava1-l14-linearMSE.pth once: python -m "
-                                "spotlight_jax.rewards.learned --convert_aesthetic=IN.pth "
+                                "spotlight_jax.convert_reward_head --aesthetic=IN.pth "
                                 "--output=OUT.safetensors)")
     t = safetensors_io.load(p)
     try:
@@ -163,19 +163,3 @@ def convert_aesthetic(src, dst) -> None:
     keys = [f"layers.{i}.{n}" for i in AESTHETIC_LAYERS for n in ("weight", "bias")]
     safetensors_io.save(dst, {k: sd[k].float().numpy() for k in keys},
                         {"format": "pt", "source": str(src)})
-
-
-def main(argv):
-    del argv
-    from absl import flags  # noqa: PLC0415
-    f = flags.FLAGS
-    convert_aesthetic(f.convert_aesthetic, f.output)
-    print(f"wrote {f.output}")
-
-
-if __name__ == "__main__":
-    from absl import app, flags
-    flags.DEFINE_string("convert_aesthetic", None, "The published aesthetic head (.pth).")
-    flags.DEFINE_string("output", None, "Where to write it (.safetensors).")
-    flags.mark_flags_as_required(["convert_aesthetic", "output"])
-    app.run(main)

@@ -115,9 +115,9 @@ def test_decoupled_advantages_weight_each_normalised_term():
 
 @pytest.mark.parametrize("key", ["rl.reward", "rl.eval_reward"])
 def test_config_names_the_bad_mix(key):
-    with pytest.raises(ConfigError, match=f"{key}='geneval_lite:1,pickscore:1': unknown reward "
-                                          "'pickscore'"):
-        RunSpec.of(load_config("tiny", {key: "geneval_lite:1,pickscore:1"}))
+    with pytest.raises(ConfigError, match=f"{key}='geneval_lite:1,imagereward:1': unknown reward "
+                                          "'imagereward'"):
+        RunSpec.of(load_config("tiny", {key: "geneval_lite:1,imagereward:1"}))
     with pytest.raises(ConfigError, match=f"{key}='geneval_lite:one'.*not a number"):
         RunSpec.of(load_config("tiny", {key: "geneval_lite:one"}))
 

@@ -303,9 +303,9 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
                           reward="geneval_lite")
     assert got["reward"] == want["reward"] and "acc_text" in got
     r.close()
-    c.rl.eval_reward = "pickscore"
+    c.rl.eval_reward = "imagereward"
     # (a ConfigError, a ValueError, now raised as the spec is built, before the run starts)
-    with pytest.raises(ValueError, match="rl.eval_reward='pickscore': unknown reward"):
+    with pytest.raises(ValueError, match="rl.eval_reward='imagereward': unknown reward"):
         runner.RunState(RunSpec.of(c), str(tmp_path / "bad"), graphdef, state)
 
 
