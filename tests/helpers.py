@@ -122,16 +122,23 @@ def fake_encode(prompts, dim):
     return rows
 
 
-def world_prompt_file(path, dim, image_size):
+def world_prompt_file(path, dim, image_size, pooled_dim=0):
     """A prompt-embedding file of every world prompt (at ``image_size``) with its world split,
-    plus the empty prompt, fake-encoded at width ``dim``; returns ``(prompts, embeds, mask)``."""
+    plus the empty prompt, fake-encoded at width ``dim`` (and, with ``pooled_dim``, a pooled
+    embedding: the mean of the prompt's word vectors' first ``pooled_dim`` entries); returns
+    ``(prompts, embeds, mask)``."""
+    import numpy as np
+
     from spotlight_jax import prompt_embeddings as pe
     from spotlight_jax import world
     wc = world.WorldConfig(image_size=image_size)
     train, val = world.train_prompts(wc), world.val_prompts(wc)
     prompts = ["", *train, *val]
-    embeds, mask = pe.pad_rows(fake_encode(prompts, dim))
-    pe.write(path, prompts, embeds, mask, splits=["", *["train"] * len(train),
+    rows = fake_encode(prompts, dim)
+    embeds, mask = pe.pad_rows(rows)
+    pooled = (np.stack([r[:, :pooled_dim].mean(0) if len(r) else np.zeros(pooled_dim)
+                        for r in rows]).astype(np.float32) if pooled_dim else None)
+    pe.write(path, prompts, embeds, mask, pooled, splits=["", *["train"] * len(train),
                                                   *["val"] * len(val)],
              family="synthetic", encoder="tests.fake_encode", info={"dim": dim})
     return prompts, embeds, mask
@@ -151,6 +158,24 @@ def qwen_fixture_overrides(tmp_path, objective) -> dict:
             "model.text_width": 0, "model.text_embed_dim": QWEN_DIM,
             "prompts.embeddings_file": str(path), "rl.objective": objective,
             "rl.eval_prompts": 2}
+
+
+FLUX_PIPE = QWEN_PIPE.parent / "pipeline_flux"
+FLUX_POOLED = 20             # its pooled_projection_dim
+
+
+def flux_fixture_config(tmp_path, objective, iterations=1, **overrides):
+    """The micro run on the tiny random FLUX.1 [dev] pipeline fixture (transformer + its
+    SD3-architecture VAE), prompts with pooled embeddings from a file written into
+    ``tmp_path``, the distilled guidance scale 3.5 as the model's input."""
+    path = Path(tmp_path) / "flux_prompts.safetensors"
+    if not path.exists():
+        world_prompt_file(path, QWEN_DIM, image_size=32, pooled_dim=FLUX_POOLED)
+    return micro_config(iterations, **{
+        "base_checkpoint": str(FLUX_PIPE), "model.image_size": 8, "model.text_len": 12,
+        "model.text_width": 0, "model.text_embed_dim": QWEN_DIM,
+        "prompts.embeddings_file": str(path), "rl.objective": objective, "rl.eval_prompts": 2,
+        "sampler.guidance": 3.5, "sampler.eval_guidance": 3.5, **overrides})
 
 
 def qwen_fixture_config(tmp_path, objective, iterations=1, **overrides):

@@ -8,7 +8,7 @@ are the VAE's pixels."""
 import jax
 import numpy as np
 import pytest
-from helpers import QWEN_PIPE, qwen_fixture_config
+from helpers import QWEN_PIPE, flux_fixture_config, qwen_fixture_config
 
 from spotlight_jax import safetensors_io
 from spotlight_jax.config import ConfigError, image_decoder, model_config, validate
@@ -72,6 +72,28 @@ def test_post_training_a_diffusers_base_decodes_with_its_vae(tmp_path, objective
     lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
     assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in lora
     assert any(np.abs(v).max() > 0 for k, v in lora.items() if "lora_B" in k)
+
+
+@pytest.mark.e2e
+def test_post_training_a_flux_dev_base_with_its_distilled_guidance(tmp_path):
+    """FLUX.1 [dev]'s structure from a pipeline folder: its single-stream blocks and guidance
+    embedding converted, rollouts at guidance 3.5 as the model's input (one pass), Flow-GRPO's
+    log-probs recomputed the same way, the VAE's pixels rewarded, the LoRA (single-stream
+    blocks included) exported for diffusers."""
+    config = flux_fixture_config(tmp_path, "flow_grpo")
+    cfg = model_config(config)
+    assert (cfg.single_blocks, cfg.guidance_embed, cfg.pos_embed) == (1, True, "rope3d_flux")
+    vae = image_decoder(config)
+    assert vae.latent_channels == 16
+    history = train_and_evaluate(config, str(tmp_path / "run"))
+    rows = [h for h in history if "reward_mean" in h]
+    assert len(rows) == 1 and np.isfinite(rows[0]["loss"]) and rows[0]["grad_norm"] > 0
+    # the rollout's log-probs and the trainer's recomputation agree (the same one-pass velocity)
+    assert rows[0]["rollout_logp_dev"] < 1e-3
+    assert all(np.isfinite(h["val_reward"]) for h in history if "val_reward" in h)
+    lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
+    assert "transformer.single_transformer_blocks.0.proj_out.lora_A.weight" in lora
+    assert "transformer.transformer_blocks.0.attn.add_q_proj.lora_B.weight" in lora
 
 
 def test_prompts_outside_the_world_grammar_form_one_planner_cluster():
