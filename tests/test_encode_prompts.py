@@ -55,13 +55,17 @@ def t5_tokenizer():
     return transformers.T5TokenizerFast(vocab=vocab, extra_ids=0)
 
 
+def t5_encoder(tok, width, seed):
+    torch.manual_seed(seed)
+    return transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=len(tok), d_model=width, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+
+
 def sd3_pipeline():
     tok = clip_tokenizer()
     t5_tok = t5_tokenizer()
-    torch.manual_seed(2)
-    t5 = transformers.T5EncoderModel(transformers.T5Config(
-        vocab_size=len(t5_tok), d_model=48, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
-        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+    t5 = t5_encoder(t5_tok, 48, seed=2)
     return diffusers.StableDiffusion3Pipeline(
         transformer=None, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=None,
         text_encoder=clip_encoder(tok, 16, 8, seed=0), tokenizer=tok,
@@ -72,10 +76,7 @@ def sd3_pipeline():
 def flux_pipeline():
     tok = clip_tokenizer()
     t5_tok = t5_tokenizer()
-    torch.manual_seed(4)
-    t5 = transformers.T5EncoderModel(transformers.T5Config(
-        vocab_size=len(t5_tok), d_model=40, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
-        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+    t5 = t5_encoder(t5_tok, 40, seed=4)
     clip = clip_encoder(tok, 16, 8, seed=5)
     text_encoder = transformers.CLIPTextModel(clip.config).eval()     # Flux's: no projection
     text_encoder.load_state_dict(clip.state_dict(), strict=False)
