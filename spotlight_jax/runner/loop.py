@@ -11,6 +11,8 @@ last checkpoint and redoes the iterations after it (their metric rows are droppe
 """
 from __future__ import annotations
 
+import statistics
+
 from absl import logging
 from tqdm.auto import tqdm
 
@@ -23,12 +25,17 @@ from spotlight_jax.runner.state import RunState
 
 class _Progress:
     """A tqdm bar in RL minutes whose total is the earlier of the time budget and the time the
-    remaining iterations are projected to take (their mean so far)."""
+    remaining iterations are projected to take: the median of the last :attr:`WINDOW`
+    iterations' RL seconds each, so the first iterations' compiles (several times a later
+    iteration's time) do not inflate the projection for the rest of the run."""
+
+    WINDOW = 20
 
     def __init__(self, desc: str, budget_s: float, start_it: int, iterations: int,
                  spent_s: float, enabled: bool):
         self.budget_s, self.iterations = budget_s, iterations
-        self.start_it, self.start_spent = start_it, spent_s
+        self.last_it, self.last_spent = start_it, spent_s
+        self.recent: list[float] = []       # RL seconds per iteration, the last WINDOW
         total = budget_s or None
         self.bar = tqdm(total=None if total is None else round(total / 60, 2),
                         initial=round(spent_s / 60, 2), unit="RL min", desc=desc,
@@ -36,10 +43,18 @@ class _Progress:
                         bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} "
                                    "[{elapsed}<{remaining}{postfix}]" if total else None)
 
+    def projected_s(self, iteration: int, spent_s: float) -> float:
+        """RL seconds at the run's last iteration, from the recent iterations' median."""
+        done = iteration - self.last_it
+        if done > 0:
+            self.recent = (self.recent + [(spent_s - self.last_spent) / done] * done
+                           )[-self.WINDOW:]
+            self.last_it, self.last_spent = iteration, spent_s
+        per_it = statistics.median(self.recent) if self.recent else 0.0
+        return spent_s + per_it * (self.iterations - iteration)
+
     def update(self, iteration: int, spent_s: float, postfix: dict) -> None:
-        done = iteration - self.start_it
-        per_it = (spent_s - self.start_spent) / max(done, 1)
-        projected = spent_s + per_it * (self.iterations - iteration)
+        projected = self.projected_s(iteration, spent_s)
         end = min(projected, self.budget_s) if self.budget_s else projected
         # set, not summed: rounded increments would overshoot the total
         self.bar.total = round(end / 60, 2)

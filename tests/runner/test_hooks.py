@@ -1,5 +1,6 @@
 """The run loop's hooks: each runs at its cadence and after the last iteration; metric hooks add
-to the iteration's row before it is written, the others act once it is kept."""
+to the iteration's row before it is written, the others act once it is kept. Its progress bar
+projects the run's end from the recent iterations."""
 import types
 
 import pytest
@@ -66,3 +67,21 @@ def test_default_hooks_evaluate_checkpoint_plot_and_export_in_order(monkeypatch)
     calls.clear()
     _drive(loop.default_hooks(run, ckpt), run, 1)
     assert [c[0] for c in calls] == ["save", "plot", "export"]
+
+
+def test_the_progress_bars_projection_forgets_the_first_iterations_compiles():
+    """A run of 100 iterations whose first took 30 RL seconds (compiles) and the rest 2 each:
+    after 10 iterations the bar projects 30 + 99 x 2 = 228 s (the recent median), where the
+    mean so far (4.8 s per iteration) would project 480 s; within a time budget the total is
+    the budget."""
+    bar = loop._Progress("t", 0.0, 0, 100, 0.0, enabled=False)
+    spent = 0.0
+    for it, dt in enumerate([30.0] + [2.0] * 9, start=1):
+        spent += dt
+        projected = bar.projected_s(it, spent)
+    assert projected == pytest.approx(30.0 + 99 * 2.0)
+    bar = loop._Progress("t", 120.0, 0, 100, 0.0, enabled=False)
+    bar.update(1, 30.0, {})
+    bar.update(3, 34.0, {})                   # two iterations at once: 2 s each
+    assert bar.bar.total == 2.0               # the budget (120 s) comes first
+    assert bar.recent == [30.0, 2.0, 2.0]
