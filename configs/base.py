@@ -188,14 +188,16 @@ def get_config():
     c.prompts.train_kinds = ""
 
     # Learned rewards in JAX, in process (spotlight_jax.rewards.learned; docs/rewards.md), used
-    # where rl.reward or rl.eval_reward names (or mixes in) clip_score, pickscore or aesthetic:
-    # transformers CLIPModel folders (weights as safetensors, tokenizer.json) and the converted
-    # aesthetic head
+    # where rl.reward or rl.eval_reward names (or mixes in) clip_score, pickscore, aesthetic or
+    # hpsv2: transformers CLIPModel folders (weights as safetensors, tokenizer.json), the
+    # converted aesthetic head and HPSv2.1's converted open_clip weights
     lr = c.learned_rewards = ml_collections.ConfigDict()
     lr.clip_dir = ""                # clip_score: e.g. openai/clip-vit-large-patch14
     lr.pickscore_dir = ""           # pickscore: yuvalkirstain/PickScore_v1 (+ the CLIP-H tokenizer)
     lr.aesthetic_clip_dir = ""      # aesthetic: CLIP ViT-L/14 (the predictor's embedding)
     lr.aesthetic_head = ""          # aesthetic: the head converted to .safetensors
+    lr.hpsv2_weights = ""           # hpsv2: HPS_v2.1_compressed.pt converted to .safetensors
+    lr.hpsv2_tokenizer_dir = ""     # hpsv2: a folder with the ViT-H/14 tokenizer.json
     lr.batch_size = 32              # images per jitted call
 
     # A reward served over HTTP (spotlight_jax.rewards.remote; docs/rewards_remote.md), used

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from spotlight_jax.rewards.learned import convert_aesthetic
+from spotlight_jax.rewards.learned import convert_aesthetic, convert_open_clip
 
 
 def define_flags() -> None:
     flags.DEFINE_string("aesthetic", None, "The published aesthetic head (.pth).")
+    flags.DEFINE_string("open_clip", None, "A published open_clip checkpoint (.pt), e.g. HPSv2.1.")
     flags.DEFINE_string("output", None, "Where to write it (.safetensors).")
-    flags.mark_flags_as_required(["aesthetic", "output"])
+    flags.mark_flags_as_required(["output"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
-    convert_aesthetic(f.aesthetic, f.output)
+    if bool(f.aesthetic) == bool(f.open_clip):
+        raise app.UsageError("give one of --aesthetic or --open_clip")
+    (convert_aesthetic if f.aesthetic else convert_open_clip)(f.aesthetic or f.open_clip,
+                                                              f.output)
     print(f"wrote {f.output}")
 
 

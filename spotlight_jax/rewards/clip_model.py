@@ -72,6 +72,7 @@ class CLIPConfig:
     eos_id: int = 49407
     mean: tuple = CLIP_MEAN
     std: tuple = CLIP_STD
+    crop: str = "floor"           # centre crop offset: transformers' floor | torchvision's round
 
 
 def _act(name: str):
@@ -216,15 +217,24 @@ def _rules(cfg: CLIPConfig) -> dict[tuple, tuple[str, str]]:
 def _layout(a: np.ndarray, how: str) -> np.ndarray:
     if how == "linear":                       # torch [out, in] -> [in, out]
         return a.T
+    if how.startswith("third"):               # open_clip's fused in_proj [3d, d]: q, k or v
+        d = a.shape[1]
+        j = int(how[-1])
+        return a[j * d:(j + 1) * d].T
+    if how.startswith("bthird"):
+        d = a.shape[0] // 3
+        j = int(how[-1])
+        return a[j * d:(j + 1) * d]
     if how == "patch":                        # conv [d, 3, p, p] -> [(py, px, c), d]
         return a.transpose(2, 3, 1, 0).reshape(-1, a.shape[0])
     return a
 
 
-def load_weights(cfg: CLIPConfig, tensors: dict, source: str = "checkpoint"):
-    """``(graphdef, state)`` of :class:`CLIP` holding ``tensors`` (transformers names)."""
+def load_weights(cfg: CLIPConfig, tensors: dict, source: str = "checkpoint", rules=None):
+    """``(graphdef, state)`` of :class:`CLIP` holding ``tensors`` (transformers names, or
+    another layout's ``rules``)."""
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: CLIP(cfg, rngs=nnx.Rngs(0))))
-    rules = _rules(cfg)
+    rules = _rules(cfg) if rules is None else rules
     flat = {tuple(p): v for p, v in nnx.to_flat_state(abstract)}
     missing = sorted(set(flat) - set(rules), key=str)
     if missing:
@@ -250,6 +260,92 @@ def load_weights(cfg: CLIPConfig, tensors: dict, source: str = "checkpoint"):
                             f"{len(unexpected) - 1} more): not a CLIPModel checkpoint")
     nnx.replace_by_pure_dict(abstract, pure)
     return graphdef, abstract
+
+
+# open_clip architectures by name: (vision heads, text heads, activation); widths, depths and
+# sizes come from the stored tensors
+OPEN_CLIP_ARCHS = {"ViT-H-14": (16, 16, "gelu"), "ViT-L-14": (16, 12, "gelu"),
+                   "ViT-B-32": (12, 8, "gelu")}
+
+
+def _open_clip_rules(cfg: CLIPConfig) -> dict[tuple, tuple[str, str]]:
+    """Our parameter path -> (open_clip tensor name, layout): like :func:`_rules`, with the
+    fused ``in_proj`` q/k/v split ('q', 'k', 'v' thirds) and the projections stored
+    ``[width, embed]`` (x @ proj: 'copy')."""
+    out = {("patch_embed", "kernel"): ("visual.conv1.weight", "patch"),
+           ("class_embed",): ("visual.class_embedding", "copy"),
+           ("vision_pos",): ("visual.positional_embedding", "copy"),
+           ("visual_proj", "kernel"): ("visual.proj", "copy"),
+           ("token_embed",): ("token_embedding.weight", "copy"),
+           ("text_pos",): ("positional_embedding", "copy"),
+           ("text_proj", "kernel"): ("text_projection", "copy"),
+           ("logit_scale",): ("logit_scale", "copy")}
+    for ours, theirs in (("pre_ln", "visual.ln_pre"), ("post_ln", "visual.ln_post"),
+                         ("final_ln", "ln_final")):
+        out[(ours, "scale")] = (f"{theirs}.weight", "copy")
+        out[(ours, "bias")] = (f"{theirs}.bias", "copy")
+    for stack, prefix, n in (("vision_layers", "visual.transformer", cfg.vision.layers),
+                             ("text_layers", "transformer", cfg.text.layers)):
+        for i in range(n):
+            src = f"{prefix}.resblocks.{i}"
+            for j, ours in enumerate(("q", "k", "v")):
+                out[(stack, i, ours, "kernel")] = (f"{src}.attn.in_proj_weight", f"third{j}")
+                out[(stack, i, ours, "bias")] = (f"{src}.attn.in_proj_bias", f"bthird{j}")
+            for ours, theirs in (("out", "attn.out_proj"), ("fc1", "mlp.c_fc"),
+                                 ("fc2", "mlp.c_proj")):
+                out[(stack, i, ours, "kernel")] = (f"{src}.{theirs}.weight", "linear")
+                out[(stack, i, ours, "bias")] = (f"{src}.{theirs}.bias", "copy")
+            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                out[(stack, i, ours, "scale")] = (f"{src}.{theirs}.weight", "copy")
+                out[(stack, i, ours, "bias")] = (f"{src}.{theirs}.bias", "copy")
+    return out
+
+
+def open_clip_config(tensors: dict, arch: str = "ViT-H-14", source: str = "checkpoint",
+                     heads: tuple[int, int] | None = None) -> CLIPConfig:
+    """Our config of an open_clip CLIP state dict: sizes from its tensors, heads (unless
+    ``heads`` = (vision, text) gives them) and activation from ``arch``
+    (:data:`OPEN_CLIP_ARCHS`); open_clip's preprocessing (OpenAI's mean and std, torchvision's
+    centre crop) and end-of-text rule (the largest id)."""
+    if arch not in OPEN_CLIP_ARCHS:
+        raise CLIPLoadError(f"arch={arch!r}: choose one of {sorted(OPEN_CLIP_ARCHS)}")
+    vh, th, act = OPEN_CLIP_ARCHS[arch]
+    vh, th = heads or (vh, th)
+    try:
+        conv = tensors["visual.conv1.weight"]
+        vpos, tpos = tensors["visual.positional_embedding"], tensors["positional_embedding"]
+        proj, fc = tensors["visual.proj"], tensors["visual.transformer.resblocks.0.mlp.c_fc.weight"]
+        tfc = tensors["transformer.resblocks.0.mlp.c_fc.weight"]
+    except KeyError as e:
+        raise CLIPLoadError(f"{source}: missing tensor {e.args[0]!r}: not an open_clip CLIP "
+                            "state dict") from None
+
+    def depth(prefix):
+        return len({k.split(".")[len(prefix.split("."))] for k in tensors
+                    if k.startswith(prefix + ".")})
+
+    vw, tw = int(conv.shape[0]), int(tpos.shape[1])
+    grid = int(round((int(vpos.shape[0]) - 1) ** 0.5))
+    return CLIPConfig(
+        vision=TowerConfig(vw, depth("visual.transformer.resblocks"), vh, int(fc.shape[0]), act),
+        text=TowerConfig(tw, depth("transformer.resblocks"), th, int(tfc.shape[0]), act),
+        image_size=grid * int(conv.shape[2]), patch=int(conv.shape[2]),
+        vocab=int(tensors["token_embedding.weight"].shape[0]), max_len=int(tpos.shape[0]),
+        projection=int(proj.shape[1]), eos_id=2, crop="round")
+
+
+def from_open_clip(path, arch: str = "ViT-H-14",
+                   heads: tuple[int, int] | None = None) -> tuple[CLIP, CLIPConfig]:
+    """``(model, config)`` of an open_clip CLIP state dict saved as safetensors (a published
+    torch pickle, e.g. HPSv2.1's, converted once: ``python -m
+    spotlight_jax.convert_reward_head --open_clip=IN.pt --output=OUT.safetensors``)."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise CLIPLoadError(f"{p}: no such file (an open_clip state dict as .safetensors)")
+    tensors = safetensors_io.load(p)
+    cfg = open_clip_config(tensors, arch, str(p), heads)
+    graphdef, state = load_weights(cfg, tensors, str(p), rules=_open_clip_rules(cfg))
+    return nnx.merge(graphdef, state), cfg
 
 
 def from_transformers(folder) -> tuple[CLIP, CLIPConfig]:
@@ -281,7 +377,7 @@ def preprocess(images, cfg: CLIPConfig) -> np.ndarray:
     """``images`` float ``[B, H, W, 3]`` in [0, 1] (or uint8) -> the model's normalised pixels
     ``[B, image_size, image_size, 3]`` float32, as transformers' slow ``CLIPImageProcessor``:
     8-bit, shortest side to ``image_size`` by PIL's bicubic filter, centre crop, ``/ 255``,
-    mean and std."""
+    mean and std (``cfg.crop='round'``: open_clip's torchvision crop offset)."""
     from PIL import Image  # noqa: PLC0415
 
     arr = np.asarray(images)
@@ -296,7 +392,10 @@ def preprocess(images, cfg: CLIPConfig) -> np.ndarray:
         size = (new_long, s) if h <= w else (s, new_long)       # PIL: (width, height)
         pil = Image.fromarray(im).resize(size, resample=Image.BICUBIC)
         x = np.asarray(pil)
-        top, left = (x.shape[0] - s) // 2, (x.shape[1] - s) // 2
+        if cfg.crop == "round":      # torchvision's CenterCrop: Python's round (half to even)
+            top, left = int(round((x.shape[0] - s) / 2.0)), int(round((x.shape[1] - s) / 2.0))
+        else:
+            top, left = (x.shape[0] - s) // 2, (x.shape[1] - s) // 2
         x = x[top:top + s, left:left + s].astype(np.float32) / 255.0
         out[i] = (x - np.asarray(cfg.mean, np.float32)) / np.asarray(cfg.std, np.float32)
     return out

@@ -10,6 +10,11 @@ predictor, on a Flax CLIP (``rewards.clip_model``) jitted and batched on the dev
   embedding; scores about 1-10. The head is published as a torch pickle: convert it once with
   ``python -m spotlight_jax.convert_reward_head --aesthetic=IN.pth --output=OUT.safetensors``
   (needs torch).
+* ``hpsv2``: HPSv2.1's score, ``cos(image, text)`` of its fine-tuned open_clip ViT-H/14 (about
+  0.2-0.35), from the published ``HPS_v2.1_compressed.pt`` converted once (``python -m
+  spotlight_jax.convert_reward_head --open_clip=HPS_v2.1_compressed.pt --output=hps.safetensors``)
+  and the ViT-H/14 tokenizer's ``tokenizer.json``; open_clip's preprocessing (torchvision's
+  centre crop rounds where transformers' floors).
 
 Each is a :class:`LearnedReward` with the registry's contract (host images ``[B, H, W, 3]`` in
 [0, 1] and prompts in, ``float32 [B]`` out; images preprocessed on the host exactly as
@@ -31,9 +36,10 @@ from flax import nnx
 from spotlight_jax import safetensors_io
 from spotlight_jax.rewards import clip_model
 
-KINDS = ("clip_score", "pickscore", "aesthetic")
+KINDS = ("clip_score", "pickscore", "aesthetic", "hpsv2")
 NEEDS = {"clip_score": ("clip_dir",), "pickscore": ("pickscore_dir",),
-         "aesthetic": ("aesthetic_clip_dir", "aesthetic_head")}
+         "aesthetic": ("aesthetic_clip_dir", "aesthetic_head"),
+         "hpsv2": ("hpsv2_weights", "hpsv2_tokenizer_dir")}
 """A learned reward's name -> the :class:`LearnedRewardsConfig` fields it needs."""
 
 
@@ -46,18 +52,22 @@ class LearnedRewardsConfig:
     pickscore_dir: str = ""
     aesthetic_clip_dir: str = ""
     aesthetic_head: str = ""
+    hpsv2_weights: str = ""
+    hpsv2_tokenizer_dir: str = ""
     batch_size: int = 32
 
     def validate(self) -> LearnedRewardsConfig:
         """Returns self, or a one-line ValueError naming the bad field and the fix."""
-        for name in ("clip_dir", "pickscore_dir", "aesthetic_clip_dir"):
+        for name in ("clip_dir", "pickscore_dir", "aesthetic_clip_dir", "hpsv2_tokenizer_dir"):
             value = getattr(self, name)
             if value and not pathlib.Path(value).is_dir():
                 raise ValueError(f"{name}={value!r}: not a directory (a transformers CLIPModel "
                                  "folder, or '' when the reward is not used)")
-        if self.aesthetic_head and not pathlib.Path(self.aesthetic_head).is_file():
-            raise ValueError(f"aesthetic_head={self.aesthetic_head!r}: no such file (the head "
-                             "converted to .safetensors, or '' when the reward is not used)")
+        for name in ("aesthetic_head", "hpsv2_weights"):
+            value = getattr(self, name)
+            if value and not pathlib.Path(value).is_file():
+                raise ValueError(f"{name}={value!r}: no such file (converted to .safetensors "
+                                 "once, or '' when the reward is not used)")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size!r}: must be >= 1 (images per call)")
         return self
@@ -67,17 +77,23 @@ AESTHETIC_LAYERS = (0, 2, 4, 6, 7)      # the published nn.Sequential's Linear i
 class LearnedReward:
     """One learned reward (``kind`` in :data:`KINDS`) over a transformers CLIP folder
     (``clip_dir``: model, ``preprocessor_config.json`` where the checkpoint has one, the
-    tokenizer's ``tokenizer.json``) and, for ``aesthetic``, its head (``head``: safetensors with
-    ``layers.{0,2,4,6,7}.{weight,bias}``)."""
+    tokenizer's ``tokenizer.json``), and for ``aesthetic`` its head (``head``: safetensors
+    with ``layers.{0,2,4,6,7}.{weight,bias}``); for ``hpsv2``, ``clip_dir`` is the open_clip
+    ViT-H-14 state dict as safetensors and ``head`` the folder of its tokenizer.json."""
 
     def __init__(self, kind: str, clip_dir, head=None, batch_size: int = 32):
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: choose one of {KINDS}")
         self.kind, self.batch_size = kind, int(batch_size)
-        model, self.cfg = clip_model.from_transformers(clip_dir)
+        if kind == "hpsv2":
+            model, self.cfg = clip_model.from_open_clip(clip_dir)
+            tokenizer_dir = head
+        else:
+            model, self.cfg = clip_model.from_transformers(clip_dir)
+            tokenizer_dir = clip_dir
         self.graphdef, self.state = nnx.split(model)
-        self.tokenize = (clip_model.load_tokenizer(clip_dir, self.cfg) if kind != "aesthetic"
-                         else None)
+        self.tokenize = (clip_model.load_tokenizer(tokenizer_dir, self.cfg)
+                         if kind != "aesthetic" else None)
         self.head = load_aesthetic_head(head) if kind == "aesthetic" else None
         if kind == "aesthetic" and self.head[0][0].shape[0] != self.cfg.projection:
             raise ValueError(f"aesthetic head {head}: takes {self.head[0][0].shape[0]}-wide "
@@ -121,6 +137,8 @@ def _score(graphdef, kind, state, pixels, ids, head):
     cos = jnp.sum(img * txt, axis=-1)
     if kind == "clip_score":
         return jnp.maximum(100.0 * cos, 0.0)
+    if kind == "hpsv2":
+        return cos
     return jnp.exp(model.logit_scale[...]) * cos
 
 
@@ -154,6 +172,17 @@ def load_aesthetic_head(path) -> tuple:
     except KeyError as e:
         raise ValueError(f"aesthetic head {p}: missing {e.args[0]!r}; expected the LAION "
                          "predictor's layers.{0,2,4,6,7}.{weight,bias}") from None
+
+
+def convert_open_clip(src, dst) -> None:
+    """A published open_clip checkpoint (a torch pickle of its state dict, possibly under
+    ``state_dict`` with a ``module.`` prefix) -> safetensors of its tensors (needs torch)."""
+    import torch  # noqa: PLC0415
+    sd = torch.load(src, map_location="cpu", weights_only=True)
+    sd = sd.get("state_dict", sd)
+    out = {k.removeprefix("module."): v.float().numpy() for k, v in sd.items()
+           if hasattr(v, "numpy")}
+    safetensors_io.save(dst, out, {"format": "pt", "source": str(src)})
 
 
 def convert_aesthetic(src, dst) -> None:

@@ -184,3 +184,50 @@ def test_config_registers_a_learned_reward_and_names_a_missing_folder():
     c.learned_rewards.clip_dir = str(FIXTURES)               # not a CLIP folder
     with pytest.raises(ConfigError, match="learned_rewards.clip_dir="):
         RunSpec.of(c)
+
+
+def test_open_clip_model_equals_open_clips_own_features():
+    """HPSv2.1's model family from an open_clip state dict (fused in_proj q/k/v, projections
+    stored [width, embed]): image and text features equal open_clip's (fixture made with
+    open_clip 3.3.0); HPSv2's score is their cosine."""
+    ref = np.load(FIXTURES / "open_clip_vit.npz")
+    model, cfg = clip_model.from_open_clip(FIXTURES / "open_clip_vit.safetensors", heads=(3, 2))
+    assert (cfg.eos_id, cfg.crop, cfg.vision.act) == (2, "round", "gelu")
+    img = np.asarray(model.image_embeds(ref["pixels"]))
+    txt = np.asarray(model.text_embeds(ref["ids"]))
+    np.testing.assert_allclose(img, ref["image_features"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(txt, ref["text_features"], rtol=0, atol=ATOL)
+    graphdef, state = nnx.split(model)
+    n = len(ref["pixels"])
+    got = np.asarray(learned._score(graphdef, "hpsv2", state, ref["pixels"], ref["ids"][:n],
+                                    None))
+    a, b = ref["image_features"], ref["text_features"][:n]
+    want = np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(clip_model.CLIPLoadError, match="arch='ViT-Z': choose one of"):
+        clip_model.from_open_clip(FIXTURES / "open_clip_vit.safetensors", arch="ViT-Z")
+
+
+def test_torchvisions_centre_crop_rounds_half_to_even():
+    """open_clip's preprocessing crops where torchvision's CenterCrop does: offset
+    round((h - s) / 2) with Python's rounding, where transformers floors; the two differ by a
+    row when the overhang is odd and its half rounds up (7 -> 4, not 3)."""
+    import dataclasses
+    base = clip_model.CLIPConfig(vision=None, text=None, image_size=4)
+    img = np.zeros((1, 4, 11, 3), np.float32)
+    img[0, :, :, 0] = np.arange(11) / 10.0              # columns tell the offset
+    floor = clip_model.preprocess(img, base)[0, 0, :, 0]
+    rnd = clip_model.preprocess(img, dataclasses.replace(base, crop="round"))[0, 0, :, 0]
+    unnorm = lambda x: np.round((x * base.std[0] + base.mean[0]) * 255)    # noqa: E731
+    assert unnorm(floor)[0] == np.round(0.3 * 255) and unnorm(rnd)[0] == np.round(0.4 * 255)
+
+
+def test_hpsv2_needs_its_weights_and_tokenizer():
+    from helpers import micro_config
+    c = micro_config(1)
+    c.rl.eval_reward = "hpsv2"
+    with pytest.raises(ConfigError, match=r"^learned_rewards.hpsv2_weights='': "):
+        RunSpec.of(c)
+    c.learned_rewards.hpsv2_weights = str(FIXTURES / "nope.safetensors")
+    with pytest.raises(ConfigError, match=r"learned_rewards.hpsv2_weights=.*no such file"):
+        RunSpec.of(c)
