@@ -71,6 +71,8 @@ class LearnedRewardsConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size!r}: must be >= 1 (images per call)")
         return self
+
+
 AESTHETIC_LAYERS = (0, 2, 4, 6, 7)      # the published nn.Sequential's Linear indices
 
 
@@ -79,9 +81,12 @@ class LearnedReward:
     (``clip_dir``: model, ``preprocessor_config.json`` where the checkpoint has one, the
     tokenizer's ``tokenizer.json``), and for ``aesthetic`` its head (``head``: safetensors
     with ``layers.{0,2,4,6,7}.{weight,bias}``); for ``hpsv2``, ``clip_dir`` is the open_clip
-    ViT-H-14 state dict as safetensors and ``head`` the folder of its tokenizer.json."""
+    ViT-H-14 state dict as safetensors and ``head`` the folder of its tokenizer.json.
 
-    def __init__(self, kind: str, clip_dir, head=None, batch_size: int = 32):
+    ``devices``: a reward mesh: the weights replicated on each, every batch split over them
+    (padded to a multiple of their count); None: JAX's default device."""
+
+    def __init__(self, kind: str, clip_dir, head=None, batch_size: int = 32, devices=None):
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: choose one of {KINDS}")
         self.kind, self.batch_size = kind, int(batch_size)
@@ -94,6 +99,12 @@ class LearnedReward:
         self.graphdef, self.state = nnx.split(model)
         self.tokenize = (clip_model.load_tokenizer(tokenizer_dir, self.cfg)
                          if kind != "aesthetic" else None)
+        self.rows = None             # a reward mesh's batch sharding (None: one device)
+        if devices is not None and len(devices) > 1:
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+            mesh = Mesh(np.asarray(devices), ("data",))
+            self.state = jax.device_put(self.state, NamedSharding(mesh, PartitionSpec()))
+            self.rows = NamedSharding(mesh, PartitionSpec("data"))
         self.head = load_aesthetic_head(head) if kind == "aesthetic" else None
         if kind == "aesthetic" and self.head[0][0].shape[0] != self.cfg.projection:
             raise ValueError(f"aesthetic head {head}: takes {self.head[0][0].shape[0]}-wide "
@@ -114,11 +125,18 @@ class LearnedReward:
     def _batched(self, pixels: np.ndarray, prompts: list) -> np.ndarray:
         out = []
         for i in range(0, len(pixels), self.batch_size):
+            px = pixels[i:i + self.batch_size]
             ids = (None if self.tokenize is None
                    else self.tokenize(prompts[i:i + self.batch_size]))
+            n = len(px)
+            if self.rows is not None:          # pad to the mesh, split the rows over it
+                pad = -n % self.rows.mesh.size
+                px = np.concatenate([px, np.repeat(px[-1:], pad, 0)])
+                ids = None if ids is None else np.concatenate([ids, np.repeat(ids[-1:], pad, 0)])
+                px = jax.device_put(px, self.rows)
+                ids = None if ids is None else jax.device_put(ids, self.rows)
             out.append(np.asarray(_score(self.graphdef, self.kind, self.state,
-                                         jnp.asarray(pixels[i:i + self.batch_size]), ids,
-                                         self.head)))
+                                         jnp.asarray(px), ids, self.head))[:n])
         return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 

@@ -231,3 +231,16 @@ def test_hpsv2_needs_its_weights_and_tokenizer():
     c.learned_rewards.hpsv2_weights = str(FIXTURES / "nope.safetensors")
     with pytest.raises(ConfigError, match=r"learned_rewards.hpsv2_weights=.*no such file"):
         RunSpec.of(c)
+
+
+def test_a_reward_mesh_splits_the_batch_and_scores_alike():
+    """The weights replicated on 4 devices, a batch of 5 (padded to 8) split over them: the
+    scores of one device, row for row."""
+    images = np.stack([_image(40, 56, i) for i in range(5)])
+    prompts = ["a red bar", "two blue squares", "a green column", "a dot", "x"]
+    one = learned.LearnedReward("pickscore", FIXTURES / "clip_gelu")(images, prompts)
+    mesh = learned.LearnedReward("pickscore", FIXTURES / "clip_gelu", devices=jax.devices()[:4])
+    got = mesh(images, prompts)
+    assert got.shape == (5,)
+    assert len(jax.tree.leaves(mesh.state)[0].sharding.device_set) == 4    # replicated on 4
+    np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
