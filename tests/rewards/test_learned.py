@@ -244,3 +244,67 @@ def test_a_reward_mesh_splits_the_batch_and_scores_alike():
     assert got.shape == (5,)
     assert len(jax.tree.leaves(mesh.state)[0].sharding.device_set) == 4    # replicated on 4
     np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
+
+
+def _byte_symbols() -> dict[int, str]:
+    """Byte-level BPE's printable symbol for each byte (the printable Latin-1 bytes stand for
+    themselves, the others take the code points from 256 on, in byte order)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+            *range(ord("\xae"), ord("\xff") + 1)]
+    extra = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(extra)}}
+
+
+_OPEN_CLIP_TOKENS = """
+import json, sys
+import open_clip
+prompts = json.loads(sys.stdin.read())
+print(json.dumps(open_clip.tokenize(prompts, context_length=77).tolist()))
+"""
+
+
+def test_tokenizer_on_clips_real_vocabulary_equals_open_clips(tmp_path):
+    """CLIP's real 49408-token BPE (the vocabulary open_clip ships), turned into a
+    tokenizer.json through transformers, read by our loader: the same ids as open_clip's own
+    tokenizer (the original HPSv2 uses) on 300+ prompts, up to each row's end of text (the
+    padding after it differs: 0 there, the end-of-text id here; neither is attended to). Runs
+    where open_clip_torch and transformers are installed (open_clip in a subprocess, with a
+    torchvision stand-in: its wheel does not load with a CPU-only torch)."""
+    import gzip
+    import json
+    import subprocess
+    import sys
+    spec = importlib.util.find_spec("open_clip")
+    transformers = pytest.importorskip("transformers")
+    if spec is None:
+        pytest.skip("open_clip_torch is not installed")
+    bpe = pathlib.Path(spec.submodule_search_locations[0]) / "bpe_simple_vocab_16e6.txt.gz"
+    merges = gzip.open(bpe).read().decode("utf-8").split("\n")[1:49152 - 256 - 2 + 1]
+    chars = list(_byte_symbols().values())
+    vocab = chars + [c + "</w>" for c in chars] + ["".join(m.split()) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    transformers.CLIPTokenizer(vocab={t: i for i, t in enumerate(vocab)},
+                               merges=[tuple(m.split()) for m in merges],
+                               model_max_length=77).save_pretrained(folder)
+    gen = _generator()
+    stub = tmp_path / "stub"
+    for rel, text in gen.TORCHVISION_STUB.items():
+        (stub / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stub / rel).write_text(text)
+    from spotlight_jax import world
+    prompts = world.train_prompts(world.WorldConfig(image_size=16))[:300]
+    prompts += ["", "ÉCOLE à Zürich", "a photo of a cat, 4k, highly detailed",
+                "A  Mixed\tCase\nPrompt", "don't stop: it's 3.14!", "x" * 300]
+    out = subprocess.run([sys.executable, "-c", _OPEN_CLIP_TOKENS], input=json.dumps(prompts),
+                         capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(stub)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = np.asarray(json.loads(out.stdout))
+    cfg = clip_model.CLIPConfig(vision=None, text=None, vocab=len(vocab))
+    ours = clip_model.load_tokenizer(folder, cfg)(prompts)
+    assert ours.shape == want.shape
+    for row, (a, b) in enumerate(zip(ours, want)):
+        end = int(np.argmax(b == cfg.eos_id))
+        np.testing.assert_array_equal(a[:end + 1], b[:end + 1], err_msg=prompts[row][:40])
