@@ -184,6 +184,12 @@ def test_config_registers_a_learned_reward_and_names_a_missing_folder():
     c.learned_rewards.clip_dir = str(FIXTURES)               # not a CLIP folder
     with pytest.raises(ConfigError, match="learned_rewards.clip_dir="):
         RunSpec.of(c)
+    c.rl.eval_reward = "hpsv2"                               # its weights, then their file
+    with pytest.raises(ConfigError, match=r"^learned_rewards.hpsv2_weights='': "):
+        RunSpec.of(c)
+    c.learned_rewards.hpsv2_weights = str(FIXTURES / "nope.safetensors")
+    with pytest.raises(ConfigError, match=r"learned_rewards.hpsv2_weights=.*no such file"):
+        RunSpec.of(c)
 
 
 def test_open_clip_model_equals_open_clips_own_features():
@@ -220,30 +226,6 @@ def test_torchvisions_centre_crop_rounds_half_to_even():
     rnd = clip_model.preprocess(img, dataclasses.replace(base, crop="round"))[0, 0, :, 0]
     unnorm = lambda x: np.round((x * base.std[0] + base.mean[0]) * 255)    # noqa: E731
     assert unnorm(floor)[0] == np.round(0.3 * 255) and unnorm(rnd)[0] == np.round(0.4 * 255)
-
-
-def test_hpsv2_needs_its_weights_and_tokenizer():
-    from helpers import micro_config
-    c = micro_config(1)
-    c.rl.eval_reward = "hpsv2"
-    with pytest.raises(ConfigError, match=r"^learned_rewards.hpsv2_weights='': "):
-        RunSpec.of(c)
-    c.learned_rewards.hpsv2_weights = str(FIXTURES / "nope.safetensors")
-    with pytest.raises(ConfigError, match=r"learned_rewards.hpsv2_weights=.*no such file"):
-        RunSpec.of(c)
-
-
-def test_a_reward_mesh_splits_the_batch_and_scores_alike():
-    """The weights replicated on 4 devices, a batch of 5 (padded to 8) split over them: the
-    scores of one device, row for row."""
-    images = np.stack([_image(40, 56, i) for i in range(5)])
-    prompts = ["a red bar", "two blue squares", "a green column", "a dot", "x"]
-    one = learned.LearnedReward("pickscore", FIXTURES / "clip_gelu")(images, prompts)
-    mesh = learned.LearnedReward("pickscore", FIXTURES / "clip_gelu", devices=jax.devices()[:4])
-    got = mesh(images, prompts)
-    assert got.shape == (5,)
-    assert len(jax.tree.leaves(mesh.state)[0].sharding.device_set) == 4    # replicated on 4
-    np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
 
 
 def _byte_symbols() -> dict[int, str]:
@@ -308,3 +290,16 @@ def test_tokenizer_on_clips_real_vocabulary_equals_open_clips(tmp_path):
     for row, (a, b) in enumerate(zip(ours, want)):
         end = int(np.argmax(b == cfg.eos_id))
         np.testing.assert_array_equal(a[:end + 1], b[:end + 1], err_msg=prompts[row][:40])
+
+
+def test_a_reward_mesh_splits_the_batch_and_scores_alike():
+    """The weights replicated on 4 devices, a batch of 5 (padded to 8) split over them: the
+    scores of one device, row for row."""
+    images = np.stack([_image(40, 56, i) for i in range(5)])
+    prompts = ["a red bar", "two blue squares", "a green column", "a dot", "x"]
+    one = learned.LearnedReward("pickscore", FIXTURES / "clip_gelu")(images, prompts)
+    mesh = learned.LearnedReward("pickscore", FIXTURES / "clip_gelu", devices=jax.devices()[:4])
+    got = mesh(images, prompts)
+    assert got.shape == (5,)
+    assert len(jax.tree.leaves(mesh.state)[0].sharding.device_set) == 4    # replicated on 4
+    np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
