@@ -406,7 +406,11 @@ def load_tokenizer(folder, cfg: CLIPConfig):
     ``tokenizers`` library, lower-cased and whitespace-cleaned as CLIP's tokenizer does,
     truncated to ``max_len`` with the end-of-text token kept, padded after it with the
     tokenizer's pad id (the end-of-text id where it has none)."""
-    from tokenizers import Tokenizer  # noqa: PLC0415
+    try:
+        from tokenizers import Tokenizer  # noqa: PLC0415
+    except ImportError:
+        raise ImportError("the learned rewards' tokenizer needs the tokenizers package: pip "
+                          "install -e '.[rewards]'") from None
 
     d = pathlib.Path(folder)
     if (d / "tokenizer.json").is_file():
