@@ -134,6 +134,13 @@ def validate(config, devices=None) -> None:
     :class:`ConfigError` naming the first bad field, its value and the fix; returns None for a
     config that can run."""
     process_config(config)
+    deploy = deployment_config(config)
+    # before the run settings' checks (which ask for Ray itself): a combination Ray cannot run
+    if (deploy.shared_update == "fixed" and config.deployment.transport == "ray"
+            and not rl_config(config).lora_rank):
+        raise ConfigError(f"deployment.shared_update={deploy.shared_update!r}: over Ray the "
+                          "hosts compute shards over their resident base, with LoRA only; set "
+                          "rl.lora_rank > 0 or --config.deployment.shared_update=off")
     _check_run_settings(build_section({}, lambda: run_settings(config)))
     model_config(config)
     mesh_config(config)
@@ -149,12 +156,6 @@ def validate(config, devices=None) -> None:
             or model_config(config).text_width):
         prompt_source(config)         # a missing or mismatched file (a real config without
         #                               one still validates: its dry run needs no prompts)
-    deploy = deployment_config(config)
-    if (deploy.shared_update != "off" and config.deployment.transport == "ray"
-            and not rl_config(config).lora_rank):
-        raise ConfigError(f"deployment.shared_update={deploy.shared_update!r}: over Ray the "
-                          "hosts compute shards over their resident base, with LoRA only; set "
-                          "rl.lora_rank > 0 or --config.deployment.shared_update=off")
     trace = trace_config(config)
     if trace.paths:                   # missing files and a start past the trace's end
         build_section(section_paths("trace", TraceConfig),
