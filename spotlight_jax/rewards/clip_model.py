@@ -184,6 +184,33 @@ def config_of(config: dict, source: str = "config.json") -> CLIPConfig:
         raise CLIPLoadError(f"{source}: missing field {e.args[0]!r}") from None
 
 
+def _affine(out: dict, ours: tuple, theirs: str) -> None:
+    """The rules of a LayerNorm (``scale``, ``bias``) from ``theirs.weight`` / ``.bias``."""
+    out[ours + ("scale",)] = (f"{theirs}.weight", "copy")
+    out[ours + ("bias",)] = (f"{theirs}.bias", "copy")
+
+
+def _tower_rules(out: dict, cfg: CLIPConfig, prefixes: tuple[str, str], attn: dict,
+                 mlp: tuple[str, str], norms: tuple[str, str]) -> None:
+    """Every encoder layer's rules: ``prefixes`` the vision and text layers' name prefixes
+    (the layer index appended), ``attn`` our q/k/v/out -> (their tensor stem, layout of the
+    weight, layout of the bias), ``mlp`` their fc1/fc2 stems, ``norms`` their ln1/ln2 stems."""
+    for stack, prefix, n in (("vision_layers", prefixes[0], cfg.vision.layers),
+                             ("text_layers", prefixes[1], cfg.text.layers)):
+        for i in range(n):
+            src = f"{prefix}.{i}"
+            for ours, (stem, weight, bias) in attn.items():
+                out[(stack, i, ours, "kernel")] = (f"{src}.{stem}_weight" if weight != "linear"
+                                                   else f"{src}.{stem}.weight", weight)
+                out[(stack, i, ours, "bias")] = (f"{src}.{stem}_bias" if bias != "copy"
+                                                 else f"{src}.{stem}.bias", bias)
+            for ours, stem in zip(("fc1", "fc2"), mlp):
+                out[(stack, i, ours, "kernel")] = (f"{src}.{stem}.weight", "linear")
+                out[(stack, i, ours, "bias")] = (f"{src}.{stem}.bias", "copy")
+            for ours, stem in zip(("ln1", "ln2"), norms):
+                _affine(out, (stack, i, ours), f"{src}.{stem}")
+
+
 def _rules(cfg: CLIPConfig) -> dict[tuple, tuple[str, str]]:
     """Our parameter path -> (transformers tensor name, layout: 'copy' | 'linear' | 'patch')."""
     out = {("patch_embed", "kernel"): ("vision_model.embeddings.patch_embedding.weight", "patch"),
@@ -194,23 +221,14 @@ def _rules(cfg: CLIPConfig) -> dict[tuple, tuple[str, str]]:
            ("text_pos",): ("text_model.embeddings.position_embedding.weight", "copy"),
            ("text_proj", "kernel"): ("text_projection.weight", "linear"),
            ("logit_scale",): ("logit_scale", "copy")}
-    norms = {"pre_ln": "vision_model.pre_layrnorm", "post_ln": "vision_model.post_layernorm",
-             "final_ln": "text_model.final_layer_norm"}
-    for ours, theirs in norms.items():
-        out[(ours, "scale")] = (f"{theirs}.weight", "copy")
-        out[(ours, "bias")] = (f"{theirs}.bias", "copy")
-    for stack, prefix, n in (("vision_layers", "vision_model", cfg.vision.layers),
-                             ("text_layers", "text_model", cfg.text.layers)):
-        for i in range(n):
-            src = f"{prefix}.encoder.layers.{i}"
-            for ours, theirs in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
-                                 ("v", "self_attn.v_proj"), ("out", "self_attn.out_proj"),
-                                 ("fc1", "mlp.fc1"), ("fc2", "mlp.fc2")):
-                out[(stack, i, ours, "kernel")] = (f"{src}.{theirs}.weight", "linear")
-                out[(stack, i, ours, "bias")] = (f"{src}.{theirs}.bias", "copy")
-            for ours, theirs in (("ln1", "layer_norm1"), ("ln2", "layer_norm2")):
-                out[(stack, i, ours, "scale")] = (f"{src}.{theirs}.weight", "copy")
-                out[(stack, i, ours, "bias")] = (f"{src}.{theirs}.bias", "copy")
+    for ours, theirs in (("pre_ln", "vision_model.pre_layrnorm"),
+                         ("post_ln", "vision_model.post_layernorm"),
+                         ("final_ln", "text_model.final_layer_norm")):
+        _affine(out, (ours,), theirs)
+    attn = {x: (f"self_attn.{x}_proj", "linear", "copy") for x in ("q", "k", "v")}
+    attn["out"] = ("self_attn.out_proj", "linear", "copy")
+    _tower_rules(out, cfg, ("vision_model.encoder.layers", "text_model.encoder.layers"), attn,
+                 ("mlp.fc1", "mlp.fc2"), ("layer_norm1", "layer_norm2"))
     return out
 
 
@@ -270,8 +288,8 @@ OPEN_CLIP_ARCHS = {"ViT-H-14": (16, 16, "gelu"), "ViT-L-14": (16, 12, "gelu"),
 
 def _open_clip_rules(cfg: CLIPConfig) -> dict[tuple, tuple[str, str]]:
     """Our parameter path -> (open_clip tensor name, layout): like :func:`_rules`, with the
-    fused ``in_proj`` q/k/v split ('q', 'k', 'v' thirds) and the projections stored
-    ``[width, embed]`` (x @ proj: 'copy')."""
+    fused ``in_proj`` q/k/v split (their thirds) and the projections stored ``[width, embed]``
+    (x @ proj: 'copy')."""
     out = {("patch_embed", "kernel"): ("visual.conv1.weight", "patch"),
            ("class_embed",): ("visual.class_embedding", "copy"),
            ("vision_pos",): ("visual.positional_embedding", "copy"),
@@ -282,22 +300,11 @@ def _open_clip_rules(cfg: CLIPConfig) -> dict[tuple, tuple[str, str]]:
            ("logit_scale",): ("logit_scale", "copy")}
     for ours, theirs in (("pre_ln", "visual.ln_pre"), ("post_ln", "visual.ln_post"),
                          ("final_ln", "ln_final")):
-        out[(ours, "scale")] = (f"{theirs}.weight", "copy")
-        out[(ours, "bias")] = (f"{theirs}.bias", "copy")
-    for stack, prefix, n in (("vision_layers", "visual.transformer", cfg.vision.layers),
-                             ("text_layers", "transformer", cfg.text.layers)):
-        for i in range(n):
-            src = f"{prefix}.resblocks.{i}"
-            for j, ours in enumerate(("q", "k", "v")):
-                out[(stack, i, ours, "kernel")] = (f"{src}.attn.in_proj_weight", f"third{j}")
-                out[(stack, i, ours, "bias")] = (f"{src}.attn.in_proj_bias", f"bthird{j}")
-            for ours, theirs in (("out", "attn.out_proj"), ("fc1", "mlp.c_fc"),
-                                 ("fc2", "mlp.c_proj")):
-                out[(stack, i, ours, "kernel")] = (f"{src}.{theirs}.weight", "linear")
-                out[(stack, i, ours, "bias")] = (f"{src}.{theirs}.bias", "copy")
-            for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
-                out[(stack, i, ours, "scale")] = (f"{src}.{theirs}.weight", "copy")
-                out[(stack, i, ours, "bias")] = (f"{src}.{theirs}.bias", "copy")
+        _affine(out, (ours,), theirs)
+    attn = {x: ("attn.in_proj", f"third{j}", f"bthird{j}") for j, x in enumerate("qkv")}
+    attn["out"] = ("attn.out_proj", "linear", "copy")
+    _tower_rules(out, cfg, ("visual.transformer.resblocks", "transformer.resblocks"), attn,
+                 ("mlp.c_fc", "mlp.c_proj"), ("ln_1", "ln_2"))
     return out
 
 
