@@ -270,11 +270,7 @@ def test_tokenizer_on_clips_real_vocabulary_equals_open_clips(tmp_path):
     transformers.CLIPTokenizer(vocab={t: i for i, t in enumerate(vocab)},
                                merges=[tuple(m.split()) for m in merges],
                                model_max_length=77).save_pretrained(folder)
-    gen = _generator()
-    stub = tmp_path / "stub"
-    for rel, text in gen.TORCHVISION_STUB.items():
-        (stub / rel).parent.mkdir(parents=True, exist_ok=True)
-        (stub / rel).write_text(text)
+    stub = _generator().write_torchvision_stub(tmp_path / "stub")
     from spotlight_jax import world
     prompts = world.train_prompts(world.WorldConfig(image_size=16))[:300]
     prompts += ["", "ÉCOLE à Zürich", "a photo of a cat, 4k, highly detailed",
