@@ -392,9 +392,14 @@ class Planner:
         the arms' posterior means, without optimism). Saturated prompts count nothing, as in a
         plan without re-checks. Changes no state: a caller may weigh budgets before planning.
         0.0 before any observation (nothing is known about the gains then)."""
+        return self.gain_of_budget(prompt_ids, cost_s)(budget_s)
+
+    def gain_of_budget(self, prompt_ids: Sequence, cost_s: float | Mapping[Any, float]):
+        """``gain(budget_s)``: :meth:`expected_gain` for any budget, the posteriors computed
+        once (a caller weighing several budgets of the same prompts)."""
         cfg = self.config
-        if not self._arms or budget_s <= 0:
-            return 0.0
+        if not self._arms:
+            return lambda budget_s: 0.0
         ids = list(prompt_ids)
         costs = [float(cost_s[p] if isinstance(cost_s, Mapping) else cost_s) for p in ids]
         prior = self._prior()
@@ -409,9 +414,15 @@ class Planner:
                 mu, _ = self.arm_posterior(arm, prior)
                 curves[arm] = np.maximum(_nonincreasing(np.maximum(mu, 0.0)), 0.0)
             values.append(curves[arm])
-        extra, _ = _greedy_allocate(values, costs, float(budget_s), [0] * len(ids),
-                                    cfg.max_extra_per_prompt)
-        return float(math.fsum(float(np.sum(v[:e])) for v, e in zip(values, extra)))
+
+        def gain(budget_s: float) -> float:
+            if budget_s <= 0:
+                return 0.0
+            extra, _ = _greedy_allocate(values, costs, float(budget_s), [0] * len(ids),
+                                        cfg.max_extra_per_prompt)
+            return float(math.fsum(float(np.sum(v[:e])) for v, e in zip(values, extra)))
+
+        return gain
 
     def base_variance(self, prompt_ids: Sequence) -> float | None:
         """The expected reward variance of a prompt's G base candidates, averaged over

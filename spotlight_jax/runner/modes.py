@@ -269,11 +269,12 @@ class SpotlightMode(Mode):
         if v is None or v <= 0:
             return None
         exponent = d.cfg.update_payoff_exponent
+        gain = s.planner.gain_of_budget(prompts, per)      # the posteriors once, every share
 
         def progress(plan):
             budget = max(extras_budget_s(st.explore.budget_frac * plan.seconds, d.spot_devices,
                                          base_candidates, per) - plan.spot_device_s, 0.0)
-            g = s.planner.expected_gain(prompts, budget, per) / len(prompts)
+            g = gain(budget) / len(prompts)
             return (1.0 + g / v) ** exponent
 
         return progress
