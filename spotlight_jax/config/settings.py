@@ -32,7 +32,6 @@ from spotlight_jax.config.sections import (
     register_learned_rewards,
     register_remote_reward,
     remote_reward_config,
-    rl_config,
     sampler_config,
     trace_config,
     train_reward,
@@ -98,10 +97,6 @@ def _check_run_settings(s) -> None:
         bad("explore.budget_frac", e.budget_frac, "must be in [0, 1] (a share of the spot time)")
     if s.transport not in ("emulated", "ray"):
         bad("deployment.transport", s.transport, "choose 'emulated' or 'ray'")
-    if s.transport == "ray" and s.shared_update not in ("off", "fixed"):
-        bad("deployment.shared_update", s.shared_update, "over Ray the hosts take a fixed "
-            "share of the shards ('auto' and 'payoff' plan on the emulated clock); use "
-            "--config.deployment.shared_update=fixed with deployment.update_spot_share")
     if s.transport == "ray" and importlib.util.find_spec("ray") is None:
         bad("deployment.transport", s.transport, "needs Ray: pip install -e '.[cluster]' (or "
             "--config.deployment.transport=emulated)")
@@ -135,12 +130,6 @@ def validate(config, devices=None) -> None:
     config that can run."""
     process_config(config)
     deploy = deployment_config(config)
-    # before the run settings' checks (which ask for Ray itself): a combination Ray cannot run
-    if (deploy.shared_update == "fixed" and config.deployment.transport == "ray"
-            and not rl_config(config).lora_rank):
-        raise ConfigError(f"deployment.shared_update={deploy.shared_update!r}: over Ray the "
-                          "hosts compute shards over their resident base, with LoRA only; set "
-                          "rl.lora_rank > 0 or --config.deployment.shared_update=off")
     _check_run_settings(build_section({}, lambda: run_settings(config)))
     model_config(config)
     mesh_config(config)

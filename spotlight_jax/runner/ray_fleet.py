@@ -1,11 +1,12 @@
-"""The run's Ray spot hosts (``deployment.transport='ray'``): one fleet, two kinds of work.
+"""The run's Ray spot hosts (``deployment.transport='ray'``): one fleet, three kinds of work.
 
 :class:`RayFleet` owns the spot host actors (:mod:`spotlight_jax.cluster.ray_hosts`): one per
 spot node, started on first use, replaced when found dead, each told the policy version to
 install; a version's weights are published into the object store once, and hosts pull them from
 there (a host that joins late pulls the latest, never from the trainer's devices). The rollout
 phase (``runner.rollouts.RayRollouts``) and exploration (:class:`RayExplorer`) hand the same
-hosts requests through a queue the runner owns.
+hosts requests through a queue the runner owns; a shared update (:class:`RayShards`) hands them
+gradient shards as actor calls between those requests.
 
 :class:`RayExplorer` is ``spotlight``'s explorer on those hosts (the
 :class:`~spotlight_jax.explore.explorer.Explorer` protocol): while the trainer runs update k, the
@@ -26,6 +27,7 @@ other than the one asked for is rejected, never used.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -79,7 +81,8 @@ class RayFleet:
 
     def _base_ref(self):
         """The frozen base in the object store, put once per run (hosts that cannot load it
-        themselves pull it when they join)."""
+        themselves pull it when they join): what a LoRA version is merged into, and the
+        reference a gradient shard's KL term needs (a shared update, LoRA or not)."""
         if self._base is None:
             self._base = ray_hosts.publish(self.state.base_state)
         return self._base
@@ -158,14 +161,15 @@ class RayFleet:
         return died
 
     def _install(self, ref, version: int, hosts=None) -> int:
-        """``version`` (and, for LoRA, the base) onto each of ``hosts`` (default: every live
-        host) that lacks it; drops the dead ones from the fleet and returns how many."""
+        """``version`` (and, for LoRA or a shared update, the base) onto each of ``hosts``
+        (default: every live host) that lacks it; drops the dead ones from the fleet and
+        returns how many."""
         hosts = self.hosts if hosts is None else hosts
         alive, lost = [], 0
-        lora = self._published[2]
+        base = self._published[2] or self.state.shared_update.enabled
         for w in hosts:
             try:
-                if lora and not w.has_base:
+                if base and not w.has_base:
                     w.set_base(self._base_ref())
                 if w.policy_version != version:
                     w.set_policy(ref, version)
@@ -442,11 +446,12 @@ class RayExplorer:
 
 
 class RayShards:
-    """A shared update's gradient shards on the Ray spot hosts (``deployment.shared_update=
-    'fixed'`` over ``deployment.transport='ray'``): per optimizer step, the last
-    ``update_spot_share`` of its shards go to the live hosts (dealt round-robin; the step's
-    weights put into the object store once, each shard's rows with its call) while the trainer
-    computes the others. Then, in shard order, a host's result that has arrived is taken; for
+    """A shared update's gradient shards on the Ray spot hosts (``deployment.shared_update``
+    over ``deployment.transport='ray'``): per optimizer step, the last share of its shards that
+    the iteration's plan chose (``fixed``: ``update_spot_share``; ``auto``/``payoff``: the
+    split planned for the iteration) go to the live hosts (dealt round-robin; the step's weights
+    put into the object store once, each shard's rows with its call) while the trainer computes
+    the others. Then, in shard order, a host's result that has arrived is taken; for
     one that has not, the idle trainer starts recomputing it and whichever result is ready first
     is used, so the step never waits on a host longer than the trainer's own recomputation
     takes; a host that died is seen as its call's error and its shard computed here. The
@@ -458,8 +463,8 @@ class RayShards:
 
     poll_s = 0.005        # how often an idle trainer looks for a host's result
 
-    def __init__(self, fleet: RayFleet, share: float):
-        self.fleet, self.share = fleet, float(share)
+    def __init__(self, fleet: RayFleet):
+        self.fleet = fleet
         self.counts = self._zero()
 
     @staticmethod
@@ -474,14 +479,19 @@ class RayShards:
         out, self.counts = self.counts, self._zero()
         return out
 
-    def run(self, step) -> dict:
-        """``run`` for a trainer's ``update_sharded``: one optimizer step."""
+    def runner(self, plan):
+        """``run`` for a trainer's ``update_sharded`` under ``plan`` (the iteration's
+        :class:`~spotlight_jax.runner.shared_update.UpdatePlan`): its share on the hosts."""
+        return functools.partial(self.run, share=plan.share)
+
+    def run(self, step, share: float) -> dict:
+        """One optimizer step with ``share`` of its shards on the live hosts."""
         import ray  # noqa: PLC0415 - the optional cluster extra
 
         from spotlight_jax.rl.shards import ShardResult  # noqa: PLC0415
         t0 = time.perf_counter()
         hosts = list(self.fleet.hosts)
-        quota = round(self.share * step.shards) if hosts else 0
+        quota = round(share * step.shards) if hosts else 0
         remote = list(range(step.shards - quota, step.shards))
         pending = {}
         if remote:

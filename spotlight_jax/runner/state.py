@@ -123,7 +123,7 @@ class RunState:
         self.direct = DirectRollouts(self)
         self.ray_fleet = RayFleet(self) if st.transport == "ray" else None
         # a shared update over Ray: the hosts compute their share of the shards for real
-        self.ray_shards = (RayShards(self.ray_fleet, self.deploy.cfg.update_spot_share)
+        self.ray_shards = (RayShards(self.ray_fleet)
                            if self.ray_fleet is not None and self.shared_update.enabled
                            else None)
         self.spot_rollouts = self._spot_rollouts()
@@ -211,7 +211,7 @@ class RunState:
         if shared is not None:
             return self.trainer.update_sharded(train, self.key, k,
                                                shards=self.shared_update.shards(shared),
-                                               run=(self.ray_shards.run
+                                               run=(self.ray_shards.runner(shared)
                                                     if self.ray_shards is not None
                                                     else self.shared_update.runner(shared)),
                                                generator=generator)

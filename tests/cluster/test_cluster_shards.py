@@ -1,9 +1,10 @@
-"""The shared update on real Ray spot hosts (``deployment.shared_update='fixed'`` over
+"""The shared update on real Ray spot hosts (``deployment.shared_update`` over
 ``deployment.transport='ray'``): a host computes a gradient shard from the step's inputs over its
-own resident base exactly as the trainer does; in a run the hosts take their share while they
-explore; a host killed with shards in flight loses nothing (the trainer recomputes them) and the
-step equals a twin trainer's. References are independent: the trainer's own shard computation,
-and a second trainer computing every shard itself on the same batch."""
+own resident base exactly as the trainer does (LoRA, and full fine-tuning); in a run the hosts
+take the share the iteration's plan chose while they explore; a host killed with shards in
+flight loses nothing (the trainer recomputes them) and the step equals a twin trainer's.
+References are independent: the trainer's own shard computation, and a second trainer computing
+every shard itself on the same batch."""
 import dataclasses
 import time
 
@@ -22,11 +23,11 @@ pytestmark = pytest.mark.cluster
 TAKE_OVER_S = 5.0     # the test's trainer is this slow to take a shard over: the hosts win
 
 
-def _config():
-    c = mode_config("spotlight", iterations=1)          # Flow-GRPO, LoRA
+def _config(objective="flow_grpo", split="fixed"):
+    c = mode_config("spotlight", iterations=1, objective=objective)
     c.deployment.update({"transport": "ray", "spot_nodes": 2, "spot_devices_per_node": 2,
                          "ray_explore_deadline": False, "ray_host_wait_s": 600.0,
-                         "spot_regroup_precompile": False, "shared_update": "fixed",
+                         "spot_regroup_precompile": False, "shared_update": split,
                          "update_spot_share": 1.0})
     c.trace.rate_per_node_hour = 0.0
     return c
@@ -40,13 +41,31 @@ def _close(a, b, rtol, atol=0.0):
 
 
 def _train_batch(r):
-    """A Flow-GRPO training batch of iteration 0's prompts, rolled out on the trainer."""
+    """A training batch of iteration 0's prompts, rolled out on the trainer."""
     prompts = r.prompts(0)
     batch = r.rollout(prompts, r.mode.seeds(r, 0, prompts))
     ids = np.repeat(np.arange(len(prompts)), r.settings.group_size)
-    train = {k: batch[k] for k in r.trainer.batch_keys}
+    train = {k: batch[k] for k in r.trainer.batch_keys if k in batch}
+    train["prompt_ids"] = ids
     train["advantages"] = r.trainer.advantages(batch["rewards"], ids, None, None)
     return train
+
+
+def _each_host_equals_the_trainer(hosts):
+    """A ``run`` for ``update_sharded``: host i computes shard i from the step's inputs (through
+    the object store, over its own base), compared with the trainer's own computation; the step
+    is never applied."""
+    def run(step):
+        for i, w in enumerate(hosts):
+            weights, rows = step.inputs(i)
+            grads, metrics = ray.get(w.shard(ray.put(jax.tree.map(np.asarray, weights)),
+                                             ray.put(jax.tree.map(np.asarray, rows))))
+            want = step.compute(i)
+            _close(grads, want.grads, 1e-5)
+            np.testing.assert_allclose(metrics["loss"], np.asarray(want.metrics["loss"]),
+                                       rtol=1e-5, atol=1e-8)
+        raise StopIteration
+    return run
 
 
 def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp_path):
@@ -61,19 +80,9 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
         key = jax.random.key(0)
 
         # 1. a host's shard from the step's inputs (through the object store) over its own base
-        def each_host(step):
-            for i, w in enumerate(hosts):
-                weights, rows = step.inputs(i)
-                grads, metrics = ray.get(w.shard(
-                    ray.put(jax.tree.map(np.asarray, weights)),
-                    ray.put(jax.tree.map(np.asarray, rows))))
-                want = step.compute(i)
-                _close(grads, want.grads, 1e-5)
-                np.testing.assert_allclose(metrics["loss"], np.asarray(want.metrics["loss"]),
-                                           rtol=1e-5, atol=1e-8)
-            raise StopIteration
         with pytest.raises(StopIteration):
-            r.trainer.update_sharded(train, key, 0, shards=4, run=each_host)
+            r.trainer.update_sharded(train, key, 0, shards=4,
+                                     run=_each_host_equals_the_trainer(hosts))
 
         # 2. in a run: the hosts take their shards while they explore
         row = r.step(0)
@@ -111,7 +120,7 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
         type(victim).shard = shard_then_die
         try:
             got = b.update_sharded(train, key, 0, shards=4,
-                                   run=lambda step: r.ray_shards.run(slow(step)))
+                                   run=lambda step: r.ray_shards.run(slow(step), share=1.0))
         finally:
             type(victim).shard = submit
         counts = r.ray_shards.take_counts()
@@ -124,5 +133,36 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=k)
         # weights: float rounding of the summation order, far below one step (lr 1e-3 scale)
         _close(b.trainable, a.trainable, 1e-5, 1e-2 * float(c.rl.lr) * 4)
+    finally:
+        r.close()
+
+
+def test_full_fine_tuning_shards_on_ray_hosts_at_the_planned_split(cluster, tmp_path):
+    """nft without LoRA, ``shared_update='auto'``: each host holds the base (the reference of
+    the loss's KL term) and computes a full-weight shard as the trainer does; in a run each
+    optimizer step's last ``round(split x shards)`` shards went to the hosts, the split being
+    the one the iteration's plan chose."""
+    _, graphdef, state = micro_model()
+    c = _config(objective="nft", split="auto")
+    c.rl.lora_rank = 0
+    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    try:
+        r.ray_fleet.top_up(0, r.trainer.sampling_state())
+        hosts = list(r.ray_fleet.hosts)
+        assert len(hosts) == 2 and all(w.has_base for w in hosts)
+        train = _train_batch(r)
+        with pytest.raises(StopIteration):
+            r.trainer.update_sharded(train, jax.random.key(0), 0, shards=4,
+                                     run=_each_host_equals_the_trainer(hosts))
+
+        row = r.step(0)
+        n = r.settings.prompts_per_iter * r.settings.group_size
+        steps = r.trainer.shard_units(r.trainer.cfg, n)[0]
+        per_step = row["update_shards"] // steps
+        assert row["update_shards"] == steps * per_step > 0
+        assert 0 < row["update_split"] <= 1
+        taken = row["update_shards_spot"] + row["update_lost"] + row["update_dropped"]
+        assert taken == steps * round(row["update_split"] * per_step)
+        assert row["update_lost"] == 0 and np.isfinite(row["loss"])
     finally:
         r.close()

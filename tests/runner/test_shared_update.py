@@ -57,14 +57,10 @@ def test_shared_update_is_refused_where_it_does_not_run():
     with pytest.raises((ConfigError, ValueError), match="shared_update='sometimes'"):
         RunSpec.of(c)
     c.deployment.shared_update = "auto"
-    c.deployment.transport = "ray"
-    with pytest.raises(ConfigError, match="'auto' and 'payoff' plan on the emulated clock"):
+    c.deployment.update_spot_share = 1.5
+    with pytest.raises((ConfigError, ValueError), match="update_spot_share"):
         RunSpec.of(c)
-    c.deployment.shared_update = "fixed"
-    c.rl.lora_rank = 0
-    with pytest.raises(ConfigError, match="with LoRA only; set rl.lora_rank > 0"):
-        RunSpec.of(c)
-    c.deployment.transport = "emulated"
+    c.deployment.update_spot_share = 0.5
     c.deployment.update_payoff_exponent = 0.0
     with pytest.raises((ConfigError, ValueError), match="update_payoff_exponent=0.0"):
         RunSpec.of(c)
