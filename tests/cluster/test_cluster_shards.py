@@ -5,8 +5,8 @@ take the share the iteration's plan chose while they explore; a host killed with
 flight loses nothing (the trainer recomputes them) and the step equals a twin trainer's.
 References are independent: the trainer's own shard computation, and a second trainer computing
 every shard itself on the same batch."""
+import contextlib
 import dataclasses
-import time
 
 import jax
 import numpy as np
@@ -20,7 +20,8 @@ from spotlight_jax.rl import shards as shards_lib  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
-TAKE_OVER_S = 5.0     # the test's trainer is this slow to take a shard over: the hosts win
+TAKE_OVER_S = 60.0    # the longest the test's trainer waits for a live host's shard before
+#                       taking it over (a fixed 5 s lost to a host on a loaded machine once)
 
 
 def _config(objective="flow_grpo", split="fixed"):
@@ -68,15 +69,24 @@ def _each_host_equals_the_trainer(hosts):
     return run
 
 
-def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp_path):
+@contextlib.contextmanager
+def _run_on_hosts(c, tmp_path):
+    """The run state of ``c`` with its two hosts up and holding the base, and a training batch
+    of iteration 0: ``(run, hosts, batch)``; the run is closed after."""
     _, graphdef, state = micro_model()      # perturbed: a fresh adaLN-Zero model has no gradient
-    c = _config()
     r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     try:
         r.ray_fleet.top_up(0, r.trainer.sampling_state())
         hosts = list(r.ray_fleet.hosts)
         assert len(hosts) == 2 and all(w.has_base for w in hosts)
-        train = _train_batch(r)
+        yield r, hosts, _train_batch(r)
+    finally:
+        r.close()
+
+
+def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp_path):
+    c = _config()
+    with _run_on_hosts(c, tmp_path) as (r, hosts, train):
         key = jax.random.key(0)
 
         # 1. a host's shard from the step's inputs (through the object store) over its own base
@@ -93,25 +103,27 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
         assert row["explore_hosts"] == 2
 
         # 3. one host killed with its shards in flight: recomputed here, the same step
-        a = r.spec.make_trainer(graphdef, state, mesh=r.mesh)
-        b = r.spec.make_trainer(graphdef, state, mesh=r.mesh)
+        a = r.spec.make_trainer(r.trainer.graphdef, r.trainer.base, mesh=r.mesh)
+        b = r.spec.make_trainer(r.trainer.graphdef, r.trainer.base, mesh=r.mesh)
         # the reference: every shard on the trainer (equal to its single-program update to
         # float rounding: tests/rl/test_shards.py)
         want = a.update_sharded(train, key, 0, shards=4,
                                 run=lambda step: step.apply(shards_lib.run_locally(step)))
-        victim, killed = hosts[0], []
+        victim, killed, calls = hosts[0], [], []
         submit = type(victim).shard
 
         def shard_then_die(w, weights_ref, rows_ref):
             ref = submit(w, weights_ref, rows_ref)
+            calls.append(ref)                     # a step's shards 0-3, in call order
             if w is victim and not killed:
                 ray.kill(w.actor)
                 killed.append(True)
             return ref
 
-        def slow(step):      # the trainer takes the live host's shards over only after
-            def compute(i):  # TAKE_OVER_S (the victim's at once)
-                time.sleep(TAKE_OVER_S if i % 2 else 0.0)
+        def slow(step):      # the trainer takes a live host's shard over only once the host
+            def compute(i):  # delivered it (or after TAKE_OVER_S); the victim's at once
+                if i % 2:
+                    ray.wait([calls[len(calls) - step.shards + i]], timeout=TAKE_OVER_S)
                 return step.compute(i)
             return dataclasses.replace(step, compute=compute)
 
@@ -133,8 +145,6 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=k)
         # weights: float rounding of the summation order, far below one step (lr 1e-3 scale)
         _close(b.trainable, a.trainable, 1e-5, 1e-2 * float(c.rl.lr) * 4)
-    finally:
-        r.close()
 
 
 def test_full_fine_tuning_shards_on_ray_hosts_at_the_planned_split(cluster, tmp_path):
@@ -142,15 +152,9 @@ def test_full_fine_tuning_shards_on_ray_hosts_at_the_planned_split(cluster, tmp_
     the loss's KL term) and computes a full-weight shard as the trainer does; in a run each
     optimizer step's last ``round(split x shards)`` shards went to the hosts, the split being
     the one the iteration's plan chose."""
-    _, graphdef, state = micro_model()
     c = _config(objective="nft", split="auto")
     c.rl.lora_rank = 0
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
-    try:
-        r.ray_fleet.top_up(0, r.trainer.sampling_state())
-        hosts = list(r.ray_fleet.hosts)
-        assert len(hosts) == 2 and all(w.has_base for w in hosts)
-        train = _train_batch(r)
+    with _run_on_hosts(c, tmp_path) as (r, hosts, train):
         with pytest.raises(StopIteration):
             r.trainer.update_sharded(train, jax.random.key(0), 0, shards=4,
                                      run=_each_host_equals_the_trainer(hosts))
@@ -164,5 +168,3 @@ def test_full_fine_tuning_shards_on_ray_hosts_at_the_planned_split(cluster, tmp_
         taken = row["update_shards_spot"] + row["update_lost"] + row["update_dropped"]
         assert taken == steps * round(row["update_split"] * per_step)
         assert row["update_lost"] == 0 and np.isfinite(row["loss"])
-    finally:
-        r.close()
