@@ -87,6 +87,7 @@ def mode_summary(history: list[dict], target: float | None) -> dict:
         "update_trainer_s": sum(h.get("update_trainer_s", 0.0) for h in steps),
         "update_spot_shards": sum(h.get("update_shards_spot", 0) for h in steps),
         "update_shards": sum(h.get("update_shards", 0) for h in steps),
+        "update_split": _mean([h["update_split"] for h in steps if "update_split" in h]),
     }
 
 
@@ -125,6 +126,10 @@ def bound_cell(b: tuple[str, float] | None) -> str:
         return "—"
     kind, value = b
     return f"{value:.2f}x" if kind == "=" else f"{kind} {value:.2f}x"
+
+
+def _mean(xs: list) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def _f(x, fmt):
@@ -195,9 +200,10 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
     shared = {m: r for m, r in rows.items() if r.get("update_shards")}
     if shared:
         lines += ["", "## The shared update (critical-path seconds of the update, whole run)",
-                  "", "| mode | update (shared) | the trainer alone | shards on spot groups |",
-                  "|---|---|---|---|"]
+                  "", "| mode | update (shared) | the trainer alone | mean split | "
+                  "shards on spot groups |", "|---|---|---|---|---|"]
         lines += [f"| {m} | {r['update_s']:.0f} | {r['update_trainer_s']:.0f} | "
+                  f"{_f(r['update_split'], '.2f')} | "
                   f"{r['update_spot_shards']} of {r['update_shards']} "
                   f"({r['update_spot_shards'] / r['update_shards']:.0%}) |"
                   for m, r in shared.items()]

@@ -38,8 +38,11 @@ TRACE_FREE_MODES = tuple(m.name for m in registry.MODES if not m.uses_spot)
 # report row would otherwise show the events of whichever trace it happened to run on)
 TRACE_EVENTS = ("spot_alive", "preemptions", "abrupt_losses", "joins", "regroups", "regroup_s",
                 "lost_work_s")
+# the shared update's columns: its critical-path seconds and where its shards ran
+UPDATE = ("update_s", "update_trainer_s", "update_split", "update_shards", "update_shards_spot")
 KEEP = ("iteration", "vtime_s", "dollars", "reward_mean", "explore_candidates", "spot_util",
-        "fleet_regroups", "fleet_regroup_max_s", "fleet_compiles", "pipelined") + TRACE_EVENTS
+        "fleet_regroups", "fleet_regroup_max_s", "fleet_compiles", "pipelined") + TRACE_EVENTS \
+    + UPDATE
 
 
 def modes() -> tuple[str, ...]:

@@ -38,12 +38,18 @@ def test_trace_free_modes_learn_and_charge_the_same_on_any_trace(tmp_path, base,
             == [compare_grid.compact(r, mode) for r in out["skypilot"]])
 
 
-def _history(rewards, s_per_it, dollars_per_it, start=0.5):
+def _history(rewards, s_per_it, dollars_per_it, start=0.5, shared=None):
+    """``shared``: a shared update's (split, shards on the spot groups) per iteration of 8
+    shards, 60 s windows against 90 s on the trainer alone."""
     h = [{"iteration": 0, "vtime_s": 0.0, "dollars": 0.0, "val_reward": start}]
     for i, r in enumerate(rewards, 1):
         h.append({"iteration": i, "vtime_s": i * s_per_it, "dollars": i * dollars_per_it,
                   "val_reward": r, "reward_mean": r, "explore_candidates": 3,
                   "spot_util": 0.5, "preemptions": 1, "loss": 0.25})
+        if shared:
+            h[-1].update(update_s=60.0, update_trainer_s=90.0, update_split=shared[i - 1][0],
+                         update_shards=8, update_shards_spot=shared[i - 1][1],
+                         update_lost=0)
     return h
 
 
@@ -68,7 +74,8 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
     runs = {0: {"baseline": _history([0.55, 0.58, 0.61], 100, 1.0),
                 "spotlight": _history([0.62, 0.63, 0.64], 100, 0.5)},
             1: {"baseline": _history([0.55, 0.58, 0.61], 100, 1.0),
-                "spotlight": _history([0.58, 0.65, 0.66], 100, 0.5)}}
+                "spotlight": _history([0.58, 0.65, 0.66], 100, 0.5,
+                                      shared=[(0.25, 2), (0.5, 4), (0.0, 0)])}}
     for seed, by_mode in runs.items():
         work = str(tmp_path / f"run_{seed}")
         for mode, hist in by_mode.items():
@@ -80,6 +87,9 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
                     for r in runs[0]["baseline"]]
     spot = read_jsonl(os.path.join(grid, "aws", "seed_0", "spotlight", "history.jsonl"))
     assert spot[1]["preemptions"] == 1 and "loss" not in spot[1]
+    shared = read_jsonl(os.path.join(grid, "aws", "seed_1", "spotlight", "history.jsonl"))
+    assert shared[2]["update_split"] == 0.5 and shared[2]["update_shards_spot"] == 4
+    assert "update_lost" not in shared[2]
     assert os.path.exists(os.path.join(grid, "aws", "seed_1", "spotlight", "phases.json"))
 
     text = open(compare_grid.write_grid(grid, target_gain=0.1)).read()
@@ -88,6 +98,11 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
     assert "aws seed 0: explore_sync, spot_rollout, spotlight_pipelined" in text
     report = open(os.path.join(grid, "aws", "seed_1", "report.md")).read()
     assert "Target validation reward: **0.600**" in report
+    # the shared update: its windows against the trainer alone, the mean split, where the
+    # shards ran (3 iterations: 180 s against 270 s, splits 0.25 / 0.5 / 0, 6 of 24 shards)
+    assert "| spotlight | 180 | 270 | 0.25 | 6 of 24 (25%) |" in report
+    assert "The shared update" not in open(os.path.join(grid, "aws", "seed_0",
+                                                         "report.md")).read()
 
 
 def test_archive_refuses_unfinished_runs_and_a_trace_free_run_that_differs(tmp_path):
