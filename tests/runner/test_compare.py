@@ -43,12 +43,14 @@ def test_target_and_time_to_target_ratios(tmp_path):
 
 def test_the_report_says_where_a_shared_updates_rows_ran(tmp_path):
     shared = _hist([(0.25, 5, 0.59), (0.5, 8, 0.62)])
-    for h in shared[1:]:
-        h.update(update_s=15.0, update_trainer_s=24.0, update_shards=8, update_shards_spot=3)
+    for h, split in zip(shared[1:], (0.25, 0.75)):
+        h.update(update_s=15.0, update_trainer_s=24.0, update_shards=8, update_shards_spot=3,
+                 update_split=split)
     hist = {"baseline": _hist([(1, 10, 0.55), (2, 20, 0.60)]), "spotlight_pipelined": shared}
     text = open(reports.write_report(str(tmp_path), hist, target_frac=0.8)).read()
     assert "## The shared update" in text
-    assert "| spotlight_pipelined | 30 | 48 | 6 of 16 (38%) |" in text
+    # windows 2 x 15 s against 2 x 24 s alone, the mean split, 6 of 16 shards on spot groups
+    assert "| spotlight_pipelined | 30 | 48 | 0.50 | 6 of 16 (38%) |" in text
     assert "| baseline | 0 |" not in text.split("## The shared update")[1]
 
 
