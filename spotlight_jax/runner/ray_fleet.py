@@ -505,6 +505,8 @@ class RayShards:
             ready, local = ray.wait([ref], timeout=0)[0], None
             if not ready:     # the trainer is idle: it recomputes, and the first result wins
                 local = step.compute(i)           # dispatched, not waited for
+                # a host's result that arrived meanwhile wins a tie: it is already paid for
+                ready = ray.wait([ref], timeout=0)[0]
                 while not ready and not _is_ready(local):
                     ready = ray.wait([ref], timeout=self.poll_s)[0]
                 if not ready:

@@ -20,8 +20,8 @@ from spotlight_jax.rl import shards as shards_lib  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
-TAKE_OVER_S = 60.0    # the longest the test's trainer waits for a live host's shard before
-#                       taking it over (a fixed 5 s lost to a host on a loaded machine once)
+TAKE_OVER_S = 60.0    # the longest the test's trainer waits for a host's shard (or its death)
+#                       before taking it over (a fixed 5 s lost to a host on a loaded machine)
 
 
 def _config(objective="flow_grpo", split="fixed"):
@@ -120,10 +120,9 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
                 killed.append(True)
             return ref
 
-        def slow(step):      # the trainer takes a live host's shard over only once the host
-            def compute(i):  # delivered it (or after TAKE_OVER_S); the victim's at once
-                if i % 2:
-                    ray.wait([calls[len(calls) - step.shards + i]], timeout=TAKE_OVER_S)
+        def slow(step):      # the trainer takes a host's shard over only once the host
+            def compute(i):  # delivered it or its death surfaced (or after TAKE_OVER_S)
+                ray.wait([calls[len(calls) - step.shards + i]], timeout=TAKE_OVER_S)
                 return step.compute(i)
             return dataclasses.replace(step, compute=compute)
 
