@@ -44,6 +44,10 @@ from spotlight_jax.rl.policy import (
     merged_model,
 )
 
+ANCHORS = ("sampler", "current")
+"""``NFTConfig.anchor``: the v_old of a batch drawn by an older sampling policy than the current
+θ_old (``spotlight_pipelined``): the policy that drew it, or the current θ_old."""
+
 
 @dataclasses.dataclass(frozen=True)
 class NFTConfig:
@@ -65,6 +69,7 @@ class NFTConfig:
     eta_max: float = 0.5
     eta_delay: int = 0             # iterations with η = 0 (θ_old = θ) before the ramp
     minibatches: int = 1           # gradient accumulation over this many sample chunks
+    anchor: str = "sampler"        # v_old of a batch an older policy drew: its own, or 'current'
 
     def validate(self) -> NFTConfig:
         """Returns self, or raises a one-line ValueError naming the bad field (``name=value:``)."""
@@ -72,6 +77,8 @@ class NFTConfig:
         if not self.beta > 0:
             raise ValueError(f"beta={self.beta!r}: must be > 0 (1.0 in the anchor; 0.1 for "
                              "text rewards)")
+        if self.anchor not in ANCHORS:
+            raise ValueError(f"anchor={self.anchor!r}: use {' or '.join(map(repr, ANCHORS))}")
         if self.times < 1:
             raise ValueError(f"times={self.times!r}: must be >= 1 flow time per image")
         if not 0.0 <= self.eta_max < 1.0:
@@ -298,6 +305,8 @@ class NFTTrainer(PolicyTrainer):
         if n % mb:
             raise ValueError(f"batch of {n} images does not split into rl.nft.minibatches={mb}")
         p = optimality(batch["advantages"], self.cfg.adv_clip)
+        if self.cfg.anchor == "current":
+            generator = None            # v_old is the current θ_old's, whoever drew the batch
         args = {"x0": x0, "tokens": jax.tree.map(np.asarray, batch["tokens"]),
                 "mask": np.asarray(batch["mask"]), "p": p,
                 "group": np.asarray(batch["prompt_ids"], np.int32)}

@@ -192,6 +192,33 @@ def test_a_batch_from_an_earlier_sampling_policy_trains_against_that_policy():
                                    rtol=1e-6, atol=1e-7)
 
 
+def test_the_current_anchor_trains_a_stale_batch_against_the_current_sampling_policy():
+    """anchor='current': a batch drawn by an earlier policy g trains with the current θ_old's
+    velocity as v_old (the step equals the same trainer's without g), where 'sampler' takes g's
+    (a different step: the knob changes the loss)."""
+    def lagging(anchor):
+        cfg, t = _trainer(eta_rate=0.25, eta_max=0.5, anchor=anchor)
+        t.update(_batch(cfg), jax.random.key(0), 0)
+        t.update(_batch(cfg), jax.random.key(1), 1)
+        g = t.generator()
+        t.update(_batch(cfg), jax.random.key(2), 2)          # θ_old moves on from g
+        return cfg, t, g
+
+    cfg, a, g = lagging("current")
+    _, b, _ = lagging("current")
+    _, c, _ = lagging("sampler")
+    batch = _batch(cfg)
+    ma = a.update(batch, jax.random.key(3), 3, generator=g)
+    mb = b.update(batch, jax.random.key(3), 3)
+    mc = c.update(batch, jax.random.key(3), 3, generator=g)
+    assert ma["loss"] == mb["loss"] and ma["policy_shift"] == mb["policy_shift"]
+    for x, y in zip(jax.tree.leaves(a.trainable), jax.tree.leaves(b.trainable)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert ma["policy_shift"] != mc["policy_shift"]
+    assert max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
+               for x, y in zip(jax.tree.leaves(a.trainable), jax.tree.leaves(c.trainable))) > 0
+
+
 # per-image noise among the longer checks (the default suite's 8-minute budget): -m e2e
 @pytest.mark.parametrize("shared", [True, pytest.param(False, marks=pytest.mark.e2e)])
 def test_minibatches_do_not_change_the_update(shared):
@@ -253,6 +280,8 @@ def test_builders_objective_sampler_and_errors():
                                           "sampler.shared_initial_noise": True}))
     with pytest.raises(ValueError, match="rl.nft.beta"):
         rl_config(micro_config(1, **{"rl.objective": "nft", "rl.nft.beta": 0.0}))
+    with pytest.raises(ValueError, match=r"rl.nft.anchor='latest': use 'sampler' or 'current'"):
+        rl_config(micro_config(1, **{"rl.objective": "nft", "rl.nft.anchor": "latest"}))
     with pytest.raises(ValueError, match="rl.nft.times=9"):
         from spotlight_jax.config import model_config
         from spotlight_jax.models.build import create_model
