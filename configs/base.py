@@ -178,9 +178,10 @@ def get_config():
     n.eta_max = 0.5
     n.eta_delay = 0                 # iterations fully on-policy before the lag ramps up
     n.minibatches = 1               # gradient accumulation chunks of the one step per iteration
-    # v_old of a batch an older policy drew (spotlight_pipelined's ready batch): 'sampler' (the
-    # policy that drew it) or 'current' (the current sampling policy theta_old)
-    n.anchor = "sampler"
+    # v_old of a batch an older policy drew (spotlight_pipelined's ready batch): 'current' (the
+    # current sampling policy theta_old; measured: docs/spotlight.md) or 'sampler' (the policy
+    # that drew it)
+    n.anchor = "current"
 
     # Prompt embeddings of a real text encoder (model.text_width=0): a file written by
     # python -m spotlight_jax.encode_prompts; its train/val splits are the run's prompts

@@ -44,9 +44,11 @@ from spotlight_jax.rl.policy import (
     merged_model,
 )
 
-ANCHORS = ("sampler", "current")
+ANCHORS = ("current", "sampler")
 """``NFTConfig.anchor``: the v_old of a batch drawn by an older sampling policy than the current
-θ_old (``spotlight_pipelined``): the policy that drew it, or the current θ_old."""
+θ_old (``spotlight_pipelined``'s ready batch): the current θ_old's, or that of the policy that
+drew it. The loss's fixed point for a neutral sample is v_old, so the anchor is where the trust
+region is centred: on the policy of the moment, or one update behind it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,7 @@ class NFTConfig:
     eta_max: float = 0.5
     eta_delay: int = 0             # iterations with η = 0 (θ_old = θ) before the ramp
     minibatches: int = 1           # gradient accumulation over this many sample chunks
-    anchor: str = "sampler"        # v_old of a batch an older policy drew: its own, or 'current'
+    anchor: str = "current"        # v_old of a batch an older policy drew: today's, or 'sampler'
 
     def validate(self) -> NFTConfig:
         """Returns self, or raises a one-line ValueError naming the bad field (``name=value:``)."""

@@ -306,10 +306,11 @@ class SpotlightPipelinedMode(SpotlightMode):
     """``spotlight`` with the rollouts off the critical path: the candidates the spot devices
     sample with the sampling policy during update k, and score, *are* iteration k+1's training
     batch (each prompt's max-variance G-subset), so iteration k+1 starts training at once. The
-    batch is one update staler than the policy it trains; the loss uses the policy that sampled
-    it (the trainer's ``generator``: nft's v_old is that θ_old's; Flow-GRPO's PPO ratio takes
-    the rollouts' own log-probs). Without a ready batch (the first iteration, or no spot device
-    alive during the last update) the iteration rolls out synchronously, as ``spotlight``.
+    batch is one update staler than the policy it trains; the trainer is told which policy
+    sampled it (its ``generator``: nft's v_old is that θ_old's with ``rl.nft.anchor='sampler'``,
+    the current θ_old's by default; Flow-GRPO's PPO ratio takes the rollouts' own log-probs).
+    Without a ready batch (the first iteration, or no spot device alive during the last update)
+    the iteration rolls out synchronously, as ``spotlight``.
     The ready batch and its generator are checkpointed with the iteration (``extra_state``).
     """
 

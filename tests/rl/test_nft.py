@@ -165,8 +165,8 @@ def test_sampling_policy_update_and_zero_advantage_batch():
 
 def test_a_batch_from_an_earlier_sampling_policy_trains_against_that_policy():
     """update(..., generator=g) takes g's velocity as v_old (the gradient step equals that of a
-    trainer whose θ_old is g) while θ_old keeps moving from its own value."""
-    cfg, a = _trainer(eta_rate=0.25, eta_max=0.5)
+    trainer whose θ_old is g) while θ_old keeps moving from its own value (anchor='sampler')."""
+    cfg, a = _trainer(eta_rate=0.25, eta_max=0.5, anchor="sampler")
     batch = _batch(cfg)
     a.update(batch, jax.random.key(0), 0)
     a.update(batch, jax.random.key(1), 1)                    # θ_old now lags θ
@@ -177,7 +177,7 @@ def test_a_batch_from_an_earlier_sampling_policy_trains_against_that_policy():
     assert max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
                for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(a.old))) > 0
     # b: the same θ and optimizer state, with θ_old = g
-    _, b = _trainer(eta_rate=0.25, eta_max=0.5)
+    _, b = _trainer(eta_rate=0.25, eta_max=0.5, anchor="sampler")
     b.trainable, b.opt_state = (jax.tree.map(jnp.copy, x) for x in (a.trainable, a.opt_state))
     b.old = jax.tree.map(jnp.copy, g)
     old_a = jax.tree.map(np.asarray, a.old)
@@ -280,7 +280,7 @@ def test_builders_objective_sampler_and_errors():
                                           "sampler.shared_initial_noise": True}))
     with pytest.raises(ValueError, match="rl.nft.beta"):
         rl_config(micro_config(1, **{"rl.objective": "nft", "rl.nft.beta": 0.0}))
-    with pytest.raises(ValueError, match=r"rl.nft.anchor='latest': use 'sampler' or 'current'"):
+    with pytest.raises(ValueError, match=r"rl.nft.anchor='latest': use 'current' or 'sampler'"):
         rl_config(micro_config(1, **{"rl.objective": "nft", "rl.nft.anchor": "latest"}))
     with pytest.raises(ValueError, match="rl.nft.times=9"):
         from spotlight_jax.config import model_config
