@@ -227,8 +227,11 @@ class NFTTrainer(PolicyTrainer):
         return self.old
 
     def generator(self):
-        """A copy of θ_old: the loss of a batch sampled now but trained on later must use the
-        policy that sampled it as its v_old."""
+        """A copy of θ_old where the loss of a batch sampled now but trained on later uses the
+        policy that sampled it as its v_old (``anchor='sampler'``); None with the current anchor,
+        which needs nothing of it (no copy to keep or checkpoint)."""
+        if self.cfg.anchor == "current":
+            return None
         return jax.tree.map(jnp.copy, self.old)
 
     @property

@@ -373,9 +373,8 @@ class SpotlightPipelinedMode(SpotlightMode):
         batch = batches.unflatten({key[6:]: v for key, v in arrays.items()
                                   if key.startswith("batch/")})
         leaves = [arrays[key] for key in sorted(arrays) if key.startswith("generator/")]
-        generator = None
-        if leaves:
-            like = s.trainer.generator()
+        generator, like = None, s.trainer.generator() if leaves else None
+        if like is not None:    # None: the current anchor needs no saved sampler
             treedef = jax.tree.structure(like)
             generator = jax.tree.unflatten(treedef, [
                 jax.device_put(x, getattr(ref, "sharding", None))

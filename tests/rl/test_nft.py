@@ -204,9 +204,10 @@ def test_the_current_anchor_trains_a_stale_batch_against_the_current_sampling_po
         t.update(_batch(cfg), jax.random.key(2), 2)          # θ_old moves on from g
         return cfg, t, g
 
-    cfg, a, g = lagging("current")
+    cfg, a, none = lagging("current")
+    assert none is None                   # the current anchor keeps no copy of the sampler
+    _, c, g = lagging("sampler")          # g: θ_old before update 2, given to both anyway
     _, b, _ = lagging("current")
-    _, c, _ = lagging("sampler")
     batch = _batch(cfg)
     ma = a.update(batch, jax.random.key(3), 3, generator=g)
     mb = b.update(batch, jax.random.key(3), 3)

@@ -336,6 +336,7 @@ def test_pipelined_trains_on_the_batch_its_spot_devices_sampled(tmp_path, base):
     rollout or reward time: its critical path is the update."""
     graphdef, state = base
     c = mode_config("spotlight_pipelined", iterations=2, objective="nft")
+    c.rl.nft.anchor = "sampler"          # the sampling policy is kept (the default needs none)
     r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
     stale = jax.tree.map(np.asarray, r.trainer.sampling_state())      # θ_old before update 0
     old_before = jax.tree.map(np.asarray, r.trainer.old)

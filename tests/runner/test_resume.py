@@ -118,7 +118,8 @@ def test_pipelined_resume_is_bitwise_identical_with_the_ready_batch(tmp_path, ba
     (and the policy that sampled it): a stopped and resumed run trains on the same batch."""
     graphdef, state = base
     o = {"rl.objective": objective, "rl.nft.times": 2, "rl.nft.eta_rate": 0.25,
-         "mode": "spotlight_pipelined", "explore.max_extra_per_prompt": 4,
+         "rl.nft.anchor": "sampler", "mode": "spotlight_pipelined",
+         "explore.max_extra_per_prompt": 4,
          "deployment.rollout_on_groups": "false", "deployment.fleet": False}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     h1 = runner.run(RunSpec.of(micro_config(2, **o)), str(straight), graphdef, state,
