@@ -23,23 +23,26 @@ import sys
 from absl import app, flags
 
 
-def define_flags():
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The tool's flags (defined only when it is the program, so importing it adds none)."""
+    fv = {"flag_values": flag_values}
     flags.DEFINE_string("pipeline", None, "A diffusers pipeline folder (model_index.json): "
-                        "StableDiffusion3Pipeline (SD3, SD3.5), QwenImagePipeline or FluxPipeline.")
-    flags.DEFINE_string("output", None, "The prompt-embedding file to write (.safetensors).")
-    flags.DEFINE_string("prompts", None, "Training prompts: a text file, one per line.")
-    flags.DEFINE_string("val_prompts", None, "Held-out prompts: a text file, one per line.")
-    flags.DEFINE_bool("world", False, "Encode the synthetic world's train and val prompts.")
+                        "StableDiffusion3Pipeline (SD3, SD3.5), QwenImagePipeline or "
+                        "FluxPipeline.", **fv)
+    flags.DEFINE_string("output", None, "The prompt-embedding file to write (.safetensors).", **fv)
+    flags.DEFINE_string("prompts", None, "Training prompts: a text file, one per line.", **fv)
+    flags.DEFINE_string("val_prompts", None, "Held-out prompts: a text file, one per line.", **fv)
+    flags.DEFINE_bool("world", False, "Encode the synthetic world's train and val prompts.", **fv)
     flags.DEFINE_integer("world_image_size", 32, "--world: the world's image size (its prompts "
-                         "depend on it).")
+                         "depend on it).", **fv)
     flags.DEFINE_integer("max_sequence_length", None, "Text tokens per prompt (SD3: T5's, "
-                         "default 256; Qwen-Image: at most, default 1024).")
-    flags.DEFINE_integer("batch_size", 16, "Prompts per encoder call.")
-    flags.DEFINE_string("device", "cpu", "torch device of the text encoders (cpu, cuda, ...).")
+                         "default 256; Qwen-Image: at most, default 1024).", **fv)
+    flags.DEFINE_integer("batch_size", 16, "Prompts per encoder call.", **fv)
+    flags.DEFINE_string("device", "cpu", "torch device of the text encoders (cpu, cuda, ...).",
+                        **fv)
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"],
-                      "The encoders' dtype, and the file's.")
-    flags.mark_flags_as_required(["pipeline", "output"])
+                      "The encoders' dtype, and the file's.", **fv)
+    flags.mark_flags_as_required(["pipeline", "output"], **fv)
 
 
 def read_prompt_lines(path) -> list[str]:

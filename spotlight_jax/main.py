@@ -1,4 +1,4 @@
-"""Command line: the only module that defines flags.
+"""The command line (an entry point: flags live only in entry points).
 
   python -m spotlight_jax.main --config=configs/tiny.py --workdir=/tmp/spotlight
   python -m spotlight_jax.main --config=configs/qwen_image.py --workdir=/tmp/q --dry_run
@@ -17,21 +17,28 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and plots.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print sizes and shardings; allocate nothing.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Run as one process of a jax.distributed "
-                                  "trainer job (auto-detected on SLURM / Kubernetes / MPI unless "
-                                  "--coordinator, --num_processes, --process_id say).")
-_COORDINATOR = flags.DEFINE_string("coordinator", None, "Trainer job: host:port of process 0.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Trainer job: processes in it.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Trainer job: this process's index.")
-_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "Trainer job: emulated CPU devices per "
-                                    "process (0 = as the backend has them).")
-_DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of a config error (otherwise "
-                           "one line 'error: ...' and exit code 2).")
-flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The command line's flags (defined only when it runs as the program, so a test can parse a
+    documented command with a fresh ``FlagValues``; ``--config`` and ``--workdir`` are marked
+    required there)."""
+    fv = {"flag_values": flag_values}
+    config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                    lock_config=True, **fv)
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and plots.", **fv)
+    flags.DEFINE_bool("dry_run", False, "Print sizes and shardings; allocate nothing.", **fv)
+    flags.DEFINE_bool("distributed", False, "Run as one process of a jax.distributed trainer "
+                      "job (auto-detected on SLURM / Kubernetes / MPI unless --coordinator, "
+                      "--num_processes, --process_id say).", **fv)
+    flags.DEFINE_string("coordinator", None, "Trainer job: host:port of process 0.", **fv)
+    flags.DEFINE_integer("num_processes", None, "Trainer job: processes in it.", **fv)
+    flags.DEFINE_integer("process_id", None, "Trainer job: this process's index.", **fv)
+    flags.DEFINE_integer("cpu_devices", 0, "Trainer job: emulated CPU devices per process (0 = "
+                         "as the backend has them).", **fv)
+    flags.DEFINE_bool("debug", False, "Show the traceback of a config error (otherwise one "
+                      "line 'error: ...' and exit code 2).", **fv)
 
 
 def _fail(message) -> None:
@@ -52,7 +59,7 @@ def _config_errors():
     try:
         yield
     except (ConfigError, KeyError, FileNotFoundError) as e:
-        if _DEBUG.value:
+        if FLAGS.debug:
             raise
         _fail(_message(e))
 
@@ -78,11 +85,11 @@ def _parse_flags(argv):
 
 def _loaded_config():
     """``--config``'s ConfigDict; a file that does not load is one line naming the cause."""
-    config = _CONFIG.value
+    config = FLAGS.config
     try:
         config.get("mode")              # a file that failed to load raises on first use
     except OSError as e:
-        if _DEBUG.value:
+        if FLAGS.debug:
             raise
         cause = e
         while cause.__cause__ is not None:
@@ -111,7 +118,7 @@ def main(argv):
         # the one place the ConfigDict is read: every section validated and built, before any
         # backend use
         spec = RunSpec.from_config(config)
-    if _DISTRIBUTED.value or _NUM_PROCESSES.value is not None or _COORDINATOR.value:
+    if FLAGS.distributed or FLAGS.num_processes is not None or FLAGS.coordinator:
         return _trainer_job(spec)
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
 
@@ -123,11 +130,11 @@ def main(argv):
         from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415
         enable_persistent_cache(spec.compilation_cache_dir)
     from spotlight_jax import train  # noqa: PLC0415
-    if _DRY_RUN.value:
+    if FLAGS.dry_run:
         print(train.dry_run(spec))
         return
     logging.info("config:\n%s", config)
-    train.train_and_evaluate(spec, _WORKDIR.value)
+    train.train_and_evaluate(spec, FLAGS.workdir)
 
 
 def _trainer_job(spec):
@@ -139,9 +146,9 @@ def _trainer_job(spec):
 
     from spotlight_jax import train  # noqa: PLC0415
     from spotlight_jax.cluster.distributed import initialize  # noqa: PLC0415
-    initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-               cpu_devices=_CPU_DEVICES.value)
-    history = train.run_trainer_job(spec, _WORKDIR.value, progress=jax.process_index() == 0)
+    initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
+               cpu_devices=FLAGS.cpu_devices)
+    history = train.run_trainer_job(spec, FLAGS.workdir, progress=jax.process_index() == 0)
     if history is not None:
         evals = [h for h in history if "val_reward" in h]
         print(json.dumps({"process": 0, "iterations": history[-1]["iteration"],
@@ -150,4 +157,6 @@ def _trainer_job(spec):
 
 
 if __name__ == "__main__":
+    define_flags()
+    flags.mark_flags_as_required(["config", "workdir"])
     app.run(main, flags_parser=_parse_flags)

@@ -14,6 +14,8 @@ from absl import app, flags
 
 from spotlight_jax.plots import group_curves, parse_groups
 
+POSITIONAL_RUN_DIRS = True        # its positional words are run directories (one group)
+
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The command line's flags; defined only when this module runs as the program."""

@@ -18,25 +18,35 @@ from absl import app, flags, logging
 from spotlight_jax import rewards
 from spotlight_jax.rewards.server import RewardServer
 
-_REWARD = flags.DEFINE_string("reward", None, "registered reward to serve (e.g. geneval_lite)")
-_HOST = flags.DEFINE_string("host", "127.0.0.1", "address to bind (0.0.0.0 = every interface)")
-_PORT = flags.DEFINE_integer("port", 18085, "port to bind (0 = a free one, printed at start)")
-_ALLOW_PICKLE = flags.DEFINE_bool(
-    "allow_pickle", False, "also serve Flow-GRPO's pickle protocol (trusts every client: "
-    "unpickling runs the sender's code)")
+FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The server's flags (defined only when it runs as the program)."""
+    fv = {"flag_values": flag_values}
+    flags.DEFINE_string("reward", None, "registered reward to serve (e.g. geneval_lite)", **fv)
+    flags.DEFINE_string("host", "127.0.0.1", "address to bind (0.0.0.0 = every interface)", **fv)
+    flags.DEFINE_integer("port", 18085, "port to bind (0 = a free one, printed at start)", **fv)
+    flags.DEFINE_bool("allow_pickle", False, "also serve Flow-GRPO's pickle protocol (trusts "
+                      "every client: unpickling runs the sender's code)", **fv)
+
+
+def check_reward(name: str) -> None:
+    """A UsageError naming ``--reward`` when ``name`` is not a registered reward."""
+    if name not in rewards.names():
+        raise app.UsageError(f"--reward={name!r}: unknown reward; registered rewards: "
+                             f"{', '.join(rewards.names())}")
 
 
 def main(argv):
     del argv
-    if _REWARD.value not in rewards.names():
-        raise app.UsageError(f"--reward={_REWARD.value!r}: unknown reward; registered "
-                             f"rewards: {', '.join(rewards.names())}")
+    check_reward(FLAGS.reward)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    server = RewardServer(_REWARD.value, _HOST.value, _PORT.value,
-                          allow_pickle=_ALLOW_PICKLE.value).start()
-    print(f"serving {_REWARD.value} at {server.url}", flush=True)
+    server = RewardServer(FLAGS.reward, FLAGS.host, FLAGS.port,
+                          allow_pickle=FLAGS.allow_pickle).start()
+    print(f"serving {FLAGS.reward} at {server.url}", flush=True)
     while not done.wait(1.0):       # wakes to run the signal handlers
         pass
     logging.info("reward server: shutting down")
@@ -44,5 +54,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flag_as_required("reward")
     app.run(main)

@@ -30,6 +30,7 @@ from spotlight_jax.metrics import read_jsonl
 from spotlight_jax.registry import BASELINE
 
 FLAGS = flags.FLAGS
+COMMANDS = ("archive", "report")         # the program's first word
 ON_DEMAND = "on_demand"
 TRACE_FREE_MODES = tuple(m.name for m in registry.MODES if not m.uses_spot)
 # history columns the report reads (runner.reports.mode_summary, the plots); the rest stays in
@@ -221,7 +222,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def main(argv):
-    if len(argv) != 2 or argv[1] not in ("archive", "report"):
+    if len(argv) != 2 or argv[1] not in COMMANDS:
         raise app.UsageError("give one command: archive or report")
     if not FLAGS.grid:
         raise app.UsageError("--grid=DIR is required")

@@ -1,0 +1,133 @@
+"""Every project command a reader is shown (README, docs/, results/README.md, configs/, colab/,
+launch/) is accepted without running its job: the module exists, its own flag parser takes the
+flags, the config file loads with every ``--config.*`` override, and for
+``spotlight_jax.main`` the run's :class:`RunSpec` builds (validated as the command line does);
+a study or benchmark's flags parse and its positional words are commands it has.
+
+What a reader supplies is put in place first (``tests/doc_commands.py``): the docs'
+placeholders, ``$SPOTLIGHT_TRACES`` (stand-in trace files of the SkyPilot format where the real
+traces are absent), and for a real model the tiny random Qwen-Image pipeline fixture as
+``/models/Qwen-Image`` with a prompt-embedding file of the config's widths.
+"""
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from absl import flags
+from doc_commands import ROOT, documented_commands
+from helpers import QWEN_PIPE, world_prompt_file
+
+from spotlight_jax.config import RunSpec, model_config
+from spotlight_jax.emulation.traces import default_trace_dir
+
+REAL_MODEL_FOLDERS = {"/models/Qwen-Image": QWEN_PIPE}
+
+
+def _real_model_stand_in(arg: str) -> str:
+    """A ``base_checkpoint`` that only exists on the reader's machine -> its tiny fixture."""
+    flag, _, value = arg.partition("=")
+    if flag == "--config.base_checkpoint" and value in REAL_MODEL_FOLDERS:
+        return f"{flag}={REAL_MODEL_FOLDERS[value]}"
+    return arg
+
+
+# the folder the commands' $SPOTLIGHT_TRACES stands for (filled by the `traces` fixture)
+TRACES = Path(tempfile.gettempdir()) / f"spotlight_doc_traces_{os.getpid()}"
+COMMANDS = documented_commands(str(TRACES))
+
+
+@pytest.fixture(scope="module")
+def traces():
+    """``TRACES``: a link to the real traces where they are, else a stand-in for every trace
+    file a command names (4 nodes alive for 10 days in 300 s ticks)."""
+    real = default_trace_dir()
+    shutil.rmtree(TRACES, ignore_errors=True)
+    if (real / "skypilot").is_dir():
+        TRACES.symlink_to(real.resolve(), target_is_directory=True)
+    else:
+        for cmd in COMMANDS:
+            for arg in cmd.args:
+                for path in arg.partition("=")[2].split(","):
+                    if path.startswith(str(TRACES)) and path.endswith(".json"):
+                        Path(path).parent.mkdir(parents=True, exist_ok=True)
+                        Path(path).write_text(json.dumps({"metadata": {"gap_seconds": 300},
+                                                          "data": [4] * 2880}))
+    yield TRACES
+    if TRACES.is_symlink():
+        TRACES.unlink()
+    else:
+        shutil.rmtree(TRACES, ignore_errors=True)
+
+
+def test_the_docs_show_commands_of_every_kind():
+    """The collector finds what the docs hold (a collector that finds nothing checks nothing)."""
+    modules = {c.module for c in COMMANDS}
+    assert len(COMMANDS) >= 80, len(COMMANDS)
+    assert {"spotlight_jax.main", "spotlight_jax.studies.compare_grid",
+            "spotlight_jax.rewards.serve", "spotlight_jax.encode_prompts"} <= modules
+    wheres = {c.where.split(":")[0] for c in COMMANDS}
+    assert {"README.md", "docs/spotlight.md", "colab/quickstart.ipynb",
+            "launch/local_cluster.sh", "configs/tiny.py"} <= wheres
+
+
+def _parse(module, args, monkeypatch):
+    """The module's own flags parsed from ``args``; returns (the module, flag values,
+    positional words)."""
+    program = importlib.import_module(module)
+    # where --config.* overrides are read from, also by a default config parsed at definition
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    fv = flags.FlagValues()
+    program.define_flags(fv)
+    rest = fv([module, *args])              # absl's parser: an unknown flag fails here
+    return program, fv, rest[1:]
+
+
+def _stand_in_prompts(config, tmp_path: Path) -> None:
+    """A prompt-embedding file of the run's model widths where the command names one that only
+    exists on the reader's machine."""
+    p = config.prompts
+    if not p.embeddings_file or os.path.exists(p.embeddings_file):
+        return
+    m = model_config(config)
+    path = tmp_path / "prompts.safetensors"
+    world_prompt_file(path, m.text_embed_dim, image_size=32,
+                      pooled_dim=m.pooled_dim if m.pooled == "input" else 0)
+    p.embeddings_file = str(path)
+
+
+def _check_main(fv, tmp_path):
+    if not fv["config"].present:            # a fragment in prose (--distributed ...)
+        return
+    config = fv.config
+    _stand_in_prompts(config, tmp_path)
+    spec = RunSpec.from_config(config)                  # validated as the command line does
+    assert spec.settings.mode == config.mode
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.where)
+def test_documented_command_is_accepted(cmd, traces, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)                 # the docs' paths are relative to the repository
+    if cmd.pattern:                         # e.g. spotlight_jax.bench.<name>: the family exists
+        package = cmd.module.split("<")[0].rstrip(".")
+        assert importlib.util.find_spec(package) is not None, str(cmd)
+        return
+    assert importlib.util.find_spec(cmd.module) is not None, f"no module: {cmd}"
+    if not cmd.args:                        # the module named in prose
+        return
+    args = [_real_model_stand_in(a) for a in cmd.args]
+    program, fv, positional = _parse(cmd.module, args, monkeypatch)
+    allowed = getattr(program, "COMMANDS", ())
+    if not getattr(program, "POSITIONAL_RUN_DIRS", False):
+        assert all(p in allowed for p in positional), \
+            f"{cmd}: positional words {positional}, the program takes {allowed or 'none'}"
+    if cmd.module == "spotlight_jax.main":
+        _check_main(fv, tmp_path)
+    elif cmd.module == "spotlight_jax.rewards.serve":
+        program.check_reward(fv.reward)
+    elif "config" in fv and fv["config"].present:
+        assert fv.config is not None        # a study's config loads with its overrides
