@@ -17,7 +17,8 @@ from spotlight_jax.rewards.learned import convert_aesthetic, convert_open_clip
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = {"flag_values": flag_values}
     flags.DEFINE_string("aesthetic", None, "The published aesthetic head (.pth).", **fv)
-    flags.DEFINE_string("open_clip", None, "A published open_clip checkpoint (.pt), e.g. HPSv2.1.", **fv)
+    flags.DEFINE_string("open_clip", None, "A published open_clip checkpoint (.pt), e.g. "
+                        "HPSv2.1.", **fv)
     flags.DEFINE_string("output", None, "Where to write it (.safetensors).", **fv)
     flags.mark_flags_as_required(["output"], **fv)
 

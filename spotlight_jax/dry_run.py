@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from spotlight_jax.config import RunSpec
-from spotlight_jax.config.sections import base_shardings
+from spotlight_jax.config.build import base_shardings
 from spotlight_jax.diffusion import prompt, velocity
 from spotlight_jax.models import as_dtype
 from spotlight_jax.models.build import abstract_model
@@ -26,8 +26,9 @@ from spotlight_jax.models.convert.transformer import host_peak_bytes
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib
-from spotlight_jax.rl import trainer_class
-from spotlight_jax.rl.policy import UpdateRows, merged_model
+from spotlight_jax.rl import work_of
+from spotlight_jax.rl.policy import merged_model
+from spotlight_jax.rl.work import UpdateRows
 
 
 def _shard_factor(spec: PartitionSpec, mesh) -> int:
@@ -142,7 +143,7 @@ def dry_run(config, devices=None) -> str:
         opt = 2 * per_device * (4 / np.dtype(as_dtype(cfg.param_dtype)).itemsize)
         opt_name = "AdamW state"
     batch = run.settings.prompts_per_iter * run.settings.group_size
-    rows = trainer_class(rl_cfg).update_rows(rl_cfg, run.sampler, batch)
+    rows = work_of(rl_cfg, run.sampler).update_rows(batch)
     act, fixed = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))

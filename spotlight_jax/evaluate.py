@@ -32,19 +32,21 @@ def generate(sampler: Sampler, state, prompts, seeds, text_len: int, batch_size:
 
 
 def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
-             reward: str = "geneval_lite", batch_size: int = 64,
+             reward: rewards.Reward | None = None, batch_size: int = 64,
              tokenize=world.tokenize):
     """Mean reward, its 95% interval half-width, a reward mix's terms (``reward_<name>``) and
-    the per-constraint breakdown."""
+    the per-constraint breakdown. ``reward``: the run's resolved held-out reward (default
+    ``geneval_lite``)."""
+    reward = reward if reward is not None else rewards.resolve("geneval_lite")
     ps, seeds = eval_grid(prompts, num_seeds)
     images = generate(sampler, state, ps, seeds, text_len, batch_size, tokenize)
-    scores, terms = rewards.get_terms(reward)(images, ps)
+    scores, terms = reward.scored(images, ps)
     scores = np.asarray(scores, np.float64)
     result = {"reward": float(scores.mean()),
               "reward_ci95": float(1.96 * scores.std(ddof=1) / np.sqrt(len(scores)))}
-    if rewards.mix.is_mix(reward):                  # each term of a mix, clipped, unweighted
+    if reward.is_mix:                               # each term of a mix, clipped, unweighted
         result.update({f"reward_{name}": float(np.mean(v)) for name, v in terms.items()})
-    if reward == "geneval_lite":
+    if reward.name == "geneval_lite":
         graded = constraint_breakdown(images, ps)            # one detection for both views
         for k, v in exact_scores(graded).items():
             v = np.asarray(v, np.float64)

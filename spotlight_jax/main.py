@@ -116,8 +116,10 @@ def main(argv):
     from spotlight_jax.config import RunSpec  # noqa: PLC0415
     with _config_errors():
         # the one place the ConfigDict is read: every section validated and built, before any
-        # backend use
+        # backend use; the rewards that need building (a server's client, learned rewards)
+        # load now, so that a bad one stops the command before any work
         spec = RunSpec.from_config(config)
+        spec.register_rewards()
     if FLAGS.distributed or FLAGS.num_processes is not None or FLAGS.coordinator:
         return _trainer_job(spec)
     import jax  # noqa: PLC0415 - the device count must be set before any backend use

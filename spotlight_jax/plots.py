@@ -93,7 +93,7 @@ def plot_panels(path: str, panels: dict, xlabel: str = "iteration", title: str =
 def seed_curves(workdirs, key: str = "val_reward") -> dict:
     """Mean and min/max over runs of ``key`` at the evaluations every run has, by iteration.
 
-    Reads each workdir's ``rl.jsonl`` (written by ``runner.run``; keys spelled
+    Reads each workdir's ``rl.jsonl`` (written by ``runner.loop.run``; keys spelled
     ``val/reward`` are matched too). Returns ``{"x", "mean", "lo", "hi", "runs"}``, ``runs``
     being the per-run ``(x, y)`` series.
     """

@@ -25,7 +25,7 @@ from spotlight_jax.dry_run import dry_run
 from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.models.build import abstract_model, create_model
 from spotlight_jax.pretrain import pretrain
-from spotlight_jax.runner import run, run_compare
+from spotlight_jax.runner import build_and_run, run_compare
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain_base",
@@ -132,7 +132,7 @@ def train_and_evaluate(config, workdir: str):
         print(open(path).read().split("\n## ")[0])
         print(f"report: {path}  (plots next to it; each mode's run in {workdir}/<mode>)")
         return path
-    history = run(spec, workdir, graphdef, base, base_source=source)
+    history = build_and_run(spec, workdir, graphdef, base, base_source=source)
     print(summary(spec, workdir, history, source))
     return history
 
@@ -204,7 +204,7 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
 
 def run_trainer_job(spec: RunSpec, workdir: str, *, progress: bool = False):
     """Post-training of ``spec`` by this trainer job: process 0 runs the runner
-    (``runner.run``) with a ``TrainerJob`` over every process's devices, writing the run
+    (``runner.build_and_run``) with a ``TrainerJob`` over every process's devices, writing the run
     (metrics, samples, checkpoints) to ``workdir``; the other processes follow its commands.
     The base model is process 0's (shipped, ``base_checkpoint`` or ``workdir/base``),
     broadcast to the others. Returns the history in process 0, None in the others."""
@@ -235,7 +235,7 @@ def run_trainer_job(spec: RunSpec, workdir: str, *, progress: bool = False):
     local = spec.build_mesh(jax.local_devices())   # process 0's samplers and shadow weights
     job = TrainerJob(graphdef, host, rl_cfg, samp, mesh, local, seed=spec.seed)
     try:
-        return run(spec, workdir, graphdef, host, base_source=source,
-                              progress=progress, trainer=job, devices=list(local.devices.flat))
+        return build_and_run(spec, workdir, graphdef, host, base_source=source,
+                             progress=progress, trainer=job, devices=list(local.devices.flat))
     finally:
         job.stop()

@@ -6,7 +6,7 @@ Model FLOPs follow the MFU convention (``emulation.flops``: matmuls only, 2 per 
 * an update: per gradient step, each row whose forward is differentiated counts three forwards
   (the forward and a backward of two: the activations' and the weights' gradients), each
   forward-only row (an old or reference policy's velocity) one; rows from the objective's
-  ``Trainer.update_rows``, times its minibatches and inner epochs. With LoRA the weights'
+  ``ObjectiveWork.update_rows``, times its gradient passes per update. With LoRA the weights'
   gradient of the frozen base is never computed, so the hardware does less than the model
   FLOPs say (the convention, as for full fine-tuning, keeps runs comparable).
 
@@ -54,11 +54,11 @@ def rollout_flops(model_cfg, sampler_cfg, n: int) -> float:
     return float(n * sampler_cfg.num_steps * passes * forward_flops(model_cfg))
 
 
-def update_flops(trainer, model_cfg, sampler_cfg, n: int) -> float:
-    """Model FLOPs of ``trainer``'s update on ``n`` samples (the module docstring's count)."""
-    cfg = trainer.cfg
-    rows = trainer.update_rows(cfg, sampler_cfg, n)
-    steps = int(getattr(cfg, "minibatches", 1)) * int(getattr(cfg, "inner_epochs", 1))
+def update_flops(work, model_cfg, n: int) -> float:
+    """Model FLOPs of an update on ``n`` samples (the module docstring's count); ``work``: the
+    objective's ``rl.ObjectiveWork`` (its rows per gradient pass and passes per update)."""
+    rows = work.update_rows(n)
+    steps = work.gradient_passes
     passes = model_cfg.passes(rows.guidance)
     return float(steps * passes * (3 * rows.grad + rows.forward) * forward_flops(model_cfg))
 

@@ -19,8 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r"python -m (spotlight_jax[\w.<>]*)")
 
 # The words the docs write for "your value": a workdir, a config seed, an iteration count, a
-# mode, an objective, a trace name, an output directory or file, a host. Replaced where they stand alone as a
-# flag's value or one component of a path.
+# mode, an objective, a trace name, an output directory or file, a host. Replaced where they
+# stand alone as a flag's value or one component of a path.
 PLACEHOLDERS = {"W": "/tmp/doc_run", "RUN": "/tmp/doc_run", "PT": "/tmp/doc_pretrain",
                 "DIR": "/tmp/doc_out", "FILE": "/tmp/doc_out/file", "S": "0", "N": "40",
                 "MODE": "spotlight", "OBJ": "nft", "T": "synthetic", "REWARD_HOST": "127.0.0.1"}

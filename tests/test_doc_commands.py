@@ -12,6 +12,7 @@ traces are absent), and for a real model the tiny random Qwen-Image pipeline fix
 import importlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -131,3 +132,34 @@ def test_documented_command_is_accepted(cmd, traces, tmp_path, monkeypatch):
         program.check_reward(fv.reward)
     elif "config" in fv and fv["config"].present:
         assert fv.config is not None        # a study's config loads with its overrides
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"[`*]|\[|\]\([^)]*\)", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)}
+
+
+def test_every_relative_link_in_the_docs_reaches_its_file_and_heading():
+    """A link a reader follows (README, docs/, results/README.md) names a file that exists and,
+    with ``#anchor``, one of its headings (a split or renamed page must take its links along)."""
+    pages = [ROOT / "README.md", ROOT / "results" / "README.md",
+             *sorted((ROOT / "docs").glob("*.md"))]
+    broken, checked = [], 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://|mailto:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert checked > 50, checked
+    assert not broken, "\n".join(broken)

@@ -14,7 +14,7 @@ MEMBERS = [n for n in dir(rl.Trainer) if not n.startswith("_")]
 
 @pytest.mark.parametrize("cls", [rl.NFTTrainer, rl.GRPOTrainer, TrainerJob])
 def test_every_trainer_has_the_protocols_members(cls):
-    assert {"update", "advantages", "needs_reward_parts", "sampling_state"} <= set(MEMBERS)
+    assert {"update", "advantages", "work", "sampling_state", "exported_lora"} <= set(MEMBERS)
     for name in MEMBERS:
         assert hasattr(cls, name), f"{cls.__name__} lacks {name}"
         want = getattr(rl.Trainer, name)
@@ -53,8 +53,8 @@ def test_the_trainer_computes_advantages_from_its_config():
 
 def test_every_explorer_scores_through_the_explorer_protocol():
     from spotlight_jax.explore.explorer import Explorer, LocalExplorer
-    from spotlight_jax.runner.fleet import FleetExplorer
-    from spotlight_jax.runner.ray_fleet import RayExplorer
+    from spotlight_jax.runner.backends.emulated_fleet import FleetExplorer
+    from spotlight_jax.runner.backends.ray_explorer import RayExplorer
 
     want = inspect.signature(Explorer.score).parameters
     for cls in (LocalExplorer, FleetExplorer, RayExplorer):

@@ -24,7 +24,7 @@ def test_the_spec_holds_every_section_as_the_config_builds_it():
     assert spec.trace == conf.trace_config(c)
     assert spec.workload == conf.workload(c)
     assert spec.cpu_device_count() == conf.cpu_device_count(c)
-    assert RunSpec.of(spec) is spec
+    assert RunSpec.of(spec) is spec and RunSpec.of(c) == spec       # the entry points' door
 
 
 def test_plain_data_rebuilds_the_same_spec():
@@ -49,7 +49,7 @@ def test_a_bad_config_fails_once_at_the_boundary_and_the_runner_takes_only_specs
     with pytest.raises(ConfigError, match="rl.group_size=1"):
         RunSpec.from_config(micro_config(1, **{"rl.group_size": 1}))
     with pytest.raises(TypeError, match="RunSpec"):
-        runner.RunState(micro_config(1), "/tmp/unused", None, None)
+        runner.build_run(micro_config(1), "/tmp/unused", None, None)
 
 
 def test_the_spec_checks_what_the_devices_present_can_hold():

@@ -64,18 +64,17 @@ def test_update_and_rollout_flops_count_rows_steps_and_cfg():
     from spotlight_jax.diffusion import SamplerConfig
     from spotlight_jax.rl import UpdateRows
 
-    class Trainer:
-        cfg = type("C", (), {"minibatches": 2, "inner_epochs": 3})()
+    class Work:                 # an objective's work: 2 minibatches x 3 epochs
+        def __init__(self, sampler):
+            self.sampler, self.gradient_passes = sampler, 6
 
-        @staticmethod
-        def update_rows(cfg, sampler, n):
-            return UpdateRows(grad=n // cfg.minibatches * 4, forward=n // cfg.minibatches,
-                              guidance=sampler.guidance)
+        def update_rows(self, n):
+            return UpdateRows(grad=n // 2 * 4, forward=n // 2, guidance=self.sampler.guidance)
 
     f = forward_flops(CFG)
     plain, cfg2 = SamplerConfig(num_steps=5), SamplerConfig(num_steps=5, guidance=4.0)
     # 2 minibatches x 3 epochs x (3 x 32 + 8) rows, one pass; twice that under CFG
-    assert utilization.update_flops(Trainer(), CFG, plain, 16) == 6 * (3 * 32 + 8) * f
-    assert utilization.update_flops(Trainer(), CFG, cfg2, 16) == 2 * 6 * (3 * 32 + 8) * f
+    assert utilization.update_flops(Work(plain), CFG, 16) == 6 * (3 * 32 + 8) * f
+    assert utilization.update_flops(Work(cfg2), CFG, 16) == 2 * 6 * (3 * 32 + 8) * f
     assert utilization.rollout_flops(CFG, plain, 16) == 16 * 5 * f
     assert utilization.rollout_flops(CFG, cfg2, 16) == 2 * 16 * 5 * f

@@ -28,7 +28,7 @@ def test_offline_writer_logs_scalars_and_pictures(tmp_path):
 @pytest.mark.parametrize("value,match", [("bogus", "choose one of off, offline, online")])
 def test_bad_wandb_setting_is_refused(value, match):
     with pytest.raises(ConfigError, match=f"logging.wandb='{value}': {match}"):
-        RunSpec.of(load_config("tiny", {"logging.wandb": value}))
+        RunSpec.from_config(load_config("tiny", {"logging.wandb": value}))
 
 
 @pytest.mark.e2e      # a micro run plus W&B's service start (the default suite's budget)
@@ -36,10 +36,10 @@ def test_micro_run_logs_every_scalar_of_rl_jsonl_to_wandb(tmp_path):
     from spotlight_jax import runner
     from spotlight_jax.models.build import create_model
 
-    spec = RunSpec.of(micro_config(2, **{"logging.wandb": "offline", "rl.eval_every": 2,
+    spec = RunSpec.from_config(micro_config(2, **{"logging.wandb": "offline", "rl.eval_every": 2,
                                          "checkpoint.every": 2}))
     graphdef, state = create_model(spec.model)
-    runner.run(spec, str(tmp_path), graphdef, state, progress=False)
+    runner.build_and_run(spec, str(tmp_path), graphdef, state, progress=False)
     jsonl = [json.loads(x) for x in open(tmp_path / "rl.jsonl")]
     logged = {}
     for r in wandb_history(str(tmp_path)):

@@ -50,7 +50,8 @@ def main(argv):
     logging.basicConfig(level=logging.INFO)
     initialize(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
                cpu_devices=FLAGS.cpu_devices)
-    metrics = update_from_files(RunSpec.of(_CONFIG.value), FLAGS.base, FLAGS.batch, FLAGS.out)
+    spec = RunSpec.from_config(_CONFIG.value)
+    metrics = update_from_files(spec, FLAGS.base, FLAGS.batch, FLAGS.out)
     print(json.dumps({"process": jax.process_index(), **metrics}), flush=True)
     jax.distributed.shutdown()
 

@@ -53,13 +53,14 @@ def main(argv):
 
     config = _CONFIG.value
     mcfg = model_config(config)
-    graphdef, base, source = train.load_or_pretrain_base(RunSpec.of(config),
+    spec = RunSpec.from_config(config)
+    graphdef, base, source = train.load_or_pretrain_base(spec,
                                                          "/tmp/spotlight_cluster_base")
     ray.init(address=FLAGS.address or None, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}})
     t0 = time.time()
     resources = {FLAGS.resource: 1} if FLAGS.resource else None
-    workers = [spot.start_host(f"spot{i}", RunSpec.of(config), cpu_devices=FLAGS.cpu_devices,
+    workers = [spot.start_host(f"spot{i}", spec, cpu_devices=FLAGS.cpu_devices,
                                worker={"commit_every": 2, "steps_per_call": 1, "microbatch": 2},
                                resources=resources) for i in range(FLAGS.hosts)]
     ref = spot.publish(base)

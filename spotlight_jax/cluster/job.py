@@ -14,7 +14,7 @@ the collective program each one names:
 
 ``TrainerJob`` is what process 0's runner holds in place of the objective's trainer
 (``GRPOTrainer`` or ``NFTTrainer``): it has the same attributes (``trainable``, ``opt_state``,
-``ema``, the nft sampling policy ``old``, ``policy_state()``, ``sampling_state()``,
+``ema``, the nft sampling policy ``old``, ``sampling_state()``,
 ``eval_state()``, ``update()``) and sends the command before running its part. Its weights for
 sampling live in a shadow trainer on process 0's own devices, refreshed after every update, so
 rollouts and evaluation never touch the other processes' devices. Followers need no file system:
@@ -190,14 +190,11 @@ class TrainerJob:
         return metrics
 
     @property
-    def needs_reward_parts(self) -> bool:
-        return self.local.needs_reward_parts
+    def work(self):
+        return self.local.work
 
     def advantages(self, rewards, prompt_ids, parts=None, weights=None):
         return self.local.advantages(rewards, prompt_ids, parts, weights)
-
-    def policy_state(self):
-        return self.local.policy_state()
 
     def sampling_state(self):
         return self.local.sampling_state()
@@ -208,18 +205,6 @@ class TrainerJob:
     def generator(self):
         return self.local.generator()
 
-    @staticmethod
-    def update_rows(cfg, sampler, batch: int):
-        return trainer_class(cfg).update_rows(cfg, sampler, batch)
-
-    @staticmethod
-    def shard_units(cfg, batch: int) -> tuple[int, int]:
-        return trainer_class(cfg).shard_units(cfg, batch)
-
-    @staticmethod
-    def shard_program(graphdef, cfg, sampler):
-        return trainer_class(cfg).shard_program(graphdef, cfg, sampler)
-
     def update_sharded(self, batch: dict, key, step: int, shards: int, run,
                        generator=None) -> dict:
         raise NotImplementedError(
@@ -229,6 +214,9 @@ class TrainerJob:
 
     def eval_state(self):
         return self.local.eval_state()
+
+    def exported_lora(self):
+        return self.local.exported_lora()   # pulled from the job after every update
 
     @property
     def trainable(self):

@@ -129,9 +129,10 @@ class SpotHostImpl:
         self._worker = InProcessWorker(name, stepper, degree=group.degree,
                                        config=WorkerConfig(**(worker or {})), params=None,
                                        version=-1)
-        # the run's training reward (a remote one is registered by the spec's settings) and,
-        # for a latent model, the VAE: a host rewards the requests it completes
-        self._reward_fn = rewards.get(spec.settings.reward)
+        # the run's training reward (a remote or learned one built here first) and, for a
+        # latent model, the VAE: a host rewards the requests it completes
+        spec.register_rewards()
+        self._reward_fn = rewards.resolve(spec.settings.reward)
         self._decoder = spec.image_decoder()
         # the resident base a LoRA version is merged into: a diffusers base is loaded here
         # (shared storage); any other comes once from the object store (set_base)
@@ -253,13 +254,12 @@ class SpotHostImpl:
         ``(gradient, metric sums)`` as host arrays."""
         import jax  # noqa: PLC0415
 
-        from spotlight_jax.rl import trainer_class  # noqa: PLC0415
+        from spotlight_jax.rl import work_of  # noqa: PLC0415
         if self._base is None:
             raise RuntimeError("a gradient shard needs the resident base: set_base first")
         if self._shard_program is None:
-            rl = self._spec.rl
-            self._shard_program = trainer_class(rl).shard_program(self._graphdef, rl,
-                                                                  self._spec.sampler)
+            work = work_of(self._spec.rl, self._spec.sampler)
+            self._shard_program = work.shard_program(self._graphdef)
         out = self._shard_program(self._base, weights, rows)
         return jax.tree.map(np.asarray, out)
 

@@ -1,12 +1,24 @@
 """The config boundary: a ConfigDict (``configs/*.py`` plus ``--config.*`` overrides) becomes the
 frozen, validated :class:`RunSpec` the rest of the project takes.
 
-``loading``: config files, dotted overrides, the one-line :class:`ConfigError`. ``sections``:
-each section -> the library's frozen dataclass (``model_config``, ``sampler_config``,
-``rl_config``, ``deployment_config``, ...), validated. ``settings``: the runner's
-:class:`RunSettings` and :func:`validate` of a whole config. ``spec``: :class:`RunSpec`, built
-once per run, and what it builds (mesh, trainer, deployment, prompt source, VAE).
+Parsing: ``loading`` (config files, dotted overrides, the one-line :class:`ConfigError`),
+``sections`` (each section -> the library's frozen dataclass: ``model_config``,
+``sampler_config``, ``rl_config``, ``deployment_config``, ..., validated, with no side effects),
+``settings`` (the runner's :class:`RunSettings` and :func:`validate` of a whole config).
+Building: ``build`` (objects from the parsed sections: trainer, base, VAE, prompt source, mesh,
+deployment, the rewards that need building). ``spec``: :class:`RunSpec`, parsed once per run,
+whose methods build what a run needs.
 """
+from spotlight_jax.config.build import (
+    attention_spec,
+    build_mesh,
+    image_decoder,
+    load_diffusers_base,
+    make_deployment,
+    make_trainer,
+    prompt_source,
+    register_rewards,
+)
 from spotlight_jax.config.loading import (
     CONFIG_DIR,
     ConfigError,
@@ -23,25 +35,17 @@ from spotlight_jax.config.sections import (
     RUN_MODEL_FIELDS,
     SHARED_INIT_BITS,
     ProcessConfig,
-    attention_spec,
-    build_mesh,
     cost_config,
     cpu_device_count,
     deployment_config,
     diffusers_base,
     eval_reward,
-    image_decoder,
-    load_diffusers_base,
-    make_deployment,
-    make_trainer,
     mesh_config,
     mode_spec,
     model_config,
     objective,
     pretrain_config,
     process_config,
-    prompt_source,
-    register_remote_reward,
     remote_reward_config,
     rl_config,
     sampler_config,
@@ -65,7 +69,7 @@ __all__ = [
     "cost_config", "cpu_device_count", "deployment_config", "diffusers_base", "eval_reward",
     "image_decoder", "load_config", "load_diffusers_base", "make_deployment", "make_trainer",
     "mesh_config", "mode_spec", "model_config", "objective", "pick_fields", "pretrain_config",
-    "process_config", "prompt_source", "register_remote_reward", "remote_reward_config",
+    "process_config", "prompt_source", "register_rewards", "remote_reward_config",
     "rl_config", "run_settings", "sampler_config", "trace_config", "train_reward", "validate",
     "workload",
 ]

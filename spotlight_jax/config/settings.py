@@ -11,12 +11,14 @@ import math
 import re
 
 from spotlight_jax import rewards
+from spotlight_jax.config.build import prompt_source
 from spotlight_jax.config.loading import ConfigError, build_section, pick_fields, section_paths
 from spotlight_jax.config.sections import (
     REMOTE_REWARD,
     _grpo_config,
     _nft_config,
     _sde_sampler_config,
+    check_reward_sources,
     cost_config,
     cpu_device_count,
     deployment_config,
@@ -28,9 +30,6 @@ from spotlight_jax.config.sections import (
     objective,
     pretrain_config,
     process_config,
-    prompt_source,
-    register_learned_rewards,
-    register_remote_reward,
     remote_reward_config,
     sampler_config,
     trace_config,
@@ -69,13 +68,15 @@ def _check_run_settings(s) -> None:
                                [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
     known += [f"{n} (learned: learned_rewards)" for n in LEARNED_NEEDS
               if n not in rewards.names()]
+    # what a run builds before resolving it (config.build.register_rewards)
+    buildable = set(rewards.names()) | {REMOTE_REWARD, *LEARNED_NEEDS}
     for path, spec in (("rl.reward", s.reward), ("rl.eval_reward", s.eval_reward)):
         try:
             names = rewards.mix.names(spec)     # a plain name, or a weighted mix of rewards
         except ValueError as e:
             bad(path, spec, str(e))
         for name in names:
-            if name not in known:
+            if name not in buildable:
                 bad(path, spec, f"unknown reward {name!r}; registered rewards: "
                     f"{', '.join(known)}" + (" ('' = rl.reward)" if path == "rl.eval_reward"
                                              else ""))
@@ -139,8 +140,9 @@ def validate(config, devices=None) -> None:
     _grpo_config(config)              # both objectives' fields: a typo in either is caught
     _nft_config(config)
     pretrain_config(config)
-    remote_reward_config(config)      # (run_settings registered the client if the run uses it)
+    remote_reward_config(config)
     learned_rewards_config(config)
+    check_reward_sources(config)      # a remote or learned reward with nowhere to come from
     if (config.prompts.embeddings_file or config.prompts.train_kinds
             or model_config(config).text_width):
         prompt_source(config)         # a missing or mismatched file (a real config without
@@ -231,10 +233,8 @@ class RunSettings:
 
 
 def run_settings(config) -> RunSettings:
-    """The runner's settings; registers the ``remote`` reward first where the run names it
-    (:func:`register_remote_reward`), so that ``reward`` and ``eval_reward`` resolve."""
-    register_remote_reward(config)
-    register_learned_rewards(config)
+    """The runner's settings (parsed; the rewards they name are resolved when the run is
+    built, ``config.build.register_rewards``)."""
     r, d = config.rl, config.deployment
     return RunSettings(
         mode=config.mode, objective=objective(config), seed=int(config.seed),

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from spotlight_jax.config import sections
+from spotlight_jax.config import build, sections
 from spotlight_jax.config.loading import apply_overrides, build_section
 from spotlight_jax.config.sections import ProcessConfig
 from spotlight_jax.config.settings import RunSettings, devices_fit, run_settings, validate
@@ -26,6 +26,8 @@ from spotlight_jax.models import AttentionSpec, MMDiTConfig
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.prompt_embeddings import PromptSource
+from spotlight_jax.rewards.learned import LearnedRewardsConfig
+from spotlight_jax.rewards.remote import RemoteRewardConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig
 
 
@@ -39,8 +41,10 @@ class RunSpec:
     ``cost``, ``workload`` (what the cost model charges); ``process`` (emulated devices,
     compilation cache, ``base_checkpoint``); ``diffusers_base``: the diffusers pipeline folder
     the base is converted from, or None; ``embeddings_file`` and ``train_kinds``: where the
-    prompts come from (:meth:`prompt_source`). Built objects (mesh, trainer, deployment, prompt
-    source, VAE) come from its methods.
+    prompts come from (:meth:`prompt_source`); ``remote_reward`` and ``learned_rewards``: where a
+    reward server's client and the learned rewards are built from. Built objects (mesh, trainer,
+    deployment, prompt source, VAE, the rewards that need building) come from its methods
+    (``config.build``).
     """
 
     source: dict = dataclasses.field(repr=False, compare=False)
@@ -59,6 +63,8 @@ class RunSpec:
     diffusers_base: str | None
     embeddings_file: str
     train_kinds: str
+    remote_reward: RemoteRewardConfig
+    learned_rewards: LearnedRewardsConfig
 
     # -- building the spec -----------------------------------------------------------------
     @classmethod
@@ -78,7 +84,9 @@ class RunSpec:
             deployment=sections.deployment_config(config), trace=sections.trace_config(config),
             cost=sections.cost_config(config), workload=sections.workload(config),
             diffusers_base=sections.diffusers_base(config),
-            embeddings_file=str(p.embeddings_file or ""), train_kinds=str(p.train_kinds or ""))
+            embeddings_file=str(p.embeddings_file or ""), train_kinds=str(p.train_kinds or ""),
+            remote_reward=sections.remote_reward_config(config),
+            learned_rewards=sections.learned_rewards_config(config))
 
     @classmethod
     def of(cls, spec_or_config) -> RunSpec:
@@ -122,21 +130,21 @@ class RunSpec:
     def attention_spec(self, mesh: Mesh | None) -> AttentionSpec:
         """How the trainer's forwards (and the samplers on its mesh) lay out attention: the
         ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense."""
-        return sections.attention_for(self.process.attention, mesh)
+        return build.attention_for(self.process.attention, mesh)
 
     def make_trainer(self, graphdef, base, mesh=None):
         """The objective's trainer over ``base`` (placed on ``mesh``)."""
-        return sections.trainer_of(self.rl, self.sampler, self.process.attention, graphdef,
+        return build.trainer_of(self.rl, self.sampler, self.process.attention, graphdef,
                                    base, mesh, self.seed)
 
     def image_decoder(self):
         """The frozen VAE of a diffusers base (None for a model that draws pixels)."""
-        return sections.decoder_of(self.diffusers_base, self.model)
+        return build.decoder_of(self.diffusers_base, self.model)
 
     def load_diffusers_base(self, mesh: Mesh | None = None):
         """``(graphdef, state)`` of the diffusers base's transformer, each parameter streamed
         straight onto its sharding on ``mesh`` (None: the default device)."""
-        return sections.transformer_of(self.diffusers_base, self.model, mesh)
+        return build.transformer_of(self.diffusers_base, self.model, mesh)
 
     def trainer_devices(self) -> list:
         """This process's devices the trainer uses (``trainer_devices`` of them; 0 = all)."""
@@ -145,12 +153,17 @@ class RunSpec:
 
     def prompt_source(self) -> PromptSource:
         """The run's prompts and their model inputs (the world's, or the embedding file's)."""
-        return sections.prompts_of(self.model, self.embeddings_file, self.train_kinds)
+        return build.prompts_of(self.model, self.embeddings_file, self.train_kinds)
 
     def make_deployment(self) -> Deployment:
         """The emulated deployment (on-demand devices, spot nodes, trace, cost model)."""
-        return sections.deployment_of(self.deployment, self.trace, self.cost, self.workload,
+        return build.deployment_of(self.deployment, self.trace, self.cost, self.workload,
                                       self.sampler.num_steps)
+
+    def register_rewards(self) -> None:
+        """Registers the rewards this run names that have to be built first (a reward server's
+        client, learned rewards), so that they resolve by name (``rewards.resolve``)."""
+        build.register_rewards(self)
 
     def cpu_device_count(self) -> int:
         """Emulated CPU devices this run needs (0 = the backend's default)."""

@@ -136,7 +136,9 @@ class Workload:
     ``kl``: one frozen-policy forward per trained pair (Flow-GRPO's KL reference; the
     forward-process objective's v_old). ``extra_forwards``: more of them (the forward-process
     objective's reference velocity when its KL weight is > 0). ``cfg_passes``: forwards per step
-    of the run (2 with CFG). ``objective``: which objective's config these come from.
+    of the run (2 with CFG). ``notes``: the report's rows about these numbers, ``(name, value,
+    unit, source)`` each, written by the objective that set them (``rl.ObjectiveWork.workload``;
+    empty: the fields are listed by name).
     """
 
     num_steps: int = 10
@@ -147,7 +149,10 @@ class Workload:
     cfg_passes: int = 1
     lora_rank: int = 0
     extra_forwards: int = 0
-    objective: str = "flow_grpo"
+    notes: tuple = ()
+
+    def __post_init__(self):      # a saved model's notes come back as lists
+        object.__setattr__(self, "notes", tuple(tuple(n) for n in self.notes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,22 +247,10 @@ class CostModel:
 
     def _workload_rows(self) -> list[Assumption]:
         w = self.workload
-        if w.objective == "nft":
-            return [Assumption("sampler_steps", w.num_steps, "steps",
-                               "run config sampler.num_steps (ODE rollouts)"),
-                    Assumption("train_steps", w.train_steps, "flow times/image",
-                               "run config rl.nft.times (K)"),
-                    Assumption("inner_epochs", w.inner_epochs, "", "one step per iteration"),
-                    Assumption("kl_reference_forward", w.kl, "",
-                               "the old policy's velocity v_old (always)"),
-                    Assumption("extra_forwards", w.extra_forwards, "",
-                               "the reference velocity (run config rl.nft.kl_beta > 0)")]
-        return [Assumption("sampler_steps", w.num_steps, "steps", "run config sampler.num_steps"),
-                Assumption("train_steps", w.train_steps, "steps/trajectory",
-                           "run config rl.train_steps (0 = every stochastic step)"),
-                Assumption("inner_epochs", w.inner_epochs, "", "run config rl.inner_epochs"),
-                Assumption("kl_reference_forward", w.kl, "",
-                           "run config rl.beta > 0 or rl.detail_beta > 0")]
+        if w.notes:                 # the objective's own account of its numbers
+            return [Assumption(*note) for note in w.notes]
+        return [Assumption(name, getattr(w, name), "", "workload") for name in
+                ("num_steps", "train_steps", "inner_epochs", "kl", "extra_forwards")]
 
 
 class ProfileCost(CostModel):

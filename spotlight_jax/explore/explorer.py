@@ -22,7 +22,7 @@ from spotlight_jax.diffusion.engine import RolloutEngine
 @runtime_checkable
 class Explorer(Protocol):
     """What the runner asks of every explorer (:class:`LocalExplorer` on the trainer's
-    process, ``runner.fleet.FleetExplorer`` on the emulated spot fleet)."""
+    process, ``runner.backends.emulated_fleet.FleetExplorer`` on the emulated spot fleet)."""
 
     def score(self, state, prompts, seeds_per_prompt, keep_trajectories: bool = False):
         """Rewards of ``seeds_per_prompt[i]``, prompt ``i``'s candidate seeds, under ``state``:

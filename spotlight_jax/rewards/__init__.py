@@ -6,13 +6,14 @@ Rewards are host-side numpy so they can run while the accelerator samples the ne
 `get` wraps every function so that its output is checked (shape [B], finite) and converted to
 np.float32: a reward bug then fails loudly at the call instead of turning into a silent NaN
 advantage several layers down. A reward that is the mean of parts can register them
-(`register(name, fn, components=parts_fn)`); `get_components(name)` returns them as
+(`register(name, fn, components=parts_fn)`); the resolved reward's `parts` returns them as
 `[B, K]` (NaN where a part does not apply) for GRPO's decoupled advantages.
 
 Wherever a reward name is taken, a weighted mix of registered rewards is too
-(``'geneval_lite:1.0,jpeg_compressibility:0.5'``, `rewards.mix`): `get` returns the weighted sum
-of the clipped terms, `get_terms` the terms themselves (logged per iteration and evaluation), and
-`get_components` / `component_weights` hand the terms to the decoupled advantages.
+(``'geneval_lite:1.0,jpeg_compressibility:0.5'``, `rewards.mix`). A run resolves each name
+once, `resolve(name)`, into one :class:`Reward` that every caller receives: its checked
+function (the weighted sum of a mix's clipped terms), the terms themselves (logged per iteration
+and evaluation), and the components and weights the decoupled advantages take.
 
 Shipped (see each module for the exact definitions):
   geneval_lite          fraction of the prompt's constraints met (color, count, shape, position,
@@ -28,6 +29,7 @@ Shipped (see each module for the exact definitions):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -66,7 +68,7 @@ def register(name: str, fn: RewardFn, *, overwrite: bool = False,
     """Register `fn` under `name`; a taken name raises ValueError unless `overwrite=True`.
 
     `components`, if given, returns the parts `fn` averages (`{part: [B]}`, NaN where a part
-    does not apply); :func:`get_components` hands it out."""
+    does not apply); a resolved :class:`Reward` hands it out as ``parts``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"reward name must be a non-empty str, got {name!r}")
     if not callable(fn):
@@ -130,52 +132,75 @@ def _checked(name: str, fn: Callable) -> RewardFn:
     return reward
 
 
-def get_terms(name: str) -> Callable:
-    """``(images, prompts) -> (reward [B], {term: [B]})``: the reward (or mix) ``name`` and the
-    clipped, unweighted rewards it sums (for a plain name, one term: the reward itself). One
-    evaluation of each term serves both."""
-    terms = _mix_terms(name) if mix.is_mix(name) else None
-    if terms is None:
-        fn = get(name)
-        return lambda images, prompts: (r := fn(images, prompts), {name: r})
-    fns = [get(t.name) for t in terms]
+@dataclasses.dataclass(frozen=True, eq=False)
+class Reward:
+    """A reward name (or mix spec) resolved once, with everything its callers ask of it.
 
-    def scored(images, prompts):
-        # each term is a checked reward (shape [B], finite), so their weighted sum is too
-        clipped = mix.clip(terms, np.stack([f(images, prompts) for f in fns], axis=1))
-        return (mix.combine(terms, clipped),
-                {t.name: clipped[:, k].astype(np.float32) for k, t in enumerate(terms)})
+    ``fn``: the checked reward ``(images, prompts) -> float32 [B]`` (also the object's own
+    call). ``scored``: ``(images, prompts) -> (reward [B], {term: [B]})``, the reward and the
+    clipped, unweighted terms it sums in one evaluation (a plain name: one term, itself).
+    ``terms``: the mix's terms (one unweighted term for a plain name). ``parts``: the reward's
+    components ``(images, prompts) -> float32 [B, K]`` for decoupled advantages (a mix's clipped
+    terms; a mean of parts' parts, NaN where one does not apply), or None. ``weights``: the
+    parts' weights (a mix's term weights; None = equal)."""
 
-    return scored
+    name: str
+    terms: tuple[mix.Term, ...]
+    fn: RewardFn
+    scored: Callable
+    parts: Callable | None
+    weights: np.ndarray | None
+
+    @property
+    def is_mix(self) -> bool:
+        return len(self.terms) > 1 or mix.is_mix(self.name)
+
+    @property
+    def term_names(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    def __call__(self, images, prompts: Sequence[str]) -> np.ndarray:
+        return self.fn(images, prompts)
+
+    def components(self) -> Callable:
+        """:attr:`parts`, or a ValueError naming the rewards that have them."""
+        if self.parts is None:
+            with_parts = ", ".join(sorted(_COMPONENTS)) or "none"
+            raise ValueError(f"reward {self.name!r} has no components (rewards with components: "
+                             f"{with_parts}); use rl.advantage='reward' with it")
+        return self.parts
 
 
-def get(name: str) -> RewardFn:
-    """The reward registered as `name` (or the weighted mix `name` spells), wrapped to check
-    and convert its output."""
+def resolve(name: str) -> Reward:
+    """The reward registered as ``name``, or the weighted mix ``name`` spells, resolved into a
+    :class:`Reward`; ValueError for an unknown name or a malformed mix."""
     if mix.is_mix(name):
-        _mix_terms(name)                               # a bad spec fails here, not at the call
-        scored = get_terms(name)
-        fn = lambda images, prompts: scored(images, prompts)[0]  # noqa: E731
-        fn.__doc__ = f"Weighted reward mix {name!r} (rewards.mix)."
-        return _checked(name, fn)
+        terms = _mix_terms(name)
+        fns = [_checked(t.name, _REGISTRY[t.name]) for t in terms]
+
+        def scored(images, prompts):
+            # each term is a checked reward (shape [B], finite), so their weighted sum is too
+            clipped = mix.clip(terms, np.stack([f(images, prompts) for f in fns], axis=1))
+            return (mix.combine(terms, clipped),
+                    {t.name: clipped[:, k].astype(np.float32) for k, t in enumerate(terms)})
+
+        total = lambda images, prompts: scored(images, prompts)[0]  # noqa: E731
+        total.__doc__ = f"Weighted reward mix {name!r} (rewards.mix)."
+        parts = lambda images, prompts: np.stack(  # noqa: E731
+            list(scored(images, prompts)[1].values()), 1)
+        return Reward(name, terms, _checked(name, total), scored, parts, mix.weights(terms))
     if name not in _REGISTRY:
         raise _unknown(name)
-    return _checked(name, _REGISTRY[name])
+    fn = _checked(name, _REGISTRY[name])
+    return Reward(name, (mix.Term(name),), fn,
+                  lambda images, prompts: (r := fn(images, prompts), {name: r}),
+                  _parts_of(name), None)
 
 
-def get_components(name: str) -> Callable:
-    """The parts of reward `name`: `(images, prompts) -> float32 [B, K]`, column `k` the
-    `k`-th part's score (NaN where it does not apply); the reward is the mean of each row's
-    applicable parts. ValueError if `name` is unknown or is not a mean of parts. For a mix the
-    parts are its clipped terms (weighted by :func:`component_weights`)."""
-    get(name)                                              # unknown names: the usual error
-    if mix.is_mix(name):
-        scored = get_terms(name)
-        return lambda images, prompts: np.stack(list(scored(images, prompts)[1].values()), 1)
+def _parts_of(name: str) -> Callable | None:
+    """The registered components of ``name`` as ``[B, K]`` columns, or None."""
     if name not in _COMPONENTS:
-        with_parts = ", ".join(sorted(_COMPONENTS)) or "none"
-        raise ValueError(f"reward {name!r} has no components (rewards with components: "
-                         f"{with_parts}); use rl.advantage='reward' with it")
+        return None
     parts_fn = _COMPONENTS[name]
 
     def parts(images, prompts: Sequence[str]) -> np.ndarray:
@@ -185,10 +210,9 @@ def get_components(name: str) -> Callable:
     return parts
 
 
-def component_weights(name: str) -> np.ndarray | None:
-    """The weights of :func:`get_components`' columns: a mix's term weights; ``None`` (equal
-    weights) for a reward that is the mean of its parts."""
-    return mix.weights(_mix_terms(name)) if mix.is_mix(name) else None
+def get(name: str) -> RewardFn:
+    """The checked reward function of ``name`` (:func:`resolve`'s ``fn``)."""
+    return resolve(name).fn
 
 
 register("geneval_lite", geneval_lite, components=constraint_breakdown)
@@ -206,10 +230,8 @@ __all__ = [
     "geneval_lite_aspect",
     "geneval_lite_shaped",
     "graded_ocr_score",
+    "Reward",
     "get",
-    "get_components",
-    "get_terms",
-    "component_weights",
     "mix",
     "jpeg_compressibility",
     "make_geneval_lite",
@@ -218,6 +240,7 @@ __all__ = [
     "ocr_lite",
     "ocr_score",
     "register",
+    "resolve",
     "shape_binding",
     "unregister",
 ]

@@ -8,7 +8,7 @@ the reward's components: each term's advantage is normalised within its group be
 weighted sum (``rl.advantages.decoupled_advantages``), so a reward with a small spread still
 steers the update.
 
-This module parses and combines; the registry (``rewards.get``, ``rewards.get_terms``) turns a
+This module parses and combines; the registry (``rewards.resolve``) turns a
 spec into reward functions.
 """
 from __future__ import annotations

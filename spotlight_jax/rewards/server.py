@@ -46,7 +46,8 @@ class RewardServer:
     def __init__(self, reward: str, host: str = "127.0.0.1", port: int = 0, *,
                  allow_pickle: bool = False, max_body_bytes: int = 1 << 30):
         self.reward_name = reward
-        self.reward_fn = rewards.get(reward)        # an unknown name fails here
+        self.reward = rewards.resolve(reward)       # an unknown name fails here
+        self.reward_fn = self.reward.fn
         self.host, self.port = host, int(port)
         self.allow_pickle = bool(allow_pickle)
         self.max_body_bytes = int(max_body_bytes)
@@ -126,7 +127,7 @@ class RewardServer:
                  "rewards": [float(r) for r in self.reward_fn(images, prompts)]}
         if request.get("components"):
             try:
-                parts = rewards.get_components(self.reward_name)
+                parts = self.reward.components()
             except ValueError as e:
                 raise BadRequest(str(e)) from e
             reply["components"] = [[None if np.isnan(v) else float(v) for v in row]

@@ -3,7 +3,8 @@ KL) and the forward-process objective (`rl.nft`), their trainers over LoRA or fu
 from spotlight_jax.rl.advantages import advantages, decoupled_advantages, group_stats
 from spotlight_jax.rl.grpo import GRPOConfig, GRPOTrainer, grpo_loss, select_steps
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer
-from spotlight_jax.rl.policy import Trainer, UpdateRows
+from spotlight_jax.rl.policy import Trainer
+from spotlight_jax.rl.work import ObjectiveWork, UpdateRows
 
 # rl.objective -> its trainer (registry.OBJECTIVES names them; a test checks they match)
 TRAINERS = {"nft": NFTTrainer, "flow_grpo": GRPOTrainer}
@@ -14,7 +15,12 @@ def trainer_class(cfg):
     return TRAINERS["nft" if isinstance(cfg, NFTConfig) else "flow_grpo"]
 
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "TRAINERS", "Trainer",
-           "UpdateRows", "trainer_class", "advantages", "decoupled_advantages", "grpo_loss",
-           "group_stats",
-           "select_steps"]
+def work_of(cfg, sampler) -> ObjectiveWork:
+    """What one update of the objective ``cfg`` on rollouts of ``sampler`` does, without a
+    trainer (the cost model, ``--dry_run``, a spot host)."""
+    return ObjectiveWork(cfg, sampler, trainer_class(cfg))
+
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "NFTConfig", "NFTTrainer", "ObjectiveWork", "TRAINERS",
+           "Trainer", "UpdateRows", "advantages", "decoupled_advantages", "grpo_loss",
+           "group_stats", "select_steps", "trainer_class", "work_of"]

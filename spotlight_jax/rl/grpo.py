@@ -19,16 +19,16 @@ import optax
 from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, batches, velocity
-from spotlight_jax.diffusion.rollout import project_at, step_at
+from spotlight_jax.diffusion.rollout import project_at, resolve_window, step_at
 from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl import shards as shards_lib
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
-    UpdateRows,
     check_policy_fields,
     make_optimizer,
     merged_model,
 )
+from spotlight_jax.rl.work import UpdateRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,10 +243,35 @@ class GRPOTrainer(PolicyTrainer):
         return UpdateRows(grad=rows, forward=rows if ref else 0, guidance=sampler.guidance)
 
     @staticmethod
+    def gradient_passes(cfg: GRPOConfig) -> int:
+        """One pass (and optimizer step) per minibatch of every inner epoch."""
+        return cfg.inner_epochs * cfg.minibatches
+
+    @staticmethod
     def shard_units(cfg: GRPOConfig, batch: int) -> tuple[int, int]:
         """One optimizer step per minibatch of every inner epoch, its shards dividing the
         minibatch's trajectories."""
         return cfg.inner_epochs * cfg.minibatches, batch // cfg.minibatches
+
+    @staticmethod
+    def workload(cfg: GRPOConfig, sampler: SamplerConfig, cfg_passes: int) -> dict:
+        """The cost model's charges: SDE rollouts, ``train_steps`` of each trajectory's
+        stochastic window trained (0 = all of them), a KL reference forward when a KL term is
+        on."""
+        start, end = resolve_window(sampler.sde_window, sampler.num_steps)
+        ts = cfg.train_steps
+        trained = ts if 0 < ts < end - start else end - start
+        kl = cfg.beta > 0 or bool(cfg.detail_beta)
+        return dict(num_steps=sampler.num_steps, train_steps=trained,
+                    inner_epochs=cfg.inner_epochs, kl=kl, rescore=bool(cfg.rescore),
+                    cfg_passes=cfg_passes, lora_rank=cfg.lora_rank, notes=(
+                        ("sampler_steps", sampler.num_steps, "steps",
+                         "run config sampler.num_steps"),
+                        ("train_steps", trained, "steps/trajectory",
+                         "run config rl.train_steps (0 = every stochastic step)"),
+                        ("inner_epochs", cfg.inner_epochs, "", "run config rl.inner_epochs"),
+                        ("kl_reference_forward", kl, "",
+                         "run config rl.beta > 0 or rl.detail_beta > 0")))
 
     # -- update ------------------------------------------------------------------------------
     # The jitted programs are built by module-level cached builders keyed by the (hashable) graph

@@ -38,11 +38,11 @@ from spotlight_jax.models import AttentionSpec
 from spotlight_jax.rl import shards as shards_lib
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
-    UpdateRows,
     check_policy_fields,
     make_optimizer,
     merged_model,
 )
+from spotlight_jax.rl.work import UpdateRows
 
 ANCHORS = ("current", "sampler")
 """``NFTConfig.anchor``: the v_old of a batch drawn by an older sampling policy than the current
@@ -202,10 +202,33 @@ class NFTTrainer(PolicyTrainer):
         return UpdateRows(grad=rows, forward=rows * (2 if cfg.kl_beta else 1))
 
     @staticmethod
+    def gradient_passes(cfg: NFTConfig) -> int:
+        """One pass per minibatch chunk (their gradients accumulate into one step)."""
+        return cfg.minibatches
+
+    @staticmethod
     def shard_units(cfg: NFTConfig, batch: int) -> tuple[int, int]:
         """One optimizer step per update (the minibatches accumulate gradients), its shards
         dividing the batch's images."""
         return 1, batch
+
+    @staticmethod
+    def workload(cfg: NFTConfig, sampler: SamplerConfig, cfg_passes: int) -> dict:
+        """The cost model's charges: ODE rollouts, ``cfg.times`` flow times per image each with
+        the old policy's forward (and the reference's with ``kl_beta``), one optimizer step."""
+        extra = int(cfg.kl_beta > 0)
+        return dict(num_steps=sampler.num_steps, train_steps=cfg.times, inner_epochs=1,
+                    kl=True, rescore=False, cfg_passes=cfg_passes, lora_rank=cfg.lora_rank,
+                    extra_forwards=extra, notes=(
+                        ("sampler_steps", sampler.num_steps, "steps",
+                         "run config sampler.num_steps (ODE rollouts)"),
+                        ("train_steps", cfg.times, "flow times/image",
+                         "run config rl.nft.times (K)"),
+                        ("inner_epochs", 1, "", "one step per iteration"),
+                        ("kl_reference_forward", True, "",
+                         "the old policy's velocity v_old (always)"),
+                        ("extra_forwards", extra, "",
+                         "the reference velocity (run config rl.nft.kl_beta > 0)")))
 
     @staticmethod
     def shard_program(graphdef, cfg: NFTConfig, sampler: SamplerConfig):

@@ -1,12 +1,12 @@
 """What every objective's trainer owns: the trainable weights (full or LoRA), optimizer, EMA.
 
-An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update. The
-runner uses only the :class:`Trainer` protocol, which the objectives' trainers and the cluster's
+An objective (``flow_grpo``, ``nft``) subclasses :class:`PolicyTrainer` and adds its update (and
+the static description of its work, ``rl.work``). The runner uses only the :class:`Trainer`
+protocol, which the objectives' trainers and the cluster's
 multi-process ``TrainerJob`` implement (``tests/test_interfaces.py`` checks all three).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -19,33 +19,20 @@ from spotlight_jax.models import AttentionSpec
 from spotlight_jax.parallel.mesh import place_batch
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl.advantages import advantages, decoupled_advantages
+from spotlight_jax.rl.work import ObjectiveWork, needs_reward_parts
 
 ADVANTAGES = ("reward", "decoupled")
 
 
-@dataclasses.dataclass(frozen=True)
-class UpdateRows:
-    """What one gradient step of an update pushes through the model (what ``--dry_run`` sizes
-    the activations from).
-
-    ``grad``: rows whose forward is differentiated (their activations are kept for the
-    backward pass). ``forward``: rows through forwards without gradient in the same step (an old
-    or reference policy's velocity: transient, one layer at a time). ``guidance``: the CFG scale
-    of those forwards (> 1 doubles every row: conditional and unconditional).
-    """
-
-    grad: int
-    forward: int
-    guidance: float = 1.0
-
-
 @runtime_checkable
 class Trainer(Protocol):
-    """The trainer interface the runner uses.
+    """The trainer interface a run uses: the update, the advantages and the policy's states.
 
-    ``cfg``: the objective's frozen config. ``batch_keys``: the rollout fields ``update`` reads
-    (plus ``advantages``). ``state_parts``: the attributes a checkpoint holds (read and set by
-    name). ``needs_reward_parts``: whether :meth:`advantages` wants the reward's components.
+    ``cfg``: the objective's frozen config. ``work``: what one update does
+    (:class:`~spotlight_jax.rl.work.ObjectiveWork`: its rows, passes, shards and cost-model
+    charges), for whoever counts or prices it without holding a trainer. ``batch_keys``: the
+    rollout fields ``update`` reads (plus ``advantages``). ``state_parts``: the attributes a
+    checkpoint holds (read and set by name).
     """
 
     cfg: Any
@@ -53,18 +40,21 @@ class Trainer(Protocol):
     state_parts: tuple[str, ...]
 
     @property
-    def needs_reward_parts(self) -> bool: ...
+    def work(self): ...
 
     def advantages(self, rewards, prompt_ids, parts=None, weights=None) -> np.ndarray:
         """The batch's advantages, as the objective's config asks (``parts`` [B, K] and their
-        ``weights`` [K] where :attr:`needs_reward_parts`)."""
+        ``weights`` [K] where ``work.needs_reward_parts``)."""
 
     def update(self, batch: dict, key, step: int, generator=None) -> dict:
         """One update on ``batch``; ``generator``: the policy that sampled it, when that is not
         the current sampling policy (:meth:`generator` of that moment). Returns metrics."""
 
-    def policy_state(self):
-        """θ, merged (LoRA factors into the base)."""
+    def update_sharded(self, batch: dict, key, step: int, shards: int, run,
+                       generator=None) -> dict:
+        """:meth:`update` with each optimizer step cut into ``shards`` gradient shards that
+        ``run(rl.shards.ShardedStep)`` has computed by whoever it chooses; equal to
+        :meth:`update` to float rounding."""
 
     def sampling_state(self):
         """The weights rollouts and exploration use: θ, or the forward-process objective's
@@ -81,26 +71,9 @@ class Trainer(Protocol):
     def generator(self):
         """What a later ``update(..., generator=...)`` needs of the policy that samples now."""
 
-    @staticmethod
-    def update_rows(cfg, sampler, batch: int) -> UpdateRows:
-        """The rows one gradient step of an update on ``batch`` samples pushes through the
-        model, under the objective's config ``cfg`` and rollout ``sampler``."""
-
-    @staticmethod
-    def shard_units(cfg, batch: int) -> tuple[int, int]:
-        """``(optimizer steps of an update on batch samples, the samples each step's gradient
-        shards divide)``: a shared update has one window per step."""
-
-    def update_sharded(self, batch: dict, key, step: int, shards: int, run,
-                       generator=None) -> dict:
-        """:meth:`update` with each optimizer step cut into ``shards`` gradient shards that
-        ``run(rl.shards.ShardedStep)`` has computed by whoever it chooses; equal to
-        :meth:`update` to float rounding."""
-
-    @staticmethod
-    def shard_program(graphdef, cfg, sampler):
-        """``program(base, weights, rows)``: one shard's ``(gradient, metric sums)`` from a
-        ``ShardedStep.inputs(i)``, for a process that holds the same base (a spot host)."""
+    def exported_lora(self):
+        """The evaluated policy's LoRA factors (the EMA's when kept) as host-readable arrays
+        to export, or None: full fine-tuning, or a trainer whose weights live elsewhere."""
 
 
 def check_policy_fields(cfg) -> None:
@@ -208,10 +181,22 @@ class PolicyTrainer:
     def eval_state(self):
         return self.merged(self.ema) if self.ema is not None else self.policy_state()
 
+    def exported_lora(self):
+        """The LoRA factors :meth:`eval_state` merges (the EMA's when kept); None for full
+        fine-tuning."""
+        if not self.cfg.lora_rank:
+            return None
+        return self.ema if self.ema is not None else self.trainable
+
+    @property
+    def work(self):
+        """What one update of this trainer's objective does (``rl.work.ObjectiveWork``)."""
+        return ObjectiveWork(self.cfg, self.sampler, type(self))
+
     @property
     def needs_reward_parts(self) -> bool:
-        """Whether :meth:`advantages` needs the reward's parts (``advantage='decoupled'``)."""
-        return self.cfg.advantage == "decoupled"
+        """Whether :meth:`advantages` needs the reward's parts (:func:`needs_reward_parts`)."""
+        return needs_reward_parts(self.cfg)
 
     def advantages(self, rewards, prompt_ids, parts=None, weights=None) -> np.ndarray:
         """The batch's advantages as this objective's config asks: of the scalar reward

@@ -15,7 +15,7 @@ from spotlight_jax.config import RunSpec
 from spotlight_jax.emulation.cost_models import Assumption
 from spotlight_jax.plots import spot_timeline
 from spotlight_jax.reports import write_report, write_seed_report
-from spotlight_jax.runner.loop import run
+from spotlight_jax.runner.build import build_and_run
 from spotlight_jax.runner.modes import MODES
 
 
@@ -38,8 +38,8 @@ def run_compare(spec: RunSpec, workdir: str, graphdef, base, *, base_source: str
     for mode in MODES:
         logging.info("compare: running %s", mode)
         mode_dir = os.path.join(workdir, mode)
-        histories[mode] = run(spec.replace({"mode": mode}), mode_dir, graphdef, base,
-                              base_source=base_source, progress=progress)
+        histories[mode] = build_and_run(spec.replace({"mode": mode}), mode_dir, graphdef,
+                                        base, base_source=base_source, progress=progress)
         with open(os.path.join(mode_dir, "phases.json")) as f:
             info = json.load(f)
         phases[mode], assumptions = info["phases"], info["assumptions"]

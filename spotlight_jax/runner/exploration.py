@@ -3,9 +3,9 @@ max-variance G-subset, and (``spotlight`` mode) do it with stale weights on spot
 concurrently with the update.
 
 :func:`explore` is one exploration round with the planner. :class:`SpotExploration` owns where
-``spotlight`` explores while the trainer updates: the Ray spot hosts (a :class:`~spotlight_jax.
-runner.ray_fleet.RayExplorer`, ``deployment.transport='ray'``), a :class:`~spotlight_jax.runner.
-fleet.FleetExplorer` of emulated spot nodes that the trace regroups (emulated transport), else a
+``spotlight`` explores while the trainer updates: the Ray spot hosts (a ``backends.ray_explorer.
+RayExplorer``, ``deployment.transport='ray'``), a ``backends.emulated_fleet.FleetExplorer`` of
+emulated spot nodes that the trace regroups (emulated transport), else a
 data-parallel mesh of devices the trainer does not use, else the trainer's own devices; and the
 worker thread that scores there while the main thread dispatches the update (JAX releases the
 GIL while programs run). Both computations are pure functions of their inputs, so the results do
@@ -26,8 +26,8 @@ from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
 from spotlight_jax.explore import max_variance_subset
 from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.parallel.mesh import explore_mesh, fleet_devices
-from spotlight_jax.runner.fleet import FleetExplorer
-from spotlight_jax.runner.ray_fleet import RayExplorer
+from spotlight_jax.runner.backends.emulated_fleet import FleetExplorer
+from spotlight_jax.runner.backends.ray_explorer import RayExplorer
 
 
 def extras_budget_s(window_s: float, devices: int, base_candidates: int,
@@ -138,7 +138,7 @@ class SpotExploration:
             devs, per_node = layout
             self.fleet = FleetExplorer(
                 devs, d.cfg.spot_nodes, per_node, s.graphdef, base, s.mcfg,
-                s.train_sampler_cfg, sp_degree=d.cfg.spot_sp, reward=s.settings.reward,
+                s.train_sampler_cfg, sp_degree=d.cfg.spot_sp, reward=s.reward,
                 chunk=s.engine.chunk, alive_nodes=d.alive_nodes,
                 tokenize=s.prompt_source.tokenize, decoder=s.decoder)
             self.explorer = self.fleet

@@ -1,5 +1,8 @@
 """The run loop: resume, step the mode, run the hooks at their cadence, stop on budget.
 
+It takes a built run (``runner.build.build_run``) and only steps it: nothing here reads the
+config or resolves a reward.
+
 What runs beside the mode's step (held-out evaluation, checkpoints, the reward curve, the LoRA
 export) is a hook (``spotlight_jax.runner.hooks``): :func:`default_hooks` are the run's own, and
 a caller adds more with ``run(..., hooks=Hooks().add(fn, every=N))``.
@@ -16,7 +19,6 @@ import statistics
 from absl import logging
 from tqdm.auto import tqdm
 
-from spotlight_jax.config import RunSpec
 from spotlight_jax.runner import outputs
 from spotlight_jax.runner.checkpointing import RunCheckpoints
 from spotlight_jax.runner.hooks import Hooks
@@ -82,18 +84,17 @@ def default_hooks(run: RunState, checkpoints: RunCheckpoints, base_source: str =
     return hooks
 
 
-def run(spec: RunSpec, workdir: str, graphdef, base, *, base_source: str = "",
-        progress: bool = True, devices=None, trainer=None, hooks: Hooks | None = None):
-    """Runs the mode of the run ``spec`` in ``workdir`` (resuming whatever is there); returns
-    the history.
+def run(state: RunState, *, base_source: str = "", progress: bool = True,
+        hooks: Hooks | None = None):
+    """Runs the mode of the built run ``state`` (``runner.build.build_run``) in its workdir,
+    resuming whatever is there; returns the history.
 
-    ``devices``: the trainer's devices (default: ``trainer_devices`` of this process's); the
-    mesh comes from ``spec.mesh``. ``trainer``: a multi-process trainer job's ``TrainerJob``
-    (process 0). ``hooks``: more hooks, run after :func:`default_hooks` at their cadence.
+    ``base_source``: where the base came from (the LoRA export's metadata). ``hooks``: more
+    hooks, run after :func:`default_hooks` at their cadence.
     """
-    r = RunState(spec, workdir, graphdef, base, devices, trainer=trainer)
+    r = state
     st = r.settings
-    checkpoints = RunCheckpoints(workdir, st.max_to_keep)
+    checkpoints = RunCheckpoints(r.workdir, st.max_to_keep)
     hooks = default_hooks(r, checkpoints, base_source).extend(hooks)
     restored = checkpoints.restore(r)
     # rows written after the checkpoint (a killed run) are redone: keep each iteration once

@@ -34,13 +34,14 @@ from absl import logging
 from spotlight_jax import registry, utilization
 from spotlight_jax.diffusion import batches
 from spotlight_jax.rl import group_stats
+from spotlight_jax.runner import update
+from spotlight_jax.runner.backends.emulated_fleet import STAT_KEYS as FLEET_KEYS
+from spotlight_jax.runner.backends.rollouts import ReadyBatch, group_seeds
 from spotlight_jax.runner.exploration import (
     SpotExploration,
     explore,
     extras_budget_s,
 )
-from spotlight_jax.runner.fleet import STAT_KEYS as FLEET_KEYS
-from spotlight_jax.runner.rollouts import ReadyBatch, group_seeds
 
 WALL_CLOCK_KEYS = frozenset({
     "time", "time_rollout", "time_train", "rl_time_s", "explore_wall_s", "train_wall_s",
@@ -62,7 +63,7 @@ def throughput(s, n: int, rollout_s: float, train_s: float, rolled_out: bool) ->
     cfg = s.train_sampler_cfg
     out = {"train_images_per_s": n / train_s if train_s > 0 else 0.0}
     if train_s > 0:
-        flops = utilization.update_flops(s.trainer, s.mcfg, cfg, n)
+        flops = utilization.update_flops(s.trainer.work, s.mcfg, n)
         out.update(train_tflops=flops / train_s / 1e12,
                    train_mfu=utilization.mfu(flops, train_s, s.peak_flops, s.update_devices))
     if rolled_out and rollout_s > 0:
@@ -100,7 +101,7 @@ class Mode:
         """The update (and whatever runs concurrently with it); returns (metrics, row info)."""
         with s.deploy.clock.concurrent() as phase:
             phase.run("train", s.deploy.od, train_s)
-            return s.train_on(batch, k, prompts), {}
+            return update.train_on(s, batch, k, prompts), {}
 
     def new_row(self, s, k: int) -> dict:
         return {"iteration": k + 1}
@@ -144,7 +145,7 @@ class Mode:
                    reward_std=float(batch["rewards"].std()),
                    **group_stats(batch["rewards"], batch["prompt_ids"]), **m, **train_info,
                    **{f"reward_{name}": float(np.mean(v))          # a reward mix's terms
-                      for name, v in s.reward_terms(batch, prompts).items()},
+                      for name, v in update.reward_terms(s, batch, prompts).items()},
                    time_rollout=t1 - t0, time_train=t2 - t1,
                    **throughput(s, n, t1 - t0, t2 - t1, rolled_out=not row.get("pipelined")),
                    vtime_s=clock.now(), dollars=d.dollars(), spot_alive=d.spot_devices,
@@ -211,13 +212,13 @@ class SpotlightMode(Mode):
             if d.spot_devices == 0:
                 phase.run("train", d.od, train_s)
                 self.explored(s, k, None)
-                return s.train_on(batch, k, prompts, generator=self.batch_generator), {}
+                return update.train_on(s, batch, k, prompts, generator=self.batch_generator), {}
             per = d.spot_seconds_per_candidate()
             base_candidates = st.prompts_per_iter * st.group_size
             shared, shard_s, window = None, 0.0, train_s
             if s.shared_update.enabled:     # the spot groups compute some of the update
                 n = len(batch["rewards"])
-                steps = s.trainer.shard_units(s.trainer.cfg, n)[0]
+                steps = s.trainer.work.shard_units(n)[0]
                 shared = s.shared_update.plan(
                     n, k * steps, spot_work_s=base_candidates * per,
                     other_s=d.clock.now() - self._iteration_start + d.cost.broadcast(),
@@ -233,7 +234,7 @@ class SpotlightMode(Mode):
             future = self.spot.submit(pulled, k + 1, s.prompts(k + 1), plan_budget, plan_per,
                                       keep=self.keep_candidates, capacity=capacity)
             t_train = time.perf_counter()
-            m = s.train_on(batch, k, prompts, generator=self.batch_generator, shared=shared)
+            m = update.train_on(s, batch, k, prompts, generator=self.batch_generator, shared=shared)
             t_train = (t_train, time.perf_counter())
             self.spot.update_done(t_train[1] - t_train[0])
             (cands, chosen, cbatch, info), t_explore = future.result()

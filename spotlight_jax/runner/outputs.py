@@ -14,7 +14,6 @@ import jax
 import numpy as np
 from PIL import Image
 
-from spotlight_jax import rewards
 from spotlight_jax.evaluate import evaluate as evaluate_policy
 from spotlight_jax.plots import plot_curves, plot_panels, save_grid
 from spotlight_jax.rl import lora_export
@@ -28,7 +27,7 @@ def evaluate(run, k: int) -> dict:
     st = run.settings
     res, images, _ = evaluate_policy(run.eval_sampler, run.trainer.eval_state(),
                                      run.val_prompts, num_seeds=st.eval_seeds,
-                                     text_len=run.mcfg.text_len, reward=st.eval_reward,
+                                     text_len=run.mcfg.text_len, reward=run.eval_reward,
                                      tokenize=run.prompt_source.tokenize)
     save_samples(run, k, images[::st.eval_seeds][:32], run.val_prompts[:32])
     return res
@@ -41,7 +40,7 @@ def save_samples(run, k: int, images, prompts) -> None:
     base) next to this one for each prompt."""
     folder = os.path.join(run.workdir, "samples")
     os.makedirs(folder, exist_ok=True)
-    scores = np.asarray(rewards.get(run.settings.eval_reward)(images, prompts), np.float64)
+    scores = np.asarray(run.eval_reward(images, prompts), np.float64)
     grid = os.path.join(folder, f"val_{k:05d}.png")
     save_grid(grid, images, cols=8, captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
     with Image.open(grid) as im:                     # the captioned grid to TensorBoard / W&B
@@ -78,8 +77,8 @@ def plot_rewards(run) -> None:
     title = f"{st.mode}: {st.reward} (held-out: {st.eval_reward})"
     plot_curves(os.path.join(run.workdir, "reward_curve.png"), series, title=title)
     terms = list(dict.fromkeys(  # the terms of the training and the held-out mixes, in order
-        name for spec in (st.reward, st.eval_reward) if rewards.mix.is_mix(spec)
-        for name in rewards.mix.names(spec)))
+        name for reward in (run.reward, run.eval_reward) if reward.is_mix
+        for name in reward.term_names))
     if terms:               # a reward mix: ``reward_terms.png``, each term on its own axis
         panels = {}
         for term in terms:
@@ -105,8 +104,8 @@ def export_lora(run, base_source: str = "") -> str | None:
     ``workdir/lora_diffusers.safetensors`` (for ``pipeline.load_lora_weights``); None when the
     run fine-tunes every weight or its trainer lives in another process."""
     cfg = run.trainer.cfg
-    lora = getattr(run.trainer, "ema", None) or getattr(run.trainer, "trainable", None)
-    if not cfg.lora_rank or not isinstance(lora, dict) or jax.process_index() != 0:
+    lora = run.trainer.exported_lora()
+    if lora is None or jax.process_index() != 0:
         return None
     path = os.path.join(run.workdir, LORA_EXPORT)
     lora_export.export(jax.device_get(lora), cfg.lora_alpha / cfg.lora_rank, path,

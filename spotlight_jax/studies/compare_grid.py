@@ -51,7 +51,7 @@ def modes() -> tuple[str, ...]:
 
 
 def history_from_jsonl(path: str) -> list[dict]:
-    """A run's history as ``runner.run`` returns it, rebuilt from its ``rl.jsonl`` (``step`` is
+    """A run's history as ``runner.loop.run`` returns it, rebuilt from its ``rl.jsonl`` (``step`` is
     the iteration; the start row has no clock columns, which are 0 there)."""
     rows = read_jsonl(path)
     if not rows:

@@ -64,7 +64,7 @@ def main(argv):
     from spotlight_jax import train
     from spotlight_jax.config import load_config, rl_config
     from spotlight_jax.diffusion.engine import candidate_seeds
-    from spotlight_jax.runner import RunState
+    from spotlight_jax.runner import build_run
 
     config = load_config(FLAGS.config)
     config.mode, config.seed = "baseline", FLAGS.seed
@@ -72,8 +72,9 @@ def main(argv):
     if FLAGS.pool < G:
         raise app.UsageError(f"--pool={FLAGS.pool} is smaller than the group size {G}")
     workdir = tempfile.mkdtemp(prefix="contrast_")
-    graphdef, base, source = train.load_or_pretrain_base(RunSpec.of(config), workdir)
-    run = RunState(RunSpec.of(config), workdir, graphdef, base)
+    spec = RunSpec.from_config(config)
+    graphdef, base, source = train.load_or_pretrain_base(spec, workdir)
+    run = build_run(spec, workdir, graphdef, base)
     pool = run.train_prompts
     rng = np.random.default_rng(FLAGS.seed)
     picks = rng.choice(len(pool), min(FLAGS.prompts, len(pool)), replace=False)

@@ -57,7 +57,7 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     and cost model, every spot node alive. Dollars: every device of the deployment (on-demand
     and spot) held for that long, as the runs pay them (all modes hold the same hardware)."""
     from spotlight_jax import config as conf  # noqa: PLC0415 - programs import JAX late
-    from spotlight_jax.rl import trainer_class  # noqa: PLC0415
+    from spotlight_jax.rl import work_of  # noqa: PLC0415
     from spotlight_jax.runner.shared_update import SharedUpdate  # noqa: PLC0415
 
     d = conf.make_deployment(config)
@@ -72,7 +72,7 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     update, spot_shards_s = train, 0.0
     if d.cfg.shared_update != "off":      # the spot groups compute some of the update too
         rl = conf.rl_config(config)
-        plan = SharedUpdate(d, lambda b: trainer_class(rl).shard_units(rl, b)).plan(
+        plan = SharedUpdate(d, work_of(rl, conf.sampler_config(config)).shard_units).plan(
             n, version=0, spot_work_s=sample_next_s)
         update, spot_shards_s = plan.seconds, plan.spot_device_s
     window = max(update, (sample_next_s + spot_shards_s) / max(spot, 1))

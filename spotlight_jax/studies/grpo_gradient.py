@@ -34,7 +34,7 @@ def step_gradients(run, batches: int):
     import numpy as np
 
     from spotlight_jax.rl import grpo
-    from spotlight_jax.runner.rollouts import group_seeds
+    from spotlight_jax.runner.backends.rollouts import group_seeds
 
     tr = run.trainer
     cfg, smp, graphdef, base = tr.cfg, tr.sampler, tr.graphdef, tr.base
@@ -106,7 +106,7 @@ def main(argv):
     from spotlight_jax import train
     from spotlight_jax.config import load_config
     from spotlight_jax.rl import grpo
-    from spotlight_jax.runner import RunState
+    from spotlight_jax.runner import build_run
 
     for p in (int(x) for x in FLAGS.patches.split(",")):
         over = {"mode": "baseline", "rl.objective": "flow_grpo",
@@ -115,8 +115,9 @@ def main(argv):
             over["sampler.sde_window"] = None
         config = load_config("tiny", over)
         with tempfile.TemporaryDirectory() as wd:
-            graphdef, base, _ = train.load_or_pretrain_base(RunSpec.of(config), wd, progress=False)
-            run = RunState(RunSpec.of(config), wd, graphdef, base)
+            spec = RunSpec.from_config(config)
+            graphdef, base, _ = train.load_or_pretrain_base(spec, wd, progress=False)
+            run = build_run(spec, wd, graphdef, base)
             grads, spread = step_gradients(run, FLAGS.batches)
             sampler = run.trainer.sampler
             run.close()

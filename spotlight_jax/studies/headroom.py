@@ -51,9 +51,10 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
 
     from spotlight_jax import train, world
     from spotlight_jax.rewards.geneval import constraint_breakdown, shape_binding
-    from spotlight_jax.runner import RunState, checkpointing
+    from spotlight_jax.runner import build_run, checkpointing
 
-    graphdef, base, _ = train.load_or_pretrain_base(RunSpec.of(config), tempfile.mkdtemp())
+    spec = RunSpec.from_config(config)
+    graphdef, base, _ = train.load_or_pretrain_base(spec, tempfile.mkdtemp())
     prompts = world.val_prompts()
     flat = [p for p in prompts for _ in range(seeds)]
     ids = np.arange(len(flat), dtype=np.uint32) + 1000       # not the training seeds
@@ -63,11 +64,11 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
         return (success_table(constraint_breakdown(images, flat, exact=True), len(prompts)),
                 shape_binding(images, flat))
 
-    fresh = RunState(RunSpec.of(config), tempfile.mkdtemp(), graphdef, base)
+    fresh = build_run(spec, tempfile.mkdtemp(), graphdef, base)
     out = {"run": None, "run_binding": None}
     out["base"], out["base_binding"] = tables(fresh, fresh.trainer.sampling_state())
     if workdir:
-        r = RunState(RunSpec.of(config), workdir, graphdef, base)
+        r = build_run(spec, workdir, graphdef, base)
         if not checkpointing.restore(r):
             raise FileNotFoundError(f"--workdir={workdir}: no checkpoint to restore; give a "
                                     "run's workdir")

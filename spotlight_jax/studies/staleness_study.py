@@ -82,7 +82,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     from spotlight_jax.explore import LocalExplorer
     from spotlight_jax.explore.staleness import ranking_agreement, summarize_agreement
     from spotlight_jax.plots import plot_curves
-    from spotlight_jax.runner import RunState
+    from spotlight_jax.runner import build_run
 
     config = load_config(config_path)
     config.mode, config.seed, config.rl.objective = "baseline", seed, objective
@@ -91,8 +91,9 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
         config.rl.lr = lr
     os.makedirs(out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="staleness_")
-    graphdef, base, source = train.load_or_pretrain_base(RunSpec.of(config), workdir)
-    run = RunState(RunSpec.of(config), workdir, graphdef, base)
+    spec = RunSpec.from_config(config)
+    graphdef, base, source = train.load_or_pretrain_base(spec, workdir)
+    run = build_run(spec, workdir, graphdef, base)
     G = config.rl.group_size
     snap = {0: run.trainer.sampling_state()}
     t0 = time.time()

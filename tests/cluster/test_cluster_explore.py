@@ -47,7 +47,7 @@ def model():
 
 def _run(c, workdir, model, iterations):
     graphdef, base = model
-    r = runner.RunState(RunSpec.of(c), str(workdir), graphdef, base)
+    r = runner.build_run(RunSpec.from_config(c), str(workdir), graphdef, base)
     rows, seeds = [], []
     for k in range(iterations):
         rows.append(r.step(k))
@@ -90,7 +90,7 @@ def test_ray_spotlight_explores_on_the_hosts_like_the_emulated_fleet(cluster, tm
 def test_ray_pipelined_batch_is_the_chosen_candidates_under_the_stale_weights(
         cluster, tmp_path, model):
     graphdef, base = model
-    r = runner.RunState(RunSpec.of(_config("spotlight_pipelined", "ray", iterations=2)),
+    r = runner.build_run(RunSpec.from_config(_config("spotlight_pipelined", "ray", iterations=2)),
                         str(tmp_path), graphdef, base)
     try:
         stale = jax.tree.map(np.asarray, r.trainer.sampling_state())   # θ_0
@@ -118,8 +118,9 @@ def test_ray_pipelined_batch_is_the_chosen_candidates_under_the_stale_weights(
 
 def _explorer(tmp_path, model, deadline, spot_nodes=3):
     graphdef, base = model
-    spec = RunSpec.of(_config("spotlight", "ray", deadline=deadline, spot_nodes=spot_nodes))
-    r = runner.RunState(spec, str(tmp_path), graphdef, base)
+    spec = RunSpec.from_config(_config("spotlight", "ray", deadline=deadline,
+                                       spot_nodes=spot_nodes))
+    r = runner.build_run(spec, str(tmp_path), graphdef, base)
     return r, r.mode.spot.ray
 
 
@@ -236,7 +237,7 @@ def test_a_diffusers_base_end_to_end_over_ray_hosts(cluster, tmp_path):
                          "spot_regroup_precompile": False})
     c.trace.rate_per_node_hour = 0.0
     graphdef, base = load_diffusers_base(c)
-    r = runner.RunState(RunSpec.of(c), str(tmp_path / "run"), graphdef, base)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path / "run"), graphdef, base)
     try:
         prompts = r.prompts(0)
         seeds = [candidate_seeds(0, 1, i, 5) for i in range(len(prompts))]

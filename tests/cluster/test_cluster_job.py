@@ -61,9 +61,9 @@ def _job(job_dir, overrides: dict) -> list[str]:
 def _matches_reference(spec, job_dir, ref_dir, graphdef, base):
     """The one-process run over 4 devices; the job's checkpoint restores in single-process mode
     and its rows match the reference's (the module docstring's tolerances)."""
-    ref = runner.run(spec, str(ref_dir), graphdef, base, progress=False,
+    ref = runner.build_and_run(spec, str(ref_dir), graphdef, base, progress=False,
                      devices=jax.devices()[:4])
-    run = runner.RunState(spec, str(job_dir), graphdef, base, jax.devices()[:4])
+    run = runner.build_run(spec, str(job_dir), graphdef, base, jax.devices()[:4])
     assert checkpointing.restore(run)
     assert run.iteration == ITERATIONS
     got = run.history
@@ -73,9 +73,9 @@ def _matches_reference(spec, job_dir, ref_dir, graphdef, base):
         np.testing.assert_allclose(g["reward_mean"], r["reward_mean"], atol=1e-4)
         np.testing.assert_allclose(g["loss"], r["loss"], rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(got[-1]["val_reward"], ref[-1]["val_reward"], atol=1e-4)
-    want_run = runner.RunState(spec, str(ref_dir), graphdef, base, jax.devices()[:4])
+    want_run = runner.build_run(spec, str(ref_dir), graphdef, base, jax.devices()[:4])
     assert checkpointing.restore(want_run)
-    before = jax.tree.leaves(runner.RunState(spec, str(ref_dir) + "_fresh", graphdef, base,
+    before = jax.tree.leaves(runner.build_run(spec, str(ref_dir) + "_fresh", graphdef, base,
                                             jax.devices()[:4]).trainer.trainable)
     want = jax.tree.leaves(want_run.trainer.trainable)
     have = jax.tree.leaves(run.trainer.trainable)
@@ -97,7 +97,7 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
     base_dir = str(tmp_path / "base")
     checkpoint.save_params(base_dir, base, {})
     _job(tmp_path / "job", _overrides(base_dir))
-    _matches_reference(RunSpec.of(c), tmp_path / "job", tmp_path / "ref", graphdef, base)
+    _matches_reference(RunSpec.from_config(c), tmp_path / "job", tmp_path / "ref", graphdef, base)
 
 
 @pytest.mark.cluster
@@ -109,7 +109,7 @@ def test_two_process_job_post_trains_a_diffusers_base(tmp_path):
                  "rl.eval_every": ITERATIONS, **qwen_fixture_overrides(tmp_path, "nft")}
     outs = _job(tmp_path / "job", overrides)
     assert "diffusers" in outs[0], outs[0][-2000:]
-    spec = RunSpec.of(micro_config(ITERATIONS, **overrides))
+    spec = RunSpec.from_config(micro_config(ITERATIONS, **overrides))
     graphdef, base = spec.load_diffusers_base()
     _matches_reference(spec, tmp_path / "job", tmp_path / "ref", graphdef, base)
 

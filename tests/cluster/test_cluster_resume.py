@@ -38,7 +38,7 @@ c.deployment.update(dict(transport="ray", ray_address={address!r}, ray_spot_reso
                          ray_host_wait_s=600.0, spot_regroup_precompile=False))
 c.trace.rate_per_node_hour = 0.0
 graphdef, state = create_model(model_config(c))
-runner.run(RunSpec.of(c), {workdir!r}, graphdef, state, progress=False)
+runner.build_and_run(RunSpec.from_config(c), {workdir!r}, graphdef, state, progress=False)
 """
 # state, not wall time or which host actors served
 SAME = ("reward_mean", "reward_std", "loss", "explore_candidates", "explore_extra",

@@ -74,7 +74,7 @@ def _run_on_hosts(c, tmp_path):
     """The run state of ``c`` with its two hosts up and holding the base, and a training batch
     of iteration 0: ``(run, hosts, batch)``; the run is closed after."""
     _, graphdef, state = micro_model()      # perturbed: a fresh adaLN-Zero model has no gradient
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     try:
         r.ray_fleet.top_up(0, r.trainer.sampling_state())
         hosts = list(r.ray_fleet.hosts)

@@ -27,7 +27,7 @@ from spotlight_jax.sched import (
 ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
 from spotlight_jax.cluster import ray_hosts as spot  # noqa: E402
 from spotlight_jax.config import model_config  # noqa: E402
-from spotlight_jax.runner.rollouts import group_seeds  # noqa: E402
+from spotlight_jax.runner.backends.rollouts import group_seeds  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -60,7 +60,7 @@ def setup():
 def _host(name, precompile=False):
     """A spot host; ``precompile``: with its regroup programs (background compiles)."""
     config = load_config("tiny", {**OVERRIDES, "deployment.spot_regroup_precompile": precompile})
-    return spot.start_host(name, RunSpec.of(config), cpu_devices=2, worker=WORKER)
+    return spot.start_host(name, RunSpec.from_config(config), cpu_devices=2, worker=WORKER)
 
 
 def _serve_all(workers, queue):
@@ -159,7 +159,7 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
                              "deployment.ray_host_wait_s": 600.0,
                              "deployment.spot_regroup_precompile": False})
     graphdef, base = create_model(model_config(c))
-    run = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, base)
+    run = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, base)
     prompts = run.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     got, info = run.spot_rollouts.rollout(0, prompts, seeds)

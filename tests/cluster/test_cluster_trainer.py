@@ -21,7 +21,7 @@ from spotlight_jax.config import RunSpec, build_mesh, model_config, rl_config, s
 from spotlight_jax.models.build import create_model
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.rl import GRPOTrainer, advantages
-from spotlight_jax.runner.rollouts import group_seeds
+from spotlight_jax.runner.backends.rollouts import group_seeds
 
 
 @pytest.mark.cluster
@@ -30,7 +30,8 @@ def test_two_process_gloo_update_equals_single_process(tmp_path):
     graphdef, base = create_model(model_config(c))
     base_dir = str(tmp_path / "base")
     checkpoint.save_params(base_dir, base, {})
-    run = runner.RunState(RunSpec.of(c), str(tmp_path / "run"), graphdef, base, jax.devices()[:1])
+    run = runner.build_run(RunSpec.from_config(c), str(tmp_path / "run"), graphdef, base,
+                           jax.devices()[:1])
     prompts = run.prompts(0)
     batch = run.rollout(prompts, group_seeds(c.seed, 0, len(prompts),
                                                         c.rl.group_size))

@@ -170,26 +170,26 @@ def test_host_and_device_paths_score_alike():
     np.testing.assert_allclose(one, host[:1], rtol=1e-6)
 
 
-def test_config_registers_a_learned_reward_and_names_a_missing_folder():
+def test_a_built_run_registers_a_learned_reward_and_the_config_names_a_missing_folder():
     from helpers import micro_config
     c = micro_config(1)
     c.rl.eval_reward = "geneval_lite:1.0,clip_score:0.01"
     with pytest.raises(ConfigError, match=r"^learned_rewards.clip_dir='': rl.reward or "):
-        RunSpec.of(c)
+        RunSpec.from_config(c)
     c.learned_rewards.clip_dir = str(FIXTURES / "clip_quick_gelu")
-    RunSpec.of(c)
+    RunSpec.from_config(c).register_rewards()
     assert "clip_score" in rewards.names()
     got = rewards.get("clip_score")(np.zeros((2, 32, 32, 3), np.float32), ["a", "b"])
     assert got.shape == (2,) and np.isfinite(got).all()
     c.learned_rewards.clip_dir = str(FIXTURES)               # not a CLIP folder
     with pytest.raises(ConfigError, match="learned_rewards.clip_dir="):
-        RunSpec.of(c)
+        RunSpec.from_config(c).register_rewards()
     c.rl.eval_reward = "hpsv2"                               # its weights, then their file
     with pytest.raises(ConfigError, match=r"^learned_rewards.hpsv2_weights='': "):
-        RunSpec.of(c)
+        RunSpec.from_config(c)
     c.learned_rewards.hpsv2_weights = str(FIXTURES / "nope.safetensors")
     with pytest.raises(ConfigError, match=r"learned_rewards.hpsv2_weights=.*no such file"):
-        RunSpec.of(c)
+        RunSpec.from_config(c).register_rewards()
 
 
 def test_open_clip_model_equals_open_clips_own_features():

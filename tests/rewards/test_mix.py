@@ -52,7 +52,7 @@ def test_mix_is_the_weighted_sum_of_clipped_terms(renders):
     j = R.get("jpeg_compressibility")(images, prompts).astype(np.float64)
     hand = 1.0 * g + 0.5 * np.clip(j, -1.5, 0.0)
     np.testing.assert_allclose(R.get(MIX)(images, prompts), hand, rtol=1e-6)
-    total, terms = R.get_terms(MIX)(images, prompts)
+    total, terms = R.resolve(MIX).scored(images, prompts)
     np.testing.assert_allclose(total, hand, rtol=1e-6)
     assert list(terms) == ["geneval_lite", "jpeg_compressibility"]
     np.testing.assert_allclose(terms["geneval_lite"], g, rtol=1e-6)
@@ -62,12 +62,14 @@ def test_mix_is_the_weighted_sum_of_clipped_terms(renders):
     np.testing.assert_allclose(capped, 2.0 * np.minimum(g, 0.5), rtol=1e-6)
     assert (g > 0.5).any()
     # a plain name: one term, the reward itself
-    r, t = R.get_terms("geneval_lite")(images, prompts)
+    plain = R.resolve("geneval_lite")
+    r, t = plain.scored(images, prompts)
     np.testing.assert_array_equal(r, g.astype(np.float32))
-    assert list(t) == ["geneval_lite"]
-    assert R.component_weights("geneval_lite") is None
-    np.testing.assert_array_equal(R.component_weights(MIX), [1.0, 0.5])
-    np.testing.assert_allclose(R.get_components(MIX)(images, prompts),
+    assert list(t) == ["geneval_lite"] and not plain.is_mix
+    assert plain.weights is None and R.resolve(MIX).is_mix
+    np.testing.assert_array_equal(R.resolve(MIX).weights, [1.0, 0.5])
+    assert R.resolve(MIX).term_names == ["geneval_lite", "jpeg_compressibility"]
+    np.testing.assert_allclose(R.resolve(MIX).components()(images, prompts),
                                np.stack([g, np.clip(j, -1.5, 0.0)], 1), rtol=1e-6)
 
 
@@ -117,9 +119,9 @@ def test_decoupled_advantages_weight_each_normalised_term():
 def test_config_names_the_bad_mix(key):
     with pytest.raises(ConfigError, match=f"{key}='geneval_lite:1,imagereward:1': unknown reward "
                                           "'imagereward'"):
-        RunSpec.of(load_config("tiny", {key: "geneval_lite:1,imagereward:1"}))
+        RunSpec.from_config(load_config("tiny", {key: "geneval_lite:1,imagereward:1"}))
     with pytest.raises(ConfigError, match=f"{key}='geneval_lite:one'.*not a number"):
-        RunSpec.of(load_config("tiny", {key: "geneval_lite:one"}))
+        RunSpec.from_config(load_config("tiny", {key: "geneval_lite:one"}))
 
 
 # the scalar-advantage run among the longer checks (the default suite's 8-minute budget)
@@ -131,9 +133,9 @@ def test_micro_run_with_a_mix_logs_every_term(tmp_path, advantage):
 
     c = micro_config(3, **{"rl.reward": MIX, "rl.eval_reward": MIX, "rl.eval_every": 3,
                            "rl.advantage": advantage, "checkpoint.every": 3})
-    spec = RunSpec.of(c)
+    spec = RunSpec.from_config(c)
     graphdef, state = create_model(spec.model)
-    runner.run(spec, str(tmp_path), graphdef, state, progress=False)
+    runner.build_and_run(spec, str(tmp_path), graphdef, state, progress=False)
     rows = [json.loads(x) for x in open(tmp_path / "rl.jsonl")]
     trains = [r for r in rows if "reward_mean" in r]
     evals = [r for r in rows if "val_reward" in r]
@@ -152,13 +154,15 @@ def test_micro_run_with_a_mix_logs_every_term(tmp_path, advantage):
 def test_a_mix_with_the_served_reward_registers_its_client():
     from spotlight_jax.config.sections import REMOTE_REWARD
     try:
-        spec = RunSpec.of(load_config("tiny", {
+        spec = RunSpec.from_config(load_config("tiny", {
             "rl.reward": f"geneval_lite:1,{REMOTE_REWARD}:0.5",
             "remote_reward.url": "http://127.0.0.1:9"}))
+        assert REMOTE_REWARD not in R.names()           # parsing changes no global state
+        spec.register_rewards()                         # building the run registers it
         assert REMOTE_REWARD in R.names()
         assert spec.settings.reward.endswith(f"{REMOTE_REWARD}:0.5")
     finally:
         R.unregister(REMOTE_REWARD)         # the client leaves with the test
     with pytest.raises(ConfigError, match="remote_reward.url=''"):
-        RunSpec.of(load_config("tiny", {"rl.reward": f"geneval_lite:1,{REMOTE_REWARD}:0.5",
+        RunSpec.from_config(load_config("tiny", {"rl.reward": f"geneval_lite:1,{REMOTE_REWARD}:0.5",
                                         "remote_reward.url": ""}))

@@ -80,7 +80,7 @@ def test_round_trip_equals_the_in_process_reward_in_order(server, batch, protoco
 def test_components_round_trip(server, batch):
     images, prompts, _ = batch
     got = client(server.url, batch_size=10).components(images, prompts)
-    want = R.get_components("geneval_lite")(images, prompts)
+    want = R.resolve("geneval_lite").components()(images, prompts)
     np.testing.assert_array_equal(np.stack(list(got.values()), axis=1), want)   # NaN == NaN
 
 
@@ -314,10 +314,12 @@ def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base)
     from spotlight_jax import runner
 
     graphdef, state = base
-    runner.run(RunSpec.of(micro_config(1)), str(tmp_path / "local"), graphdef, state,
+    runner.build_and_run(RunSpec.from_config(micro_config(1)), str(tmp_path / "local"), graphdef,
+                         state,
                progress=False)
     with RewardServer("geneval_lite") as s:
-        runner.run(RunSpec.of(micro_config(1, **{"rl.reward": "remote", "rl.eval_reward": "remote",
+        runner.build_and_run(RunSpec.from_config(micro_config(1, **{"rl.reward": "remote",
+                                                              "rl.eval_reward": "remote",
                                       "remote_reward.url": s.url,
                                       "remote_reward.image_format": "npy",
                                       "remote_reward.batch_size": 3})),
@@ -336,9 +338,12 @@ def test_micro_run_with_served_rewards_equals_the_in_process_run(tmp_path, base)
 
 
 def test_the_remote_client_is_registered_once_per_server(monkeypatch):
-    """The runner's settings are read several times per run (compare: per mode); the same
+    """A run's rewards are registered each time one is built (compare: per mode); the same
     server's client is built and registered once, another server's replaces it."""
     from spotlight_jax import config as conf
+
+    def register(over):
+        conf.register_rewards(conf.RunSpec.from_config(load_config("tiny", over)))
 
     built = []
 
@@ -350,15 +355,14 @@ def test_the_remote_client_is_registered_once_per_server(monkeypatch):
         def __call__(self, images, prompts):
             return np.zeros(len(prompts), np.float32)
 
-    monkeypatch.setattr(conf.sections, "RemoteReward", Fake)
-    monkeypatch.setattr(conf.sections, "_registered_remote", {})
+    monkeypatch.setattr(conf.build, "RemoteReward", Fake)
+    monkeypatch.setattr(conf.build, "_registered_remote", {})
     over = {"rl.reward": "remote", "remote_reward.url": "http://127.0.0.1:1"}
     try:
         for _ in range(3):
-            conf.run_settings(load_config("tiny", over))
+            register(over)
         assert built == ["http://127.0.0.1:1"]
-        conf.run_settings(load_config("tiny", {**over,
-                                                   "remote_reward.url": "http://127.0.0.1:2"}))
+        register({**over, "remote_reward.url": "http://127.0.0.1:2"})
         assert built == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     finally:
         R.unregister("remote")          # the fake client leaves with the test

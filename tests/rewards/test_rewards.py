@@ -249,7 +249,7 @@ def test_shaped_reward_keeps_the_exact_successes_and_never_scores_below(renders)
     ps = [prompts[i] for i in other]
     np.testing.assert_array_equal(R.get("geneval_lite_shaped")(images[other], ps),
                                   R.get("geneval_lite")(images[other], ps))
-    parts = R.get_components("geneval_lite_shaped")(xs, asked)
+    parts = R.resolve("geneval_lite_shaped").components()(xs, asked)
     np.testing.assert_allclose(np.nanmean(parts, axis=1), shaped, rtol=1e-6)
     with pytest.raises(ValueError, match="text_credit='pixels'"):
         R.constraint_breakdown(xs[:1], asked[:1], text_credit="pixels")
@@ -290,7 +290,7 @@ def test_aspect_reward_grades_elongation_and_keeps_the_exact_successes(renders):
         a, b = R.get("geneval_lite")(images, ps), R.get("geneval_lite_aspect")(images, ps)
         assert (b >= a - 1e-7).all()
         np.testing.assert_array_equal(a == 1.0, b == 1.0)
-    parts = R.get_components("geneval_lite_aspect")(images, ps)
+    parts = R.resolve("geneval_lite_aspect").components()(images, ps)
     np.testing.assert_allclose(np.nanmean(parts, axis=1), b, rtol=1e-6)
     with pytest.raises(ValueError, match="shape_credit='fill'"):
         R.constraint_breakdown(x, ["a red column"], shape_credit="fill")
@@ -359,20 +359,20 @@ def test_exact_scores_of_the_graded_breakdown_equal_the_exact_breakdown(renders)
 def test_reward_components_average_to_the_reward(renders):
     prompts, images = renders
     prompts, images = prompts[::7], images[::7]
-    parts = R.get_components("geneval_lite")(images, prompts)
+    parts = R.resolve("geneval_lite").components()(images, prompts)
     assert parts.shape == (len(prompts), 5)          # color, count, shape, position, text
     assert np.isnan(parts).any() and (~np.isnan(parts)).sum(1).min() >= 1
     np.testing.assert_allclose(np.nanmean(parts, axis=1), R.get("geneval_lite")(images, prompts),
                                rtol=1e-6)
     with pytest.raises(ValueError, match="has no components.*geneval_lite"):
-        R.get_components("ocr_lite")
+        R.resolve("ocr_lite").components()
     with pytest.raises(ValueError, match="unknown reward"):
-        R.get_components("pickscore")
+        R.resolve("pickscore").components()
     R.register("test_parts", lambda images, prompts: np.ones(len(prompts)),
                components=lambda images, prompts: {"a": np.ones(len(prompts))})
     try:
-        assert R.get_components("test_parts")(images[:2], prompts[:2]).shape == (2, 1)
+        assert R.resolve("test_parts").components()(images[:2], prompts[:2]).shape == (2, 1)
     finally:
         R.unregister("test_parts")
     with pytest.raises(ValueError, match="unknown reward"):
-        R.get_components("test_parts")
+        R.resolve("test_parts").components()

@@ -133,7 +133,8 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
     trace = tmp_path / "trace.json"     # a SkyPilot-format trace replayed from its second tick
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [4, 2, 4]}))
     c.trace.path, c.trace.start_s = str(trace), 300.0
-    path = compare.run_compare(RunSpec.of(c), str(tmp_path), graphdef, state, progress=False)
+    path = compare.run_compare(RunSpec.from_config(c), str(tmp_path), graphdef, state,
+                               progress=False)
     text = open(path).read()
     assert f"trace: {trace} from 300 s on" in text
     assert "(spot_timeline.png)" in text and os.path.getsize(tmp_path / "spot_timeline.png")

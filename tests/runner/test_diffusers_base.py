@@ -99,6 +99,6 @@ def test_post_training_a_flux_dev_base_with_its_distilled_guidance(tmp_path):
 
 
 def test_prompts_outside_the_world_grammar_form_one_planner_cluster():
-    from spotlight_jax.runner.state import prompt_kind
+    from spotlight_jax.runner.build import prompt_kind
     assert prompt_kind("a red square") == "single"
     assert prompt_kind("a photo of a cat on a sofa, golden hour") == "other"

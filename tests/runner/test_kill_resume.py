@@ -34,7 +34,7 @@ from spotlight_jax.config import RunSpec, model_config
 from spotlight_jax.models.build import create_model
 c = spotlight_config({objective!r}, {mode!r})
 graphdef, state = create_model(model_config(c))
-runner.run(RunSpec.of(c), {workdir!r}, graphdef, state, progress=False)
+runner.build_and_run(RunSpec.from_config(c), {workdir!r}, graphdef, state, progress=False)
 """
 
 
@@ -43,7 +43,7 @@ runner.run(RunSpec.of(c), {workdir!r}, graphdef, state, progress=False)
 def _state(workdir, objective="flow_grpo", mode="spotlight"):
     c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
-    r = runner.RunState(RunSpec.of(c), str(workdir), graphdef, base)
+    r = runner.build_run(RunSpec.from_config(c), str(workdir), graphdef, base)
     assert checkpointing.restore(r)
     return r
 
@@ -88,7 +88,8 @@ def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path,
     straight = tmp_path / "straight"
     c = spotlight_config(objective, mode)
     graphdef, base = create_model(model_config(c))
-    h_straight = runner.run(RunSpec.of(c), str(straight), graphdef, base, progress=False)
+    h_straight = runner.build_and_run(RunSpec.from_config(c), str(straight), graphdef, base,
+                                      progress=False)
 
     a, b = _state(straight, objective, mode), _state(killed, objective, mode)
     assert a.iteration == b.iteration == ITERATIONS, (steps, delay)

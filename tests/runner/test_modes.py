@@ -1,6 +1,5 @@
 """Every post-training mode runs end to end on the micro model; spotlight explores with stale
 weights off the critical path and trains on the chosen seeds; the emulated clock charges phases."""
-from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -11,10 +10,10 @@ from spotlight_jax import runner, utilization, world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion.engine import candidate_seeds
 from spotlight_jax.explore import max_variance_subset
-from spotlight_jax.rl import trainer_class
+from spotlight_jax.rl import work_of
 from spotlight_jax.runner import outputs
+from spotlight_jax.runner.backends.rollouts import group_seeds, rollout_on_groups
 from spotlight_jax.runner.exploration import extras_budget_s
-from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
 
 
 # spotlight_pipelined with nft: test_pipelined_trains_on_the_batch_its_spot_devices_sampled;
@@ -26,16 +25,15 @@ from spotlight_jax.runner.rollouts import group_seeds, rollout_on_groups
     ("baseline", "nft"), pytest.param("spotlight", "nft", marks=pytest.mark.e2e)])
 def test_mode_runs_and_charges_the_clock(tmp_path, base, mode, objective):
     graphdef, state = base
-    spec = RunSpec.of(mode_config(mode, objective=objective))
-    h = runner.run(spec, str(tmp_path), graphdef, state, progress=False)
+    spec = RunSpec.from_config(mode_config(mode, objective=objective))
+    h = runner.build_and_run(spec, str(tmp_path), graphdef, state, progress=False)
     rows = [r for r in h if "reward_mean" in r]
     assert len(rows) == 2
     # throughput of the phases, from the row's own wall times
     n = spec.settings.prompts_per_iter * spec.settings.group_size
     tokens = ((spec.model.num_patches + spec.model.text_len) * spec.sampler.num_steps
               * (1 if spec.sampler.guidance == 1.0 else 2))
-    trainer = SimpleNamespace(cfg=spec.rl, update_rows=trainer_class(spec.rl).update_rows)
-    update_flops = utilization.update_flops(trainer, spec.model, spec.sampler, n)
+    update_flops = utilization.update_flops(work_of(spec.rl, spec.sampler), spec.model, n)
     for r in rows:
         assert r["train_images_per_s"] == pytest.approx(n / r["time_train"])
         assert r["train_tflops"] == pytest.approx(update_flops / r["time_train"] / 1e12)
@@ -63,7 +61,7 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
                                                                           objective):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1, objective=objective)
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     # the weights that sample the training batch (θ_k; nft: the sampling policy θ_old)
     stale = jax.tree.map(np.asarray, r.trainer.sampling_state())
     r.step(0)
@@ -81,7 +79,7 @@ def test_spotlight_trains_on_max_variance_seeds_explored_with_stale_weights(tmp_
 def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     trainer = {d.id for d in r.mesh.devices.flat}
     spot = {d for _, _, g in r.mode.fleet.groups for d in g.device_ids}
     assert len(r.mode.fleet.groups) == c.deployment.spot_nodes
@@ -104,7 +102,7 @@ def test_spotlight_explores_on_other_devices_concurrently_with_the_update(tmp_pa
 def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     params = r.trainer.policy_state()
     r.mode.spot.pull(params, 0)
     prompts = ["a red bar", "two blue squares", "a green column"]
@@ -167,7 +165,7 @@ def test_scheduled_rollout_survives_preemptions_and_equals_the_direct_rollout(tm
     graphdef, state = base
     c = mode_config("spotlight", iterations=1)
     c.deployment.commit_every = 1              # (one program: bitwise equal whoever resumes)
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     setup_step = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
@@ -206,7 +204,7 @@ def test_scheduled_rollout_computes_on_the_groups_own_devices(tmp_path, base):
     c.deployment.rollout_on_groups = "true"
     c.deployment.on_demand_devices, c.deployment.spot_nodes = 2, 2
     c.deployment.commit_every = 1
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     seeds = group_seeds(c.seed, 0, len(prompts), c.rl.group_size)
     t = r.deploy.scheduler_setup(8, 1.0)["sample_step_s"]
@@ -232,13 +230,14 @@ def test_too_few_devices_for_the_scheduler_pool_runs_rollouts_directly(tmp_path,
     graphdef, state = base
     c = mode_config("spot_rollout", iterations=1)
     c.deployment.spot_nodes = len(jax.devices())
-    run = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    run = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     assert not run.scheduler_on
     assert "cannot hold the scheduler's pool" in caplog.text
     row = run.step(0)
     assert "sched_makespan_s" not in row and row["vtime_s"] > 0
     c.deployment.spot_nodes = 2
-    assert runner.RunState(RunSpec.of(c), str(tmp_path / "b"), graphdef, state).scheduler_on
+    assert runner.build_run(RunSpec.from_config(c), str(tmp_path / "b"), graphdef,
+                            state).scheduler_on
 
 
 def test_rollout_on_groups_setting_resolves_and_rejects_bad_values():
@@ -250,12 +249,13 @@ def test_rollout_on_groups_setting_resolves_and_rejects_bad_values():
 
 
 def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base):
-    from spotlight_jax.rewards import get_components
+    from spotlight_jax.rewards import resolve
     from spotlight_jax.rl import advantages, decoupled_advantages
+    from spotlight_jax.runner.update import train_on
     graphdef, state = base
     c = mode_config("baseline", iterations=1)
     c.rl.advantage = "decoupled"
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     seen = {}
     update = r.trainer.update
 
@@ -266,9 +266,9 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
     r.trainer.update = capture
     prompts = r.prompts(0)
     batch = r.rollout(prompts, group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
-    r.train_on(batch, 0, prompts)
+    train_on(r, batch, 0, prompts)
     flat = [prompts[i] for i in batch["prompt_ids"]]
-    parts = get_components("geneval_lite")(batch["images"], flat)
+    parts = resolve("geneval_lite").components()(batch["images"], flat)
     want = decoupled_advantages(parts, batch["prompt_ids"])
     np.testing.assert_array_equal(seen["advantages"], want)
     assert np.any(want != 0)
@@ -281,7 +281,7 @@ def test_decoupled_advantage_trains_on_each_constraint_normalised(tmp_path, base
         c2 = mode_config("baseline", iterations=1)
         c2.rl.update(bad)
         with pytest.raises(ValueError, match=match):
-            runner.RunState(RunSpec.of(c2), str(tmp_path / "bad"), graphdef, state)
+            runner.build_run(RunSpec.from_config(c2), str(tmp_path / "bad"), graphdef, state)
 
 
 def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
@@ -291,7 +291,7 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     c = mode_config("baseline", iterations=1)
     c.rl.reward = "geneval_lite_shaped"
     c.rl.eval_reward = "geneval_lite"
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     prompts = r.prompts(0)
     batch = r.rollout(prompts, group_seeds(c.seed, 0, len(prompts), c.rl.group_size))
     flat = [prompts[i] for i in batch["prompt_ids"]]
@@ -300,13 +300,13 @@ def test_shaped_training_reward_is_measured_by_the_eval_reward(tmp_path, base):
     got = outputs.evaluate(r, 0)
     want, _, _ = evaluate(r.eval_sampler, r.trainer.eval_state(), r.val_prompts,
                           num_seeds=c.rl.eval_seeds, text_len=r.mcfg.text_len,
-                          reward="geneval_lite")
+                          reward=rewards.resolve("geneval_lite"))
     assert got["reward"] == want["reward"] and "acc_text" in got
     r.close()
     c.rl.eval_reward = "imagereward"
     # (a ConfigError, a ValueError, now raised as the spec is built, before the run starts)
     with pytest.raises(ValueError, match="rl.eval_reward='imagereward': unknown reward"):
-        runner.RunState(RunSpec.of(c), str(tmp_path / "bad"), graphdef, state)
+        runner.build_run(RunSpec.from_config(c), str(tmp_path / "bad"), graphdef, state)
 
 
 def test_exploration_budget_fits_base_and_extra_candidates_in_the_update_window():
@@ -337,7 +337,7 @@ def test_pipelined_trains_on_the_batch_its_spot_devices_sampled(tmp_path, base):
     graphdef, state = base
     c = mode_config("spotlight_pipelined", iterations=2, objective="nft")
     c.rl.nft.anchor = "sampler"          # the sampling policy is kept (the default needs none)
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     stale = jax.tree.map(np.asarray, r.trainer.sampling_state())      # θ_old before update 0
     old_before = jax.tree.map(np.asarray, r.trainer.old)
     assert r.step(0)["pipelined"] == 0                                 # nothing ready yet

@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def params_of(workdir, c, devices=None):
     graphdef, base = create_model(model_config(c))
-    r = runner.RunState(RunSpec.of(c), str(workdir), graphdef, base, devices)
+    r = runner.build_run(RunSpec.from_config(c), str(workdir), graphdef, base, devices)
     assert checkpointing.restore(r)
     return r
 
@@ -33,10 +33,13 @@ def test_resume_is_bitwise_identical(tmp_path, base, objective, n_devices):
     o = {"rl.objective": objective, "rl.nft.times": 2, "rl.nft.eta_rate": 0.25}
     kw = dict(progress=False, devices=devices)
     straight = tmp_path / "straight"
-    h1 = runner.run(RunSpec.of(micro_config(3, **o)), str(straight), graphdef, state, **kw)
+    h1 = runner.build_and_run(RunSpec.from_config(micro_config(3, **o)), str(straight), graphdef,
+                              state, **kw)
     resumed = tmp_path / "resumed"
-    runner.run(RunSpec.of(micro_config(2, **o)), str(resumed), graphdef, state, **kw)
-    h2 = runner.run(RunSpec.of(micro_config(3, **o)), str(resumed), graphdef, state, **kw)
+    runner.build_and_run(RunSpec.from_config(micro_config(2, **o)), str(resumed), graphdef, state,
+                         **kw)
+    h2 = runner.build_and_run(RunSpec.from_config(micro_config(3, **o)), str(resumed), graphdef,
+                              state, **kw)
     ra = params_of(straight, micro_config(3, **o), devices)
     rb = params_of(resumed, micro_config(3, **o), devices)
     if n_devices:
@@ -60,7 +63,8 @@ def test_resume_is_bitwise_identical(tmp_path, base, objective, n_devices):
 def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
     graphdef, state = base
     c = micro_config(1)
-    runner.run(RunSpec.of(c), str(tmp_path), graphdef, state, progress=False, devices=jax.devices())
+    runner.build_and_run(RunSpec.from_config(c), str(tmp_path), graphdef, state, progress=False,
+                         devices=jax.devices())
     r8 = params_of(tmp_path, c, jax.devices())
     r4 = params_of(tmp_path, c, jax.devices()[:4])
     leaves4 = jax.tree.leaves(r4.trainer.trainable)
@@ -71,8 +75,10 @@ def test_checkpoint_from_8_devices_restores_on_4(tmp_path, base):
 
 def test_resuming_with_another_objective_names_both(tmp_path, base):
     graphdef, state = base
-    runner.run(RunSpec.of(micro_config(1)), str(tmp_path), graphdef, state, progress=False)
-    r = runner.RunState(RunSpec.of(micro_config(2, **{"rl.objective": "nft"})), str(tmp_path),
+    runner.build_and_run(RunSpec.from_config(micro_config(1)), str(tmp_path), graphdef, state,
+                         progress=False)
+    r = runner.build_run(RunSpec.from_config(micro_config(2, **{"rl.objective": "nft"})),
+                         str(tmp_path),
                         graphdef, state)
     with pytest.raises(ValueError, match="holds a rl.objective='flow_grpo' run.*'nft'"):
         checkpointing.restore(r)
@@ -81,7 +87,7 @@ def test_resuming_with_another_objective_names_both(tmp_path, base):
 def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplog):
     graphdef, state = base
     c = micro_config(2)
-    runner.run(RunSpec.of(c), str(tmp_path), graphdef, state, progress=False)
+    runner.build_and_run(RunSpec.from_config(c), str(tmp_path), graphdef, state, progress=False)
     ckdir = tmp_path / "checkpoints"
     latest = max(int(p.name) for p in ckdir.iterdir() if p.name.isdigit())
     # truncate every array file of the latest checkpoint (a half-written save)
@@ -90,7 +96,7 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplo
             if not f.endswith(".json") and "meta" not in root:
                 open(os.path.join(root, f), "wb").close()
     graphdef2, base2 = create_model(model_config(c))
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef2, base2)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef2, base2)
     with caplog.at_level("WARNING"):
         assert checkpointing.restore(r)
     assert r.iteration == latest - 1
@@ -122,12 +128,15 @@ def test_pipelined_resume_is_bitwise_identical_with_the_ready_batch(tmp_path, ba
          "explore.max_extra_per_prompt": 4,
          "deployment.rollout_on_groups": "false", "deployment.fleet": False}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    h1 = runner.run(RunSpec.of(micro_config(2, **o)), str(straight), graphdef, state,
+    h1 = runner.build_and_run(RunSpec.from_config(micro_config(2, **o)), str(straight), graphdef,
+                              state,
                     progress=False)
-    runner.run(RunSpec.of(micro_config(1, **o)), str(resumed), graphdef, state, progress=False)
+    runner.build_and_run(RunSpec.from_config(micro_config(1, **o)), str(resumed), graphdef, state,
+                         progress=False)
     assert any(p.name == "mode_1.npz" for p in (resumed / "checkpoints").iterdir())
     # the resumed run's first iteration trains on the batch restored from mode_1.npz
-    h2 = runner.run(RunSpec.of(micro_config(2, **o)), str(resumed), graphdef, state, progress=False)
+    h2 = runner.build_and_run(RunSpec.from_config(micro_config(2, **o)), str(resumed), graphdef,
+                              state, progress=False)
     assert [h.get("pipelined") for h in h1[1:]] == [h.get("pipelined") for h in h2[1:]] == [0, 1]
     ra, rb = params_of(straight, micro_config(2, **o)), params_of(resumed, micro_config(2, **o))
     for part in ra.trainer.state_parts:

@@ -13,7 +13,7 @@ def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
     logged = []
     writer = types.SimpleNamespace(image=lambda k, key, img, caption: logged.append((k, key, img)))
     run = types.SimpleNamespace(workdir=str(tmp_path), writer=writer,
-                                settings=types.SimpleNamespace(eval_reward="geneval_lite"))
+                                eval_reward=rewards.resolve("geneval_lite"))
     prompts = world.val_prompts(world.WorldConfig(image_size=16))[:4]
     rng = np.random.default_rng(0)
     first, later = rng.uniform(size=(2, 4, 16, 16, 3)).astype(np.float32)

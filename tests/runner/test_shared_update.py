@@ -24,7 +24,8 @@ def _run(tmp_path, name, shared, mode="spotlight", objective="flow_grpo", iterat
     c.explore.budget_frac = 0.0       # no extras: both runs train on the same seeds
     c.rl.eval_every = 0
     _, graphdef, state = micro_model()  # perturbed: a fresh adaLN-Zero model has no gradient
-    h = runner.run(RunSpec.of(c), str(tmp_path / name), graphdef, state, progress=False)
+    h = runner.build_and_run(RunSpec.from_config(c), str(tmp_path / name), graphdef, state,
+                             progress=False)
     return [r for r in h if "loss" in r]
 
 
@@ -55,15 +56,15 @@ def test_shared_update_is_refused_where_it_does_not_run():
     c = mode_config("spotlight")
     c.deployment.shared_update = "sometimes"
     with pytest.raises((ConfigError, ValueError), match="shared_update='sometimes'"):
-        RunSpec.of(c)
+        RunSpec.from_config(c)
     c.deployment.shared_update = "auto"
     c.deployment.update_spot_share = 1.5
     with pytest.raises((ConfigError, ValueError), match="update_spot_share"):
-        RunSpec.of(c)
+        RunSpec.from_config(c)
     c.deployment.update_spot_share = 0.5
     c.deployment.update_payoff_exponent = 0.0
     with pytest.raises((ConfigError, ValueError), match="update_payoff_exponent=0.0"):
-        RunSpec.of(c)
+        RunSpec.from_config(c)
 
 
 def _planner_of(split):

@@ -15,7 +15,7 @@ def test_summary_reports_reward_change_and_paths(tmp_path):
                {"iteration": 3, "reward_mean": 0.4, "vtime_s": 7200.0, "dollars": 31.5,
                 "spot_util": 0.5, "preemptions": 2, "val_reward": 0.6, "val_reward_ci95": 0.03,
                 "val_acc_count": 0.8, "val_missing_count": 0.125}]
-    text = summary(RunSpec.of(c), str(tmp_path), history, "base")
+    text = summary(RunSpec.from_config(c), str(tmp_path), history, "base")
     assert "0.500 -> 0.600" in text and "count" in text and "0.70 -> 0.80" in text
     assert "0.250 -> 0.125" in text            # the constraint's share of the missing reward
     assert "2.00 h" in text and "$31.50" in text and str(tmp_path / "rl.jsonl") in text
@@ -37,7 +37,7 @@ def test_summary_states_the_phases_median_throughput(tmp_path):
             for i, (u, r, t) in enumerate([(10.0, 50.0, 8e4), (30.0, 70.0, 1e5), (20.0, 60.0,
                                                                                  9e4)], 1)]
     rows[1].pop("rollout_images_per_s"), rows[1].pop("rollout_tokens_per_s")   # a ready batch
-    text = summary(RunSpec.of(c), str(tmp_path), rows, "base")
+    text = summary(RunSpec.from_config(c), str(tmp_path), rows, "base")
     assert "update 20.0 images/s, rollouts 55.0 images/s (85,000 transformer tokens/s)" in text
 
 
@@ -47,6 +47,6 @@ def test_summary_states_the_worst_log_prob_gap_and_the_mfu(tmp_path):
              "rollout_logp_gap_by_step": {"2": 1e-7, "5": 3e-7}, "first_ratio_dev": 0.0},
             {"iteration": 2, "train_images_per_s": 5.0, "train_tflops": 0.7, "train_mfu": 0.35,
              "rollout_logp_gap_by_step": {"1": 2e-7}, "first_ratio_dev": 1e-8}]
-    text = summary(RunSpec.of(c), str(tmp_path), rows, "base")
+    text = summary(RunSpec.from_config(c), str(tmp_path), rows, "base")
     assert "update 5.0 images/s (0.6 model TFLOP/s, MFU 30.0%)" in text
     assert "max 3e-07 (sampler step 5); first inner step's |ratio - 1| max 1e-08" in text

@@ -28,7 +28,8 @@ def test_trace_free_modes_learn_and_charge_the_same_on_any_trace(tmp_path, base,
         c.rl.eval_every = 1
         c.trace.path = path
         c.trace.rate_per_node_hour = 60.0
-        h = runner.run(RunSpec.of(c), str(tmp_path / name), graphdef, state, progress=False)
+        h = runner.build_and_run(RunSpec.from_config(c), str(tmp_path / name), graphdef, state,
+                                 progress=False)
         out[name] = h
     assert len(out["synthetic"]) == 3 and out["synthetic"][-1]["vtime_s"] > 0
     for k in CLOCK:

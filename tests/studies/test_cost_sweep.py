@@ -26,7 +26,7 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared)
     c = mode_config(mode, iterations=2, objective="nft")
     c.deployment.shared_update = shared
     c.trace.rate_per_node_hour = 0.0                 # every spot node stays alive
-    r = runner.RunState(RunSpec.of(c), str(tmp_path), graphdef, state)
+    r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     predicted = cost_sweep.iteration_phases(c)[mode]
     _charged(r, 0)                                   # pipelined: nothing ready, rolls out
     assert r.deploy.spot_devices == c.deployment.spot_nodes * c.deployment.spot_devices_per_node

@@ -26,7 +26,7 @@ import time
 import jax
 import numpy as np
 
-from spotlight_jax import rewards, world
+from spotlight_jax import world
 from spotlight_jax.diffusion import SamplerConfig, batches
 from spotlight_jax.elastic import DevicePool, GroupConfig, PoolConfig
 from spotlight_jax.elastic.node import SpotFleet
@@ -44,12 +44,13 @@ class FleetExplorer:
       devices: ``num_nodes * per_node`` devices (see ``parallel.mesh.fleet_devices``).
       alive_nodes: the nodes up at the start (the others are built lost).
       chunk: rollouts per program call (the one precompiled batch size).
+      reward: the run's resolved training reward (``rewards.Reward``).
       tokenize: the run's prompt source's ``tokenize(prompts, text_len)`` (default the world's).
     """
 
     def __init__(self, devices, num_nodes: int, per_node: int, graphdef, params,
                  model_cfg: MMDiTConfig, sampler_cfg: SamplerConfig, *, sp_degree: int,
-                 reward: str, chunk: int, alive_nodes=None, tokenize=world.tokenize,
+                 reward, chunk: int, alive_nodes=None, tokenize=world.tokenize,
                  decoder=None):
         names = tuple(f"spot{i}" for i in range(num_nodes))
         self.pool = DevicePool(PoolConfig(nodes=tuple((n, "spot", per_node) for n in names)),
@@ -62,7 +63,7 @@ class FleetExplorer:
         # a latent model's VAE: the node programs return latents, decoded here before the reward
         # (on the VAE's device, not the spot group's: see docs/real_models.md)
         self.decoder = decoder
-        self.reward_fn = rewards.get(reward)
+        self.reward_fn = reward
         t0 = time.perf_counter()
         # Spot VMs are preempted and rejoin as whole nodes: each node only ever forms its full
         # group again, so that is the one program it precompiles.
