@@ -149,7 +149,7 @@ class Workload:
     cfg_passes: int = 1
     lora_rank: int = 0
     extra_forwards: int = 0
-    notes: tuple = ()
+    notes: tuple = dataclasses.field(default=(), compare=False)   # a description, not a charge
 
     def __post_init__(self):      # a saved model's notes come back as lists
         object.__setattr__(self, "notes", tuple(tuple(n) for n in self.notes))

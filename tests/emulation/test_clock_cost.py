@@ -259,7 +259,11 @@ def test_cost_config_section_round_trip_and_workload():
     # the old policy's forward; its KL weight adds the reference's
     assert conf.workload(base) == Workload(
         num_steps=10, train_steps=base.rl.nft.times, inner_epochs=1, kl=True, cfg_passes=1,
-        lora_rank=16, extra_forwards=0, objective="nft")
+        lora_rank=16, extra_forwards=0)
+    # the objective's own account of its numbers, which the report prints as they are
+    rows = cost_models.make_cost_model(conf.cost_config(base), conf.workload(base)).describe()
+    assert ("train_steps", base.rl.nft.times, "flow times/image") in {
+        (a.name, a.value, a.unit) for a in rows}
     base.rl.nft.kl_beta = 1e-4
     assert conf.workload(base).extra_forwards == 1
     nft_cost = cost_models.make_cost_model(conf.cost_config(base), conf.workload(base))
@@ -276,6 +280,8 @@ def test_cost_config_section_round_trip_and_workload():
     assert nft_cost.train_sample() / grpo_cost.train_sample() == pytest.approx(4 * q / (8 * p))
     assert w == Workload(num_steps=10, train_steps=8, inner_epochs=1, kl=True, cfg_passes=1,
                          lora_rank=16)
+    assert ("train_steps", 8, "steps/trajectory") in {
+        (a.name, a.value, a.unit) for a in grpo_cost.describe()}
     base.sampler.sde_window = None
     assert conf.workload(base).train_steps == 10
     base.rl.train_steps, base.rl.lora_rank = 4, 0
