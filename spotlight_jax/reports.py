@@ -136,35 +136,29 @@ def _f(x, fmt):
     return "—" if x is None else format(x, fmt)
 
 
-def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac: float,
-                 target_gain: float = 0.0, phases: dict[str, dict] | None = None,
-                 assumptions: list | None = None, header: str = "", timeline: str = "") -> str:
-    """Writes ``report.md`` and the two plots into ``workdir``; returns the report's path.
-    ``timeline``: a spot-timeline image in ``workdir`` to show under the plots."""
-
-    target = target_reward(histories, target_frac, target_gain)
-    rows = {m: mode_summary(h, target) for m, h in histories.items()}
-    base = rows.get(BASELINE, {})
-    lines = ["# Mode comparison", ""]
-    if header:
-        lines += [header, ""]
+def _target_lines(target, target_frac: float, target_gain: float) -> list[str]:
+    """The report's paragraph on the target (or on why there is none)."""
     if target is None:
-        lines += ["**No target**: baseline's validation reward never rose above its start, so "
-                  "time- and cost-to-target are undefined; the curves below still compare the "
-                  "modes on the emulated time and cost axes.", ""]
-    else:
-        how = (f"start + {target_gain:.3f}" if target_gain
-               else f"start + {target_frac:.0%} of baseline's best gain")
-        lines += [f"Target validation reward: **{target:.3f}** ({how}). Ratios are baseline / "
-                  "mode: > 1 means faster or cheaper. The speed-up is about the product of the "
-                  "iteration ratio (fewer iterations to the target) and the per-iteration time "
-                  "ratio (a cheaper critical path; mean over the whole run). Where only one of "
-                  "the two runs reached the target, the other's whole run bounds the ratio: "
-                  "'> 1.4x' (baseline did not reach it) or '< 0.8x' (the mode did not).", ""]
-    lines += ["| mode | iterations | reward start → final (best) | emulated h | $ | "
-              "h to target | $ to target | speed-up | cost ratio | iterations to target | "
-              "iteration ratio | per-iteration time ratio |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        return ["**No target**: baseline's validation reward never rose above its start, so "
+                "time- and cost-to-target are undefined; the curves below still compare the "
+                "modes on the emulated time and cost axes.", ""]
+    how = (f"start + {target_gain:.3f}" if target_gain
+           else f"start + {target_frac:.0%} of baseline's best gain")
+    return [f"Target validation reward: **{target:.3f}** ({how}). Ratios are baseline / "
+            "mode: > 1 means faster or cheaper. The speed-up is about the product of the "
+            "iteration ratio (fewer iterations to the target) and the per-iteration time "
+            "ratio (a cheaper critical path; mean over the whole run). Where only one of "
+            "the two runs reached the target, the other's whole run bounds the ratio: "
+            "'> 1.4x' (baseline did not reach it) or '< 0.8x' (the mode did not).", ""]
+
+
+def _modes_table(rows: dict[str, dict]) -> list[str]:
+    """Each mode's iterations, reward, time, cost and its ratios to ``baseline``."""
+    base = rows.get(BASELINE, {})
+    lines = ["| mode | iterations | reward start → final (best) | emulated h | $ | "
+             "h to target | $ to target | speed-up | cost ratio | iterations to target | "
+             "iteration ratio | per-iteration time ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, r in rows.items():
         its = r["iterations_to_target"]
         lines.append(
@@ -177,11 +171,16 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
             f"{'—' if its is None else int(its)} | "
             f"{bound_cell(ratio_bound(base, r, 'iterations_to_target'))} | "
             f"{_f(_ratio(base.get('h_per_iteration'), r['h_per_iteration']), '.2f')}x |")
-    lines += ["", "## Spot devices", "",
-              "| mode | spot utilisation | exploration rollouts / iter | preemptions (abrupt) | "
-              "joins | regroups | regroup s (total) | lost work s | measured regroups "
-              "(max ms, compiles) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def _spot_table(rows: dict[str, dict]) -> list[str]:
+    """What the spot devices did in each mode: utilisation, exploration, the trace's events."""
+    lines = ["", "## Spot devices", "",
+             "| mode | spot utilisation | exploration rollouts / iter | preemptions (abrupt) | "
+             "joins | regroups | regroup s (total) | lost work s | measured regroups "
+             "(max ms, compiles) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m, r in rows.items():
         measured = (f"{r['fleet_regroups']} ({r['fleet_regroup_max_ms']:.1f} ms, "
                     f"{r['fleet_compiles']})" if r["fleet_regroups"] else "—")
@@ -189,6 +188,13 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
                      f"{r['preemptions']} ({r['abrupt_losses']}) | {r['joins']} | "
                      f"{r['regroups']} | {r['regroup_s']:.2f} | {r['lost_work_s']:.1f} | "
                      f"{measured} |")
+    return lines
+
+
+def _detail_tables(rows: dict[str, dict], phases, assumptions) -> list[str]:
+    """The critical path per phase, the shared update's split and the cost model's
+    assumptions, where the runs have them."""
+    lines = []
     if phases:
         lines += ["", "## Where the emulated time goes (critical-path seconds per phase)", ""]
         labels = sorted({lab for p in phases.values() for lab in p})
@@ -211,10 +217,12 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
         lines += ["", "## Assumptions of the cost model", "", "| name | value | unit | source |",
                   "|---|---|---|---|"]
         lines += [f"| {a.name} | {a.value} | {a.unit} | {a.source} |" for a in assumptions]
-    lines += ["", "![reward vs time](reward_vs_time.png) ![reward vs cost](reward_vs_cost.png)",
-              ""]
-    if timeline:
-        lines += [f"![spot devices during the spotlight run]({timeline})", ""]
+    return lines
+
+
+def _plot_reward_axes(workdir: str, histories: dict[str, list[dict]], target) -> None:
+    """``reward_vs_time.png`` and ``reward_vs_cost.png``: each mode's held-out curve on the
+    emulated time and dollar axes, with the target."""
     for axis, key, scale, fname in (("emulated hours", "vtime_s", 1 / 3600.0,
                                      "reward_vs_time.png"),
                                     ("dollars", "dollars", 1.0, "reward_vs_cost.png")):
@@ -226,6 +234,24 @@ def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac:
             series["target"] = ([0.0, xmax], [target, target])
         plot_curves(os.path.join(workdir, fname), series, xlabel=axis,
                     ylabel="held-out reward (ODE)", title=f"validation reward vs {axis}")
+
+
+def write_report(workdir: str, histories: dict[str, list[dict]], *, target_frac: float,
+                 target_gain: float = 0.0, phases: dict[str, dict] | None = None,
+                 assumptions: list | None = None, header: str = "", timeline: str = "") -> str:
+    """Writes ``report.md``, ``compare.json`` and the two plots into ``workdir``; returns the
+    report's path. ``timeline``: a spot-timeline image in ``workdir`` to show under the
+    plots."""
+    target = target_reward(histories, target_frac, target_gain)
+    rows = {m: mode_summary(h, target) for m, h in histories.items()}
+    lines = ["# Mode comparison", ""] + ([header, ""] if header else [])
+    lines += _target_lines(target, target_frac, target_gain)
+    lines += _modes_table(rows) + _spot_table(rows) + _detail_tables(rows, phases, assumptions)
+    lines += ["", "![reward vs time](reward_vs_time.png) ![reward vs cost](reward_vs_cost.png)",
+              ""]
+    if timeline:
+        lines += [f"![spot devices during the spotlight run]({timeline})", ""]
+    _plot_reward_axes(workdir, histories, target)
     path = os.path.join(workdir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
