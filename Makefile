@@ -12,4 +12,4 @@ dry-run:
 bench:
 	python -m spotlight_jax.bench.attention
 	python -m spotlight_jax.bench.sampler
-	python -m spotlight_jax.bench.regroup
+	python -m spotlight_jax.bench.reconfig

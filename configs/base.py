@@ -179,8 +179,8 @@ def get_config():
     n.eta_delay = 0                 # iterations fully on-policy before the lag ramps up
     n.minibatches = 1               # gradient accumulation chunks of the one step per iteration
     # v_old of a batch an older policy drew (spotlight_pipelined's ready batch): 'current' (the
-    # current sampling policy theta_old; measured: docs/spotlight.md) or 'sampler' (the policy
-    # that drew it)
+    # current sampling policy theta_old; measured: docs/spotlight_measurements.md) or 'sampler'
+    # (the policy that drew it)
     n.anchor = "current"
 
     # Prompt embeddings of a real text encoder (model.text_width=0): a file written by
@@ -230,7 +230,7 @@ def get_config():
 def add_spotlight_sections(c):
     """Exploration, deployment, trace and cost sections (used by every mode but baseline)."""
     e = c.explore = ml_collections.ConfigDict()
-    e.algorithm = "ucb"             # planner: ucb | thompson | uniform (bench: bench.planner)
+    e.algorithm = "ucb"             # planner: ucb | thompson | uniform (study: studies.planner)
     e.max_extra_per_prompt = 24     # pool is at most group_size + this
     e.sync_extra_per_prompt = 8     # explore_sync: extra candidates per prompt (critical path)
     e.cluster_by_kind = True        # bandit arms = task kinds (prompts recur rarely)

@@ -37,7 +37,7 @@ grep '^{"process"' "$WORK/trainer0.log"
 grep -h "stop after" "$WORK/trainer1.log"
 
 echo "== spot hosts serving a queue; the first one preempted with a SIGTERM notice"
-python -m spotlight_jax.bench.ray_hosts_demo --address=auto --hosts=2 --requests=16 --notice_after=4
+python -m spotlight_jax.cluster_programs.hosts_demo --address=auto --hosts=2 --requests=16 --notice_after=4
 
 echo "== the trainer job's checkpoint, resumed in one process for one more iteration"
 python -m spotlight_jax.main --config=configs/tiny.py --workdir="$WORK/run" \

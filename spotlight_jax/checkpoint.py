@@ -61,11 +61,6 @@ def save_params(path: str, state, meta: dict) -> None:
         json.dump(meta, f, indent=2, sort_keys=True, default=str)
 
 
-def load_meta(path: str) -> dict:
-    with open(os.path.join(path, "meta.json")) as f:
-        return json.load(f)
-
-
 def load_params(path: str, abstract_state, shardings=None):
     """Restores parameters saved by ``save_params`` into an NNX state shaped like
     ``abstract_state``. Raises ValueError naming the path when it is missing or does not match."""
@@ -124,12 +119,6 @@ def flatten_names(tree, prefix: str = ""):
             yield from flatten_names(v, f"{prefix}.{k}" if prefix else str(k))
     else:
         yield prefix, tree
-
-
-def tree_equal(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(
-        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
 
 
 class RunCheckpointer:

@@ -56,20 +56,41 @@ def save_grid(path: str, images, cols: int = 8, scale: int = 4, captions=None) -
     canvas.save(path)
 
 
+def moving_average(y, window: int) -> np.ndarray:
+    """Trailing mean of ``y`` over ``window`` points: ``out[i]`` is the mean of
+    ``y[max(0, i - window + 1) : i + 1]``, so the first ``window - 1`` points average the points
+    so far (no padding, no lag beyond the window)."""
+    if int(window) != window or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 1:
+        raise ValueError(f"y must be one-dimensional, got shape {y.shape}")
+    window = int(window)
+    csum = np.concatenate([[0.0], np.cumsum(y)])
+    end = np.arange(1, len(y) + 1)
+    start = np.maximum(0, end - window)
+    return (csum[end] - csum[start]) / (end - start)
+
+
 def plot_curves(path: str, series: dict, xlabel: str = "iteration", ylabel: str = "reward",
-                title: str = "") -> None:
-    """``series``: name -> (x, y) or (x, mean, lo, hi) for a shaded spread."""
-    plot_panels(path, {ylabel: series}, xlabel=xlabel, title=title)
+                title: str = "", smooth: dict | None = None) -> None:
+    """``series``: name -> (x, y) or (x, mean, lo, hi) for a shaded spread. ``smooth``: name
+    -> window, for (x, y) series drawn faint with their trailing :func:`moving_average` over
+    ``window`` points (one per x step, e.g. iteration) drawn bold on top."""
+    plot_panels(path, {ylabel: series}, xlabel=xlabel, title=title, smooth=smooth)
 
 
-def plot_panels(path: str, panels: dict, xlabel: str = "iteration", title: str = "") -> None:
+def plot_panels(path: str, panels: dict, xlabel: str = "iteration", title: str = "",
+                smooth: dict | None = None) -> None:
     """Side-by-side axes, one per ``panels`` entry (its y label -> a :func:`plot_curves`
-    series dict): quantities of different scales (a reward mix's terms) each on its own axis."""
+    series dict): quantities of different scales (a reward mix's terms) each on its own axis.
+    ``smooth`` as in :func:`plot_curves`, for the series of that name in any panel."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    smooth = smooth or {}
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, (ylabel, series) in zip(axes[0], panels.items()):
         for name, s in series.items():
@@ -77,6 +98,14 @@ def plot_panels(path: str, panels: dict, xlabel: str = "iteration", title: str =
                 x, m, lo, hi = s
                 ax.plot(x, m, label=name)
                 ax.fill_between(x, lo, hi, alpha=0.25)
+            elif name in smooth:    # raw points faint and thin, the trend bold, both under
+                                    # the other series (e.g. sparse held-out points)
+                x, y = s
+                w = smooth[name]
+                (raw,) = ax.plot(x, y, marker=".", markersize=3, linewidth=0.6, alpha=0.35,
+                                 zorder=1, label=f"{name}, per {xlabel}")
+                ax.plot(x, moving_average(y, w), color=raw.get_color(), linewidth=2.2,
+                        zorder=1.5, label=f"{name}, {w}-{xlabel} moving average")
             else:
                 ax.plot(*s, label=name, marker=".")
         ax.set_xlabel(xlabel)

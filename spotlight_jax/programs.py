@@ -1,12 +1,13 @@
-"""What the benchmarks and studies share: the emulated-device set-up and the repository's paths.
+"""What the benchmarks, studies and cluster programs share: the emulated-device set-up, the
+repository's paths and the ``--config`` flag.
 
-A benchmark or study is a program (``python -m spotlight_jax.bench.<name>``,
-``python -m spotlight_jax.studies.<name>``), so unlike library code it may set JAX's global
-configuration, but only from its ``main``: importing one (tests read their tables and helpers)
-changes nothing. Each one's flags are defined by its ``define_flags()``, which runs only when the
-module is the program (``if __name__ == "__main__"``), so programs that share flag names
-(``--out``, ``--seeds``, ``--config``) can be imported together, and with
-``spotlight_jax.main``.
+A benchmark, study or cluster program is a program (``python -m spotlight_jax.bench.<name>``,
+``python -m spotlight_jax.studies.<name>``, ``python -m spotlight_jax.cluster_programs.<name>``),
+so unlike library code it may set JAX's global configuration, but only from its ``main``:
+importing one (tests read their tables and helpers) changes nothing. Each one's flags are
+defined by its ``define_flags()``, which runs only when the module is the program
+(``if __name__ == "__main__"``), so programs that share flag names (``--out``, ``--seeds``,
+``--config``) can be imported together, and with ``spotlight_jax.main``.
 """
 from __future__ import annotations
 

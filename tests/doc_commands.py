@@ -1,11 +1,12 @@
 """The project commands that the docs, notebooks, configs and launch files show a reader.
 
 :func:`documented_commands` collects every ``python -m spotlight_jax...`` command in README.md,
-docs/, results/README.md, configs/, colab/ and launch/, as a reader would copy it: continuation
-lines joined, comments, redirects and pipes dropped, ``[--optional flags]`` kept without their
-brackets, and the docs' placeholders (``W``, ``S``, ``MODE``, ``$SPOTLIGHT_TRACES``, ...) put in
-place (:data:`PLACEHOLDERS`). ``tests/test_doc_commands.py`` checks each one without running
-it; ``tests/cluster/test_launch.py`` also reads the launch files with :func:`shell_commands`.
+docs/, results/README.md, configs/, colab/, launch/ and the Makefile, as a reader would copy
+it: continuation lines joined, comments, redirects and pipes dropped, ``[--optional flags]``
+kept without their brackets, and the docs' placeholders (``W``, ``S``, ``MODE``,
+``$SPOTLIGHT_TRACES``, ...) put in place (:data:`PLACEHOLDERS`). ``tests/test_doc_commands.py``
+checks each one without running it; ``tests/cluster/test_launch.py`` also reads the launch files
+with :func:`shell_commands`.
 """
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ def documented_commands(traces: str) -> list[Command]:
         out += _from_text(str(path.relative_to(ROOT)), _notebook_text(path), traces)
     for path in sorted((ROOT / "configs").glob("*.py")):
         out += _from_text(str(path.relative_to(ROOT)), f"```\n{path.read_text()}\n```", traces)
-    for path in sorted((ROOT / "launch").rglob("*.s*")):           # .sh, .sbatch
+    for path in [ROOT / "Makefile", *sorted((ROOT / "launch").rglob("*.s*"))]:  # .sh, .sbatch
         for module, *args in shell_commands(path):
             out.append(Command(str(path.relative_to(ROOT)), module,
                                tuple(_substitute(a, traces) for a in args)))

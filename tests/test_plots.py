@@ -92,3 +92,50 @@ def test_sample_grid_writes_each_prompt_under_its_image(tmp_path):
     assert (strip < 128).any() and (strip > 128).any()
     with pytest.raises(ValueError, match="2 captions for 3 images"):
         save_grid(str(tmp_path / "bad.png"), imgs, captions=["a", "b"])
+
+
+def _brute_moving_average(y, window):
+    return [sum(y[max(0, i - window + 1):i + 1]) / len(y[max(0, i - window + 1):i + 1])
+            for i in range(len(y))]
+
+
+def test_moving_average_is_the_trailing_mean_of_the_points_so_far():
+    # by hand: the first window - 1 points average what there is so far
+    np.testing.assert_allclose(plots.moving_average([1, 2, 3, 4, 5], 3), [1, 1.5, 2, 3, 4])
+    np.testing.assert_allclose(plots.moving_average([4.0, 0.0], 10), [4, 2])
+    np.testing.assert_allclose(plots.moving_average([0.5, 0.7, 0.6], 1), [0.5, 0.7, 0.6])
+    assert plots.moving_average([], 10).shape == (0,)
+    y = list(np.random.default_rng(0).uniform(0.46, 0.80, 57))
+    for window in (1, 2, 3, 10, 56, 57, 100):
+        np.testing.assert_allclose(plots.moving_average(y, window),
+                                   _brute_moving_average(y, window), rtol=1e-12)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="window"):
+            plots.moving_average(y, bad)
+
+
+def test_smoothed_series_draws_raw_points_faint_and_the_average_bold(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)      # keep the figure to look at its lines
+    x = list(range(30))
+    y = list(np.random.default_rng(1).uniform(0.46, 0.80, 30))
+    plots.plot_curves(str(tmp_path / "r.png"), {"held-out (ODE)": ([0, 10, 20], [0.6, 0.65, 0.7]),
+                                                "train": (x, y)}, smooth={"train": 10})
+    assert os.path.getsize(tmp_path / "r.png") > 0
+    ax = figs[0].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"held-out (ODE)", "train, per iteration",
+                          "train, 10-iteration moving average"}
+    raw, avg = lines["train, per iteration"], lines["train, 10-iteration moving average"]
+    np.testing.assert_allclose(avg.get_ydata(), _brute_moving_average(y, 10))
+    np.testing.assert_allclose(raw.get_ydata(), y)
+    assert avg.get_linewidth() > raw.get_linewidth() and raw.get_alpha() < 1
+    assert avg.get_color() == raw.get_color()
+    np.testing.assert_allclose(lines["held-out (ODE)"].get_ydata(), [0.6, 0.65, 0.7])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "held-out (ODE)", "train, per iteration", "train, 10-iteration moving average"]
+    monkeypatch.undo()
+    plt.close(figs[0])

@@ -1,4 +1,5 @@
-"""Multi-host scale-out (library only; the command line is ``spotlight_jax.main``).
+"""Multi-host scale-out (library only; the command line is ``spotlight_jax.main``, and the
+programs that check and demonstrate this code are in ``spotlight_jax.cluster_programs``).
 
 * ``distributed``: the on-demand hosts form one ``jax.distributed`` job (auto-detected on SLURM /
   Kubernetes / MPI, an explicit coordinator otherwise; gloo collectives on CPU) holding one

@@ -37,12 +37,14 @@ Ray is optional (``pip install -e ".[cluster]"``); importing this module does no
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -63,13 +65,95 @@ def _require_ray():
     return ray
 
 
+# Every Ray instance this project starts itself (the local instance of ``connect``, the tests,
+# the chaos harness, launch/local_cluster.sh) listens on the loopback interface only: an
+# unauthenticated Ray head is code execution for anyone who reaches its ports. Ray binds its
+# servers (GCS, raylet with its object manager, dashboard and runtime-env agents, workers, the
+# autoscaler's metrics) to the node's IP, so that IP is 127.0.0.1. On Linux, Ray 2.x rewrites
+# 127.0.0.1 / localhost / ::1, given as a node IP or in a cluster address, to the machine's
+# routable IP (``services.resolve_ip_for_localhost``, off only in its single-machine mode,
+# ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which refuses to add nodes); the helpers below keep
+# a loopback address as given while they start or join an instance. The one place that decides.
+LOOPBACK = "127.0.0.1"
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+# ``ray start`` with loopback addresses kept as given; a snippet, so that a long-lived node
+# process imports Ray only (not this module, which imports JAX)
+_RAY_CLI = ("import sys; from ray._private import services as s; r = s.resolve_ip_for_localhost; "
+            f"s.resolve_ip_for_localhost = lambda h: h if h in {_LOOPBACK_NAMES!r} else r(h); "
+            "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")
+
+
+@contextlib.contextmanager
+def _keep_loopback():
+    """Within: Ray uses a loopback node IP or cluster address as given (see ``LOOPBACK``)."""
+    _require_ray()
+    from ray._private import services  # noqa: PLC0415
+
+    resolve = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda h: h if h in _LOOPBACK_NAMES else resolve(h)
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = resolve
+
+
+def start_local(**init_kwargs) -> None:
+    """Starts a new Ray instance in this process, ``ray.init(**init_kwargs)`` (e.g. ``num_cpus``,
+    ``resources``, ``runtime_env``), that listens on 127.0.0.1 only, without the dashboard; it
+    stops with ``ray.shutdown()`` or this process. Raises (instance stopped) if Ray gave it
+    another IP."""
+    ray = _require_ray()
+    kwargs = {**init_kwargs, "include_dashboard": False, "dashboard_host": LOOPBACK,
+              "_node_ip_address": LOOPBACK}
+    with _keep_loopback():
+        ray.init(**kwargs)
+    if ray.util.get_node_ip_address() != LOOPBACK:
+        ip = ray.util.get_node_ip_address()
+        ray.shutdown()
+        raise RuntimeError(f"this Ray version gave the local instance the IP {ip}, not "
+                           f"{LOOPBACK}: it would listen beyond this machine")
+
+
+def join(address: str, **init_kwargs) -> None:
+    """Joins the Ray cluster at ``address`` (``'auto'``: the one started last on this machine),
+    ``ray.init(address=address, **init_kwargs)``; a loopback address (an instance started by
+    :func:`ray_start_command`) is used as given."""
+    ray = _require_ray()
+    with _keep_loopback():
+        ray.init(address=address, **init_kwargs)
+
+
+def ray_start_command(args: Sequence[str]) -> list[str]:
+    """The command line of ``ray start ARGS`` for a node of an instance this project starts
+    itself (``--head ...``, or ``--address=127.0.0.1:PORT ...`` for a worker node): its IP is
+    127.0.0.1 (appended, so it wins over one in ``args``), so all its servers listen there; a
+    head runs without the dashboard."""
+    args = list(args)
+    extra = [f"--node-ip-address={LOOPBACK}", "--disable-usage-stats"]
+    if "--head" in args:
+        extra += ["--include-dashboard=false", f"--dashboard-host={LOOPBACK}"]
+    return [sys.executable, "-c", _RAY_CLI, "start", *args, *extra]
+
+
+def ray_start(args: Sequence[str] | None = None) -> None:
+    """Replaces this process by :func:`ray_start_command` of ``args`` (default: this process's
+    arguments), for a shell script::
+
+        python -c 'from spotlight_jax.cluster import ray_hosts; ray_hosts.ray_start()' --head
+    """
+    cmd = ray_start_command(sys.argv[1:] if args is None else args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+
+
 def connect(address: str = "", *, local_cpus: int = 2,
             local_resources: dict | None = None) -> str:
     """Joins a Ray cluster unless this process already has: ``address`` (``''``: the
     ``RAY_ADDRESS`` environment variable), else one running on this machine, else a new local
-    instance with ``local_cpus`` CPUs advertising ``local_resources`` (e.g. ``{"spot_node":
-    2}``), shut down with this process. Returns where it connected ('already', the address,
-    'auto' or 'local')."""
+    instance (:func:`start_local`: 127.0.0.1 only) with ``local_cpus`` CPUs advertising
+    ``local_resources`` (e.g. ``{"spot_node": 2}``), shut down with this process. Returns where
+    it connected ('already', the address, 'auto' or 'local')."""
     ray = _require_ray()
     if ray.is_initialized():
         return "already"
@@ -78,18 +162,18 @@ def connect(address: str = "", *, local_cpus: int = 2,
            "include_dashboard": False, "log_to_driver": False}
     if address:
         try:
-            ray.init(address=address, **env)
+            join(address, **env)
         except ConnectionError as e:
             raise ConnectionError(f"deployment.ray_address={address!r}: no Ray cluster answers "
                                   f"there ({e}); start one (ray start --head) or leave the "
                                   "address empty for a local instance") from e
         return address
     try:        # a cluster already running on this machine (``ray start``) is joined
-        ray.init(address="auto", **env)
+        join("auto", **env)
         return "auto"
     except ConnectionError:
         pass
-    ray.init(num_cpus=int(local_cpus), resources=local_resources or None, **env)
+    start_local(num_cpus=int(local_cpus), resources=local_resources or None, **env)
     return "local"
 
 
@@ -140,7 +224,6 @@ class SpotHostImpl:
         self._base = (spec.load_diffusers_base(make_mesh(jax.local_devices()))[1]
                       if spec.diffusers_base else None)
         self._notice = False
-        self._steps = 0
         self.warmup_s = self._warm_up(stepper, source.train_prompts[0])
         # the groups of the device sets left after losing one device, compiled meanwhile
         self._fallbacks = threading.Thread(target=self._warm_fallbacks, daemon=True)
@@ -273,7 +356,6 @@ class SpotHostImpl:
         """Runs the call; returns its commits, whether a notice arrived, and the rewards of the
         requests the commits complete."""
         commits = self._worker.execute(plan)
-        self._steps += plan.num * len(plan.rids)
         return commits, self._notice, self._rewards_of(commits)
 
     def _rewards_of(self, commits) -> dict[str, float]:
@@ -307,9 +389,6 @@ class SpotHostImpl:
 
     def lease_id(self):
         return self._worker.lease_id
-
-    def steps_computed(self) -> int:
-        return self._steps
 
     def leave(self) -> None:
         """Exits the host process cleanly (after a notice was honoured)."""

@@ -223,10 +223,6 @@ class Clock:
         """A phase that lasts the max of its parts (nested in the innermost open phase)."""
         return self._open(self._current(), "concurrent")
 
-    @property
-    def in_phase(self) -> bool:
-        return bool(self._stack)
-
     def _current(self) -> Phase | None:
         return self._stack[-1] if self._stack else None
 

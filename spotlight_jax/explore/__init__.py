@@ -33,7 +33,7 @@ __all__ = [
 
 def __getattr__(name):
     # The planner and the explorer are imported on first use (the explorer pulls in the sampler
-    # and JAX); the planner's synthetic benchmark is spotlight_jax.bench.planner.
+    # and JAX); the planner's synthetic study is spotlight_jax.studies.planner.
     if name in _LAZY:
         from spotlight_jax.explore import planner
 

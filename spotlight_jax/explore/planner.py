@@ -57,7 +57,7 @@ arm keys are stored in lists of records, so int ids stay ints) including the num
 identical to the original's. ``key_fn`` is code, not state: pass the same one on restore. The state
 holds at most ``window`` gain curves per arm and one small record per prompt ever observed.
 
-Default algorithm: ``ucb``, by measurement: ``python -m spotlight_jax.bench.planner`` compares
+Default algorithm: ``ucb``, by measurement: ``python -m spotlight_jax.studies.planner`` compares
 the algorithms against uniform allocation and an oracle on synthetic prompts (results in
 docs/performance.md). UCB is never measurably worse than Thompson sampling, learns faster with
 per-prompt arms, is deterministic given the state and is insensitive to its coefficient. Optimism

@@ -61,21 +61,26 @@ def save_samples(run, k: int, images, prompts) -> None:
 
 
 def plot_rewards(run) -> None:
-    """``reward_curve.png``: the held-out reward and the training rollouts' mean so far; with a
-    reward mix also ``reward_terms.png``: each term of the training and held-out mixes on its
-    own axis."""
+    """``reward_curve.png``: the held-out reward and the training rollouts' mean so far, the
+    latter per iteration (faint: it swings between batches) and as a trailing 10-iteration
+    moving average (bold); with a reward mix also ``reward_terms.png``: each term of the
+    training and held-out mixes on its own axis, the training terms drawn the same way."""
+    window = 10             # iterations in the training reward's moving average
     evals = [h for h in run.history if "val_reward" in h]
     if not evals:
         return
     x = [h["iteration"] for h in evals]
     series = {"held-out (ODE)": (x, [h["val_reward"] for h in evals])}
     trains = [h for h in run.history if "reward_mean" in h]
+    smooth = {}
     if trains:
         label = f"train rollouts ({run.train_sampler_cfg.sde_type.upper()})"
         series[label] = ([h["iteration"] for h in trains], [h["reward_mean"] for h in trains])
+        smooth[label] = window
     st = run.settings
     title = f"{st.mode}: {st.reward} (held-out: {st.eval_reward})"
-    plot_curves(os.path.join(run.workdir, "reward_curve.png"), series, title=title)
+    plot_curves(os.path.join(run.workdir, "reward_curve.png"), series, title=title,
+                smooth=smooth)
     terms = list(dict.fromkeys(  # the terms of the training and the held-out mixes, in order
         name for reward in (run.reward, run.eval_reward) if reward.is_mix
         for name in reward.term_names))
@@ -96,7 +101,8 @@ def plot_rewards(run) -> None:
         if panels:
             plot_panels(os.path.join(run.workdir, "reward_terms.png"), panels,
                         title=f"{st.mode}: each reward term, clipped and unweighted\n"
-                              f"train: {st.reward}   held-out: {st.eval_reward}")
+                              f"train: {st.reward}   held-out: {st.eval_reward}",
+                        smooth={"train rollouts": window})
 
 
 def export_lora(run, base_source: str = "") -> str | None:

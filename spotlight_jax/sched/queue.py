@@ -180,11 +180,6 @@ class RequestQueue:
         return {rid: self._requests[rid] for rid in sorted(self._completed,
                                                            key=self._order.__getitem__)}
 
-    def pending_work(self) -> float:
-        """Pending work in full-request units (a half-done request counts 0.5)."""
-        return sum(self._requests[r].remaining / self._requests[r].num_steps
-                   for r in self._pending)
-
     # ---- groups ------------------------------------------------------------------------------
     def register_group(self, group_id: str, capacity: float) -> None:
         """Announces a group and its capacity (``pull`` does this too); the total capacity of

@@ -37,10 +37,6 @@ class StepCost:
     def rollout_step(self, batch: int, sp: int = 1) -> float:
         return self.call_overhead_s + batch * self.sample_step_s / self.speedup(sp)
 
-    def call_s(self, batch: int, sp: int, num_steps: int) -> float:
-        """One call of ``num_steps`` steps on ``batch`` samples."""
-        return num_steps * self.rollout_step(batch, sp)
-
     def capacity(self, sp: int) -> float:
         return capacity_of(self, sp)
 

@@ -208,7 +208,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This program's flags (defined only when it runs; see ``bench._setup``)."""
+    """This program's flags (defined only when it runs; see ``programs``)."""
     fv = {"flag_values": flag_values}
     flags.DEFINE_string("workdir", None, "archive: a run directory holding <mode>/ folders", **fv)
     flags.DEFINE_string("grid", None, "the grid directory (e.g. docs/compare_grid)", **fv)

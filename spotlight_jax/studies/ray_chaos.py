@@ -34,7 +34,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
+    """This program's flags (defined only when it runs; see ``spotlight_jax.programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("config", programs.TINY_CONFIG, "Config file of the post-training.", **fv)
     flags.DEFINE_enum("mode", "spotlight", ["spot_rollout", "spotlight", "spotlight_pipelined"],

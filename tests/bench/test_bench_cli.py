@@ -12,13 +12,15 @@ from absl import app, flags  # noqa: F401 - app defines absl's own flags (--pdb,
 
 import spotlight_jax
 import spotlight_jax.bench
+import spotlight_jax.cluster_programs
 import spotlight_jax.studies
 
 PACKAGE = Path(spotlight_jax.__file__).parent
 ROOT = PACKAGE.parent
-# every benchmark and study: "<package>.<module>"
+# every benchmark, study and cluster program: "<package>.<module>"
 PROGRAMS = sorted(f"{pkg.__name__.split('.')[-1]}.{m.name}"
-                  for pkg in (spotlight_jax.bench, spotlight_jax.studies)
+                  for pkg in (spotlight_jax.bench, spotlight_jax.studies,
+                              spotlight_jax.cluster_programs)
                   for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 # Flags app.run defines itself (help) or FlagValues handles (flagfile, undefok).
 ABSL_RESERVED = {"help", "helpshort", "helpfull", "helpxml", "flagfile", "undefok"}
@@ -85,18 +87,6 @@ def test_bench_uses_absl_flags_defined_only_when_run(name):
         assert fv(["prog"]) == ["prog"]                               # the defaults parse
     except flags.IllegalFlagValueError as e:                          # or a flag is required
         assert "must have a value other than None" in str(e), e
-
-
-def test_planner_bench_runs_as_a_program():
-    proc = subprocess.run([sys.executable, "-m", "spotlight_jax.bench.planner", "--scenarios=A",
-                           "--num_seeds=2", "--iterations=3"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    for alg in ("none", "uniform", "ucb", "thompson", "oracle"):
-        assert f"\n{alg} " in proc.stdout, proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "spotlight_jax.bench.planner", "--scenarios=Z"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "--scenarios: unknown ['Z']" in bad.stderr
 
 
 def test_emulate_devices_sets_the_count_before_jax_runs():

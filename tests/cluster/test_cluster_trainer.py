@@ -53,7 +53,7 @@ def test_two_process_gloo_update_equals_single_process(tmp_path):
     # two processes x 2 devices
     port = free_port()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "spotlight_jax.bench.distributed_update",
+        [sys.executable, "-m", "spotlight_jax.cluster_programs.update_check",
          f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
          "--cpu_devices=2", f"--config={TINY}", *config_flags(MICRO_RUN_OVERRIDES),
          f"--base={base_dir}", f"--batch={tmp_path / 'batch.npz'}",

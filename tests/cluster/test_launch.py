@@ -3,15 +3,14 @@ is accepted by that command's own parser with a config that loads (unknown overr
 JSON or a missing config fail here, not on a cluster an hour into the queue)."""
 import json
 import pathlib
-import re
-import shlex
 import subprocess
 
 import pytest
 import yaml
 from absl import flags as absl_flags
+from doc_commands import shell_commands
 
-from spotlight_jax.bench import ray_hosts_demo
+from spotlight_jax.cluster_programs import hosts_demo
 from spotlight_jax.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -22,36 +21,11 @@ MAIN_FLAGS = {"config", "workdir", "dry_run", "distributed", "coordinator", "num
               "process_id", "cpu_devices"}
 
 
-def _expand(text: str) -> str:
-    """Shell variables -> plain words: ${X:-default} -> default, $(cmd) / $X / ${X...} -> 3."""
-    text = re.sub(r"\$\{[A-Za-z_]+:-([^}]*)\}", r"\1", text)
-    text = re.sub(r"\$\(\([^)]*\)\)", "3", text)
-    text = re.sub(r"\$\([^)]*\)", "3", text)
-    return re.sub(r"\$\{[^}]*\}|\$[A-Za-z_]+", "3", text)
-
-
-def _shell_commands(path: pathlib.Path) -> list[list[str]]:
-    """``python -m spotlight_jax...`` invocations of a script, continuation lines joined and
-    the script's own variables (OVERRIDES=...) substituted."""
-    text = path.read_text().replace("\\\n", " ")
-    vars_ = dict(re.findall(r'^([A-Z_]+)="(.*?)"$', text, flags=re.M | re.S))
-    for name, value in vars_.items():
-        text = text.replace(f'"${name}"', shlex.quote(_expand(value).replace('\\"', '"')))
-    out = []
-    for line in text.splitlines():
-        m = re.search(r"python -m (spotlight_jax[\w.]*)(.*)", line)
-        if m:
-            rest = re.split(r"\s(?:\d?>|\|)", _expand(m.group(2)))[0]   # drop redirects, pipes
-            args = shlex.split(rest)
-            out.append([m.group(1), *args])
-    return out
-
-
 def _check(cmd: list[str]):
     module, args = cmd[0], cmd[1:]
-    if module == "spotlight_jax.bench.ray_hosts_demo":
+    if module == "spotlight_jax.cluster_programs.hosts_demo":
         fv = absl_flags.FlagValues()
-        ray_hosts_demo.define_flags(fv)
+        hosts_demo.define_flags(fv)
         fv([module, *args])                 # absl's own parser: unknown flags fail here
     elif module == "spotlight_jax.main":
         return _main_flags(args)
@@ -73,14 +47,14 @@ def _main_flags(args: list[str]) -> dict:
 @pytest.mark.parametrize("path", SHELL, ids=lambda p: p.name)
 def test_shell_launchers_parse_and_call_valid_commands(path):
     subprocess.run(["bash", "-n", str(path)], check=True)
-    cmds = _shell_commands(path)
+    cmds = shell_commands(path)
     assert cmds or path.name == "spot_hosts.sbatch", f"{path} calls no project command"
     for cmd in cmds:
         _check(cmd)
 
 
 def test_local_cluster_runs_the_trainer_job_with_ray_spot_hosts():
-    cmds = _shell_commands(ROOT / "launch" / "local_cluster.sh")
+    cmds = shell_commands(ROOT / "launch" / "local_cluster.sh")
     job = [c for c in cmds if c[0] == "spotlight_jax.main" and any(
         a.startswith("--num_processes") for a in c)]
     assert job, cmds

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from spotlight_jax.bench.planner import bernoulli_gain_curve, simulate
 from spotlight_jax.explore import Planner, PlannerConfig
 from spotlight_jax.explore.planner import gain_curve
+from spotlight_jax.studies.planner import bernoulli_gain_curve, simulate
 
 G = 8
 ALGS = ("ucb", "thompson", "uniform")

@@ -1,6 +1,6 @@
-"""Benchmark: the exploration planner's algorithms on synthetic prompts with known rewards.
+"""Study: how the exploration planner's algorithms learn on synthetic prompts with known rewards.
 
-  python -m spotlight_jax.bench.planner [--scenarios A,B,C] [--num_seeds 10] [--iterations 30]
+  python -m spotlight_jax.studies.planner [--scenarios A,B,C] [--num_seeds 10] [--iterations 30]
 
 Prompts have Bernoulli rewards of known success probability p, of three kinds: saturated
 (p in {0, 1}), informative (p ~ U(0.3, 0.7)) and rare-contrast (p within 0.03..0.15 of 0 or 1).
@@ -219,7 +219,7 @@ SCENARIOS = {
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This benchmark's flags (defined only when it runs as the program; see ``programs``)."""
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_list("scenarios", list(SCENARIOS), f"Which of {sorted(SCENARIOS)} to run.", **fv)
     flags.DEFINE_integer("num_seeds", 10, "Seeds 0..N-1 per algorithm (paired over seeds).", **fv)

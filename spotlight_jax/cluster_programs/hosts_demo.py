@@ -1,6 +1,6 @@
 """Spot hosts on a running Ray cluster serving one rollout queue, with an optional notice.
 
-    python -m spotlight_jax.bench.ray_hosts_demo --address=auto --hosts=2 --requests=16 \\
+    python -m spotlight_jax.cluster_programs.hosts_demo --address=auto --hosts=2 --requests=16 \\
         --notice_after=4
 
 Connects to Ray, starts ``--hosts`` spot host actors (each needs one ``--resource`` unit, so they
@@ -26,7 +26,7 @@ _CONFIG = None
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
+    """This program's flags (defined only when it runs; see ``spotlight_jax.programs``)."""
     global _CONFIG
     fv = dict(flag_values=flag_values)
     _CONFIG = programs.define_config_flag(flag_values)

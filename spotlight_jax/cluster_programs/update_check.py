@@ -1,7 +1,7 @@
 """One update of the objective's trainer by a multi-process ``jax.distributed`` job, on a saved
 batch: the check that a job of several processes updates exactly as one process does.
 
-    python -m spotlight_jax.bench.distributed_update --coordinator=127.0.0.1:12355 \\
+    python -m spotlight_jax.cluster_programs.update_check --coordinator=127.0.0.1:12355 \\
         --num_processes=2 --process_id=0 --cpu_devices=2 --config=configs/tiny.py \\
         --base=BASE_DIR --batch=batch.npz --out=params.npz
 
@@ -24,7 +24,7 @@ _CONFIG = None
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """This program's flags (defined only when it runs; see ``spotlight_jax.bench._setup``)."""
+    """This program's flags (defined only when it runs; see ``spotlight_jax.programs``)."""
     global _CONFIG
     fv = dict(flag_values=flag_values)
     _CONFIG = programs.define_config_flag(flag_values)

@@ -1,0 +1,13 @@
+"""Programs that run the cluster code (``spotlight_jax.cluster``, a library), one each:
+``python -m spotlight_jax.cluster_programs.<name> [--flags]``.
+
+* ``update_check``: one update by a multi-process ``jax.distributed`` job on a saved batch, the
+  check that a job of several processes updates exactly as one process does
+  (``tests/cluster/test_cluster_trainer.py`` runs it).
+* ``hosts_demo``: spot hosts on a running Ray cluster serving a rollout queue, with an optional
+  preemption notice (``launch/local_cluster.sh`` runs it).
+
+Being programs, they sit in the top layer with ``bench`` and ``studies`` (``hosts_demo`` loads
+the base model with ``train``; both take ``programs``' ``--config`` flag), and have the same
+command line: absl flags defined by ``define_flags()`` only when run, and a ``main(argv)``.
+"""
