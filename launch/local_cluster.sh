@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real multi-process cluster on one machine, running the tiny config end to end:
-#   1. a local Ray head advertising 2 "spot_node" resources (the spot machines);
+#   1. a local Ray head (listening on 127.0.0.1 only) advertising 2 "spot_node" resources
+#      (the spot machines);
 #   2. the trainer's jax.distributed job: 2 processes x 2 emulated CPU devices over gloo.
 #      Process 0 runs the runner (spot_rollout mode, Ray transport): each iteration's
 #      rollouts go to 2 spot host actors (single-host JAX processes with an SP group of 2
@@ -21,7 +22,9 @@ PORT=${PORT:-12355}
 
 echo "== Ray head with 2 spot nodes"
 ray stop --force >/dev/null 2>&1 || true
-ray start --head --num-cpus=4 --resources='{"spot_node": 2}' --include-dashboard=false >/dev/null
+# listening on 127.0.0.1 only, without the dashboard (spotlight_jax.cluster.ray_hosts.ray_start)
+python -c 'from spotlight_jax.cluster import ray_hosts; ray_hosts.ray_start()' \
+  --head --num-cpus=4 --resources='{"spot_node": 2}' >/dev/null
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
 
 echo "== trainer job: 2 processes x 2 devices over gloo, $ITERS iterations (logs: $WORK/trainer*.log)"

@@ -103,8 +103,8 @@ def start_local(**init_kwargs) -> None:
     stops with ``ray.shutdown()`` or this process. Raises (instance stopped) if Ray gave it
     another IP."""
     ray = _require_ray()
-    kwargs = {**init_kwargs, "include_dashboard": False, "dashboard_host": LOOPBACK,
-              "_node_ip_address": LOOPBACK}
+    kwargs = {**init_kwargs, "address": "local", "include_dashboard": False,
+              "dashboard_host": LOOPBACK, "_node_ip_address": LOOPBACK}
     with _keep_loopback():
         ray.init(**kwargs)
     if ray.util.get_node_ip_address() != LOOPBACK:

@@ -44,7 +44,6 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax  # noqa: PLC0415
     jax.config.update("jax_num_cpu_devices", 1)
-    import ray  # noqa: PLC0415
 
     from spotlight_jax import train, world  # noqa: PLC0415
     from spotlight_jax.cluster import ray_hosts as spot  # noqa: PLC0415
@@ -56,8 +55,13 @@ def main(argv):
     spec = RunSpec.from_config(config)
     graphdef, base, source = train.load_or_pretrain_base(spec,
                                                          "/tmp/spotlight_cluster_base")
-    ray.init(address=FLAGS.address or None, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}})
+    env = {"log_to_driver": False,
+           "runtime_env": {"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}}}
+    if FLAGS.address:
+        spot.join(FLAGS.address, include_dashboard=False, **env)
+    else:                   # a local instance (127.0.0.1 only) with the hosts' resources
+        spot.start_local(num_cpus=FLAGS.hosts, **env,
+                         resources={FLAGS.resource: FLAGS.hosts} if FLAGS.resource else None)
     t0 = time.time()
     resources = {FLAGS.resource: 1} if FLAGS.resource else None
     workers = [spot.start_host(f"spot{i}", spec, cpu_devices=FLAGS.cpu_devices,

@@ -64,7 +64,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# a throw-away cluster on this machine:
+# a throw-away cluster on this machine, on 127.0.0.1 only (LocalCluster._ray):
 # no token authentication between its processes; a node whose raylet starves on a loaded
 # machine survives 20 missed health checks (only the replayed kills should lose nodes)
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "JAX_PLATFORMS": "cpu",
@@ -82,8 +82,7 @@ class LocalCluster:
         os.makedirs(self.logdir, exist_ok=True)
         self.nodes: dict[str, subprocess.Popen] = {}
         self.joins = 0
-        self.nodes["head"] = self._ray("head", ["--head", f"--port={self.port}", "--num-cpus=1",
-                                                "--include-dashboard=false"])
+        self.nodes["head"] = self._ray("head", ["--head", f"--port={self.port}", "--num-cpus=1"])
         deadline = time.monotonic() + 120
         while True:          # the head's GCS accepts connections
             try:
@@ -95,10 +94,12 @@ class LocalCluster:
                 time.sleep(0.5)
 
     def _ray(self, name: str, args) -> subprocess.Popen:
-        """``ray start ... --block`` as its own process group (killed as a whole)."""
+        """``ray start ... --block`` as its own process group (killed as a whole), listening on
+        127.0.0.1 only (``ray_hosts.ray_start_command``)."""
+        from spotlight_jax.cluster.ray_hosts import ray_start_command  # noqa: PLC0415
+
         log = open(os.path.join(self.logdir, f"{name}_{self.joins}.log"), "w")  # noqa: SIM115
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", *args,
-               "--disable-usage-stats", "--block"]
+        cmd = ray_start_command([*args, "--block"])
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=ENV)
 

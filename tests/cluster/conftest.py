@@ -7,7 +7,8 @@ import pytest
 def cluster():
     ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster]'")
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env})
+    from spotlight_jax.cluster.ray_hosts import start_local  # 127.0.0.1 only
+
+    start_local(num_cpus=4, log_to_driver=False, runtime_env={"env_vars": env})
     yield
     ray.shutdown()
