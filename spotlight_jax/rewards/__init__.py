@@ -153,7 +153,7 @@ class Reward:
 
     @property
     def is_mix(self) -> bool:
-        return len(self.terms) > 1 or mix.is_mix(self.name)
+        return mix.is_mix(self.name)
 
     @property
     def term_names(self) -> list[str]:
