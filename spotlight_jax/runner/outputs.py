@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from PIL import Image
 
+from spotlight_jax import provenance
 from spotlight_jax.evaluate import evaluate as evaluate_policy
 from spotlight_jax.plots import plot_curves, plot_panels, save_grid
 from spotlight_jax.rl import lora_export
@@ -120,9 +121,10 @@ def export_lora(run, base_source: str = "") -> str | None:
 
 
 def write_phases(run) -> None:
-    """``phases.json``: the emulated clock's per-phase breakdown and the cost model's
-    assumptions (read by the comparison report)."""
+    """``phases.json``: the emulated clock's per-phase breakdown, the cost model's assumptions
+    (read by the comparison report) and the code that ran (``provenance.code_version``)."""
     info = {"phases": run.deploy.clock.breakdown(),
-            "assumptions": [dataclasses.asdict(a) for a in run.deploy.assumptions()]}
+            "assumptions": [dataclasses.asdict(a) for a in run.deploy.assumptions()],
+            "code": provenance.code_version()}
     with open(os.path.join(run.workdir, "phases.json"), "w") as f:
         json.dump(info, f, indent=1, default=str)

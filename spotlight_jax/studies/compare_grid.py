@@ -8,14 +8,15 @@ sitting; its runs are kept as they finish. ``archive`` copies what the report ne
 finished mode run in ``RUN/<mode>`` (the history's report columns, rounded, as
 ``history.jsonl``, and the critical-path ``phases.json``: a few tens of KB, no checkpoints) into
 ``DIR/<trace>/seed_<s>/<mode>``. Modes that never use a spot device (``baseline``,
-``explore_sync``) do not depend on the trace (tested: ``tests/bench/test_compare_grid.py``), so
+``explore_sync``) do not depend on the trace (tested: ``tests/studies/test_compare_grid.py``), so
 they are archived once per seed under ``DIR/on_demand`` and every trace's report uses them.
 
-``report`` writes, for every trace and seed with a ``baseline`` run, the comparison's
-``report.md``, ``compare.json`` and plots (``runner.reports.write_report``), then per trace the
-ratios' mean and [min, max] over seeds (``report_seeds.md``), and ``DIR/grid.md``: one table of
-every mode's speed-up, cost, iteration and per-iteration time ratios on every trace, and which
-runs are still missing.
+``report`` refuses runs made by different commits (each run records its commit in
+``phases.json``) unless ``--allow_mixed_commits``; it writes, for every trace and seed with a
+``baseline`` run, the comparison's ``report.md``, ``compare.json`` and plots
+(``runner.reports.write_report``), then per trace the ratios' mean and [min, max] over seeds
+(``report_seeds.md``), and ``DIR/grid.md``: one table of every mode's speed-up, cost, iteration
+and per-iteration time ratios on every trace, and which runs are still missing.
 """
 from __future__ import annotations
 
@@ -150,12 +151,49 @@ def grid_runs(grid: str) -> dict[str, dict[int, dict[str, str]]]:
     return out
 
 
-def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
-    """Every trace's and seed's report, each trace's seed summary, and ``grid.md``."""
+def code_of(runs: dict[str, dict[int, dict[str, str]]]) -> str:
+    """The one commit every archived run was made by, as a line for ``grid.md``; a ValueError
+    naming the runs when they were made by different commits or from a checkout with changes
+    (a ratio of two runs of different code measures the code change as well as the mode)."""
+    seen: dict[str, list[str]] = {}
+    for seeds in runs.values():
+        for seed, by_mode in seeds.items():
+            for mode, path in by_mode.items():
+                with open(os.path.join(path, "phases.json")) as f:
+                    code = json.load(f).get("code") or {}
+                key = ("unrecorded" if not code.get("commit") else
+                       code["commit"][:12] + (" with local changes" if code.get("dirty") else ""))
+                where = (f"{ON_DEMAND} seed {seed} {mode}" if mode in TRACE_FREE_MODES
+                         else path)
+                if where not in seen.get(key, []):
+                    seen.setdefault(key, []).append(where)
+    if not seen:
+        return ""
+    if len(seen) > 1 or any("with local changes" in k for k in seen):
+        detail = "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sorted(seen.items()))
+        raise ValueError(f"the grid's runs were not all made by one clean commit ({detail}); "
+                         "re-run the odd ones from the grid's commit, or pass "
+                         "--allow_mixed_commits to report them anyway")
+    (key,) = seen
+    if key == "unrecorded":
+        return "Code: the runs record no commit (archived before runs recorded one)."
+    return f"Code: every run made by commit {key}."
+
+
+def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
+               allow_mixed_commits: bool = False) -> str:
+    """Every trace's and seed's report, each trace's seed summary, and ``grid.md``. Refuses
+    runs made by different commits (``code_of``) unless ``allow_mixed_commits``."""
     from spotlight_jax import reports  # noqa: PLC0415
     from spotlight_jax.emulation.cost_models import Assumption  # noqa: PLC0415
 
     runs = grid_runs(grid)
+    try:
+        code = code_of(runs)
+    except ValueError as e:
+        if not allow_mixed_commits:
+            raise
+        code = f"Code: **mixed commits** (reported with --allow_mixed_commits): {e}"
     all_modes = modes()
     lines = ["# Mode comparison: every trace and config seed", "",
              f"Built by `python -m spotlight_jax.studies.compare_grid report --grid={grid} "
@@ -163,7 +201,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0) -> str:
              "mean [min, max] over the seeds where both the mode and baseline reached the "
              "target (n of the seeds run), then the seeds where only one did, bounded by the "
              "other's whole run ('> x': baseline did not reach it, '< x': the mode did not); "
-             "> 1 means faster or cheaper than baseline.", ""]
+             "> 1 means faster or cheaper than baseline.", ""] + ([code, ""] if code else [])
     for trace, seeds in runs.items():
         seed_dirs = {}
         for seed, by_mode in seeds.items():
@@ -219,6 +257,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("iterations", 120, "archive: the iterations every run must have done",
                          **fv)
     flags.DEFINE_float("target_gain", 0.08, "report: target = baseline's start + this", **fv)
+    flags.DEFINE_bool("allow_mixed_commits", False,
+                      "report: report runs made by different commits (marked as such)", **fv)
 
 
 def main(argv):
@@ -233,7 +273,12 @@ def main(argv):
                        tuple(FLAGS.modes))
         print(f"archived {', '.join(done)} (trace {FLAGS.trace}, seed {FLAGS.seed})")
     else:
-        print(open(write_grid(FLAGS.grid, FLAGS.target_gain)).read())
+        try:
+            path = write_grid(FLAGS.grid, FLAGS.target_gain,
+                              allow_mixed_commits=FLAGS.allow_mixed_commits)
+        except ValueError as e:
+            raise app.UsageError(str(e)) from None
+        print(open(path).read())
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def _history(rewards, s_per_it, dollars_per_it, start=0.5, shared=None):
     return h
 
 
-def _fake_run(workdir, mode, hist):
-    """A finished mode run as the runner leaves it: rl.jsonl rows and phases.json."""
+def _fake_run(workdir, mode, hist, code=None):
+    """A finished mode run as the runner leaves it: rl.jsonl rows and phases.json (``code``:
+    the commit it records, as ``provenance.code_version`` gives it)."""
     d = os.path.join(workdir, mode)
     w = MetricWriter(d, "rl", tensorboard=False)
     for row in hist:
@@ -64,8 +65,8 @@ def _fake_run(workdir, mode, hist):
                                                               k.startswith("val_"))})
     with open(os.path.join(d, "phases.json"), "w") as f:
         json.dump({"phases": {"train": {"critical_s": 10.0 * len(hist)}},
-                   "assumptions": [{"name": "x", "value": 1, "unit": "s", "source": "test"}]},
-                  f)
+                   "assumptions": [{"name": "x", "value": 1, "unit": "s", "source": "test"}],
+                   **({"code": code} if code else {})}, f)
 
 
 def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_path):
@@ -121,3 +122,37 @@ def test_archive_refuses_unfinished_runs_and_a_trace_free_run_that_differs(tmp_p
         compare_grid.archive(other, grid, "gcp", 0, 2)
     with pytest.raises(ValueError, match="--trace='on_demand'"):
         compare_grid.archive(work, grid, "on_demand", 0, 2)
+
+
+def test_the_report_refuses_runs_of_different_commits_unless_told(tmp_path):
+    grid = str(tmp_path / "grid")
+    one, two = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": False}
+    for seed, spot_code in ((0, one), (1, two)):
+        work = str(tmp_path / f"run_{seed}")
+        _fake_run(work, "baseline", _history([0.55, 0.61], 100, 1.0), code=one)
+        _fake_run(work, "spotlight", _history([0.62, 0.63], 100, 0.5), code=spot_code)
+        compare_grid.archive(work, grid, "aws", seed, 2)
+    with pytest.raises(ValueError, match="not all made by one clean commit .*aaaaaaaaaaaa: 3 "
+                                         "run.*bbbbbbbbbbbb: 1 run.*--allow_mixed_commits"):
+        compare_grid.write_grid(grid, target_gain=0.1)
+    text = open(compare_grid.write_grid(grid, target_gain=0.1,
+                                        allow_mixed_commits=True)).read()
+    assert "**mixed commits**" in text and "| spotlight | " in text
+    # the same commit everywhere: stated; a checkout with local changes is refused too
+    _fake_run(str(tmp_path / "run_1"), "spotlight", _history([0.62, 0.63], 100, 0.5), code=one)
+    compare_grid.archive(str(tmp_path / "run_1"), grid, "aws", 1, 2, only=("spotlight",))
+    assert "Code: every run made by commit aaaaaaaaaaaa." in open(
+        compare_grid.write_grid(grid, target_gain=0.1)).read()
+    _fake_run(str(tmp_path / "run_1"), "spotlight", _history([0.62, 0.63], 100, 0.5),
+              code={**one, "dirty": True})
+    compare_grid.archive(str(tmp_path / "run_1"), grid, "aws", 1, 2, only=("spotlight",))
+    with pytest.raises(ValueError, match="aaaaaaaaaaaa with local changes: 1 run"):
+        compare_grid.write_grid(grid, target_gain=0.1)
+
+
+def test_a_run_records_the_commit_it_was_made_by():
+    from spotlight_jax import provenance
+    code = provenance.code_version()
+    head = provenance._git("rev-parse", "HEAD")
+    assert code["commit"] == head and (head is None or len(head) == 40)
+    assert code["dirty"] in (True, False) or head is None
