@@ -111,28 +111,30 @@ def decoder_of(base: str | None, cfg: MMDiTConfig):
 
 def attention_spec(config, mesh: Mesh | None) -> AttentionSpec:
     """How the trainer's forwards (and the samplers on its mesh) lay out attention: the
-    ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense."""
-    return attention_for(config.attention, mesh)
+    ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense, with the
+    ``attention_impl`` kernel."""
+    return attention_for(config.attention, mesh, config.get("attention_impl", "auto"))
 
 
-def attention_for(strategy: str, mesh: Mesh | None) -> AttentionSpec:
-    """:func:`attention_spec` of the strategy name ``strategy``."""
+def attention_for(strategy: str, mesh: Mesh | None, impl: str = "auto") -> AttentionSpec:
+    """:func:`attention_spec` of the strategy name ``strategy`` and kernel ``impl``."""
     if mesh is None or mesh.shape.get("sp", 1) == 1 or strategy == "dense":
-        return AttentionSpec()
-    return AttentionSpec(mesh=mesh, strategy=strategy, axis="sp")
+        return AttentionSpec(impl=impl)
+    return AttentionSpec(mesh=mesh, strategy=strategy, axis="sp", impl=impl)
 
 
 def make_trainer(config, graphdef, base, mesh=None):
     """The objective's trainer over ``base`` (placed on ``mesh``), sampling with
     :func:`sampler_config`, attention laid out by :func:`attention_spec`."""
     return trainer_of(rl_config(config), sampler_config(config), config.attention, graphdef,
-                      base, mesh, int(config.seed))
+                      base, mesh, int(config.seed), config.get("attention_impl", "auto"))
 
 
-def trainer_of(rl, sampler: SamplerConfig, attention: str, graphdef, base, mesh, seed: int):
+def trainer_of(rl, sampler: SamplerConfig, attention: str, graphdef, base, mesh, seed: int,
+               impl: str = "auto"):
     """:func:`make_trainer` of built sections: the objective's trainer of ``rl``."""
     return trainer_class(rl)(graphdef, base, rl, sampler, mesh=mesh,
-                             attn=attention_for(attention, mesh), seed=seed)
+                             attn=attention_for(attention, mesh, impl), seed=seed)
 
 
 def register_rewards(spec) -> None:

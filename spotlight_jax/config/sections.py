@@ -30,7 +30,7 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.models import MMDiTConfig, convert
-from spotlight_jax.parallel import STRATEGIES, MeshConfig
+from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.rewards import mix
 from spotlight_jax.rewards.learned import NEEDS as LEARNED_NEEDS
@@ -242,12 +242,13 @@ def pretrain_config(config) -> PretrainConfig:
 @dataclasses.dataclass(frozen=True)
 class ProcessConfig:
     """What the command line sets up before any work (top-level fields): the emulated CPU
-    devices, the attention strategy, the compilation cache and where the base model comes from
-    (``base_checkpoint``: 'auto' = a shipped checkpoint matching the config, 'none' = pretrain
-    into the workdir, else a directory holding ``params/``)."""
+    devices, the attention strategy and kernel, the compilation cache and where the base model
+    comes from (``base_checkpoint``: 'auto' = a shipped checkpoint matching the config,
+    'none' = pretrain into the workdir, else a directory holding ``params/``)."""
 
     num_cpu_devices: int = 0
     attention: str = "dense"
+    attention_impl: str = "auto"
     compilation_cache_dir: str = ""
     base_checkpoint: str = "auto"
 
@@ -257,6 +258,9 @@ class ProcessConfig:
                              "backend's default)")
         if self.attention not in STRATEGIES:
             raise ValueError(f"attention={self.attention!r}: choose one of {STRATEGIES}")
+        if self.attention_impl not in IMPLEMENTATIONS:
+            raise ValueError(f"attention_impl={self.attention_impl!r}: choose one of "
+                             f"{IMPLEMENTATIONS}")
         path = self.base_checkpoint
         if path not in ("auto", "none", "") and not os.path.isdir(os.path.join(path, "params")) \
                 and not os.path.isfile(os.path.join(path, "transformer", "config.json")):

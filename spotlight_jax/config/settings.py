@@ -39,6 +39,9 @@ from spotlight_jax.config.sections import (
 from spotlight_jax.emulation import TraceConfig
 from spotlight_jax.explore.planner import PlannerConfig
 from spotlight_jax.metrics import WANDB_MODES
+from spotlight_jax.models import MMDiTConfig
+from spotlight_jax.models.mmdit import as_dtype
+from spotlight_jax.parallel import resolve_kernel
 from spotlight_jax.rewards.learned import NEEDS as LEARNED_NEEDS
 
 
@@ -162,6 +165,17 @@ def check_devices(config, devices) -> None:
     than are present, or a mesh the trainer's devices cannot form."""
     devices_fit(int(config.trainer_devices), cpu_device_count(config), mesh_config(config),
                 devices)
+    kernel_fits(config.get("attention_impl", "auto"), model_config(config), devices)
+
+
+def kernel_fits(impl: str, model: MMDiTConfig, devices) -> None:
+    """A ConfigError when the forced attention kernel ``impl`` cannot run ``model`` on
+    ``devices`` (``parallel.kernels``: cuDNN needs NVIDIA GPUs, bf16/fp16, its head dims)."""
+    try:
+        resolve_kernel(impl, as_dtype(model.dtype), model.head_dim, list(devices))
+    except ValueError as e:
+        raise ConfigError(str(e).replace("attention_impl=", "--config.attention_impl=")) \
+            from None
 
 
 def devices_fit(want: int, emulated: int, mesh, devices) -> None:

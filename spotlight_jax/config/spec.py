@@ -19,7 +19,13 @@ from jax.sharding import Mesh
 from spotlight_jax.config import build, sections
 from spotlight_jax.config.loading import apply_overrides, build_section
 from spotlight_jax.config.sections import ProcessConfig
-from spotlight_jax.config.settings import RunSettings, devices_fit, run_settings, validate
+from spotlight_jax.config.settings import (
+    RunSettings,
+    devices_fit,
+    kernel_fits,
+    run_settings,
+    validate,
+)
 from spotlight_jax.diffusion import SamplerConfig
 from spotlight_jax.emulation import CostConfig, Deployment, DeploymentConfig, TraceConfig, Workload
 from spotlight_jax.models import AttentionSpec, MMDiTConfig
@@ -130,12 +136,12 @@ class RunSpec:
     def attention_spec(self, mesh: Mesh | None) -> AttentionSpec:
         """How the trainer's forwards (and the samplers on its mesh) lay out attention: the
         ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense."""
-        return build.attention_for(self.process.attention, mesh)
+        return build.attention_for(self.process.attention, mesh, self.process.attention_impl)
 
     def make_trainer(self, graphdef, base, mesh=None):
         """The objective's trainer over ``base`` (placed on ``mesh``)."""
         return build.trainer_of(self.rl, self.sampler, self.process.attention, graphdef,
-                                   base, mesh, self.seed)
+                                base, mesh, self.seed, self.process.attention_impl)
 
     def image_decoder(self):
         """The frozen VAE of a diffusers base (None for a model that draws pixels)."""
@@ -172,8 +178,10 @@ class RunSpec:
 
     def check_devices(self, devices) -> None:
         """ConfigErrors for what ``devices`` cannot hold: more trainer devices than are
-        present, or a mesh the trainer's devices cannot form."""
+        present, a mesh the trainer's devices cannot form, or a forced attention kernel that
+        cannot run on them."""
         devices_fit(self.settings.trainer_devices, self.cpu_device_count(), self.mesh, devices)
+        kernel_fits(self.process.attention_impl, self.model, devices)
 
     @property
     def compilation_cache_dir(self) -> str:

@@ -245,11 +245,42 @@ def _divisor_near(n: int, k: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
-    """How attention runs: dense on one device, or sequence-parallel over ``mesh[axis]``."""
+    """How attention runs: dense on one device, or sequence-parallel over ``mesh[axis]``, with
+    the local kernel ``impl`` (``auto``, ``xla``, ``cudnn``: ``parallel.kernels``)."""
 
     mesh: Any = None
     strategy: str = "dense"
     axis: Any = "sp"
+    impl: Any = "auto"
+
+    def resolved(self, dtype, head_dim: int) -> AttentionSpec:
+        """This spec with ``impl`` resolved to the kernel that runs ``dtype`` inputs of
+        ``head_dim`` on the mesh's devices (a forced ``cudnn`` that cannot run: ValueError)."""
+        devices = None if self.mesh is None else self.mesh.devices.flat
+        return dataclasses.replace(
+            self, impl=parallel.resolve_kernel(self.impl, dtype, head_dim, devices))
+
+    @property
+    def text_last(self) -> bool:
+        """Whether joint sequences put the text after the image: a kernel that takes key
+        lengths (cuDNN) needs the padded text keys last. Attention does not depend on the
+        order; the default (text first) keeps XLA's numerics as they were."""
+        return isinstance(self.impl, parallel.Kernel) and self.impl.by_lengths
+
+    def __call__(self, q, k, v, kv_mask=None):
+        return parallel.attention(q, k, v, mesh=self.mesh, strategy=self.strategy,
+                                  axis=self.axis, kv_mask=kv_mask, implementation=self.impl)
+
+    def join(self, txt, img):
+        """The joint sequence of a text and an image part, in this spec's order."""
+        return jnp.concatenate([img, txt] if self.text_last else [txt, img], axis=1)
+
+    def split(self, joint, text_len: int):
+        """``(txt, img)`` parts of a joint sequence made by :meth:`join`."""
+        if self.text_last:
+            cut = joint.shape[1] - text_len
+            return joint[:, cut:], joint[:, :cut]
+        return joint[:, :text_len], joint[:, text_len:]
 
 
 class SelfAttentionLayer(nnx.Module):
@@ -323,8 +354,7 @@ class SelfAttention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        o = parallel.attention(q, k, v, mesh=attn.mesh, strategy=attn.strategy, axis=attn.axis)
-        return self.out(o.reshape(b, n, d))
+        return self.out(attn(q, k, v).reshape(b, n, d))
 
 
 class StreamParams(nnx.Module):
@@ -397,17 +427,12 @@ class MMDiTBlock(nnx.Module):
         trope, irope = rope if rope is not None else (None, None)
         (tq, tk, tv), tmods = self.txt.pre_attention(txt, c, self.heads, trope)
         (iq, ik, iv), imods = self.img.pre_attention(img, c, self.heads, irope)
-        q = jnp.concatenate([tq, iq], axis=1)
-        k = jnp.concatenate([tk, ik], axis=1)
-        v = jnp.concatenate([tv, iv], axis=1)
-        o = parallel.attention(q, k, v, mesh=attn.mesh, strategy=attn.strategy, axis=attn.axis,
-                               kv_mask=kv_mask)
+        o = attn(attn.join(tq, iq), attn.join(tk, ik), attn.join(tv, iv), kv_mask)
         b, n, h, hd = o.shape
-        o = o.reshape(b, n, h * hd)
-        lt = txt.shape[1]
+        to, io = attn.split(o.reshape(b, n, h * hd), txt.shape[1])
         # a pre-only text stream ends here: its value is never read again
-        txt = txt if self.txt.pre_only else self.txt.post_attention(txt, o[:, :lt], tmods)
-        return txt, self.img.post_attention(img, o[:, lt:], imods, attn, irope)
+        txt = txt if self.txt.pre_only else self.txt.post_attention(txt, to, tmods)
+        return txt, self.img.post_attention(img, io, imods, attn, irope)
 
 
 class SingleStreamBlock(nnx.Module):
@@ -436,8 +461,7 @@ class SingleStreamBlock(nnx.Module):
         q, k = self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        o = parallel.attention(q, k, qkv[:, :, 2], mesh=attn.mesh, strategy=attn.strategy,
-                               axis=attn.axis, kv_mask=kv_mask)
+        o = attn(q, k, qkv[:, :, 2], kv_mask)
         h = jax.nn.gelu(self.fc1(normed))
         return x + gate[:, None] * self.out(jnp.concatenate([o.reshape(b, n, d), h], axis=-1))
 
@@ -634,9 +658,10 @@ class MMDiT(nnx.Module):
             temb = temb + self.g_fc2(jax.nn.silu(self.g_fc1(timestep_embedding(
                 g, 256, rounded_freqs=cfg.timestep_freqs == "rounded").astype(dt))))
         c = jax.nn.silu(temb + pooled)
+        attn = attn.resolved(dt, cfg.head_dim)
         kv_mask = None
         if text_mask is not None and cfg.use_text_mask:
-            kv_mask = jnp.concatenate([text_mask, jnp.ones((b, img.shape[1]), bool)], axis=1)
+            kv_mask = attn.join(text_mask, jnp.ones((b, img.shape[1]), bool))
 
         def run_block(block, txt, img):
             return block(txt, img, c, kv_mask, attn, rope)
@@ -646,17 +671,16 @@ class MMDiT(nnx.Module):
         txt, img = _run_blocks(self.blocks, run_block, (txt, img), cfg.scan_blocks)
         if cfg.single_blocks:       # Flux: one stream over [text; image] from here on
             joint_rope = None if rope is None else tuple(
-                jnp.concatenate([a, b], axis=0) for a, b in zip(*rope))
+                attn.join(a[None], b[None])[0] for a, b in zip(*rope))
 
             def run_single(block, x):
                 return block(x, c, kv_mask, attn, joint_rope)
 
             if cfg.remat:
                 run_single = nnx.remat(run_single)
-            lt = txt.shape[1]
-            joint = _run_blocks(self.single_blocks, run_single,
-                                jnp.concatenate([txt, img], axis=1), cfg.scan_blocks)
-            img = joint[:, lt:]
+            joint = _run_blocks(self.single_blocks, run_single, attn.join(txt, img),
+                                cfg.scan_blocks)
+            img = attn.split(joint, txt.shape[1])[1]
         shift, scale = jnp.split(self.final_mod(c), 2, axis=-1)
         feats = modulate(layer_norm(img), shift, scale)
         out = unpatchify(self.final(feats), cfg.patch_size, h, w, ch)

@@ -3,12 +3,14 @@
 One entry point, :func:`attention`, computes bidirectional softmax attention of
 ``[batch, seq, heads, head_dim]`` inputs with the sequence sharded over one or two mesh axes:
 
-* ``dense``: plain local attention (``jax.nn.dot_product_attention``); no SP.
+* ``dense``: plain local attention (the kernel of ``parallel.kernels``: cuDNN flash attention
+  on NVIDIA GPUs where it can run, XLA elsewhere); no SP.
 * ``ulysses``: ``all_to_all`` turns sequence shards into head shards, attention runs locally over
   the whole sequence, and the inverse ``all_to_all`` restores sequence shards. Needs
   ``heads % sp == 0``; otherwise falls back to ``ring`` (logged once per configuration).
 * ``ring``: K/V blocks travel around the SP group with ``ppermute`` while each device accumulates
-  an online softmax in float32 (block logits via einsum: the kernel needs them and the lse). The
+  an online softmax in float32 (block logits via einsum); under a kernel that returns the
+  log-sum-exp (cuDNN) each block is the kernel's and the blocks merge by their log-sum-exp. The
   backward pass is a custom VJP that recomputes block probabilities from the saved log-sum-exp
   and sends dK/dV home around the same ring: only one ``(seq/sp)^2`` block of logits is live at
   a time and nothing per step is kept for the backward pass.
@@ -50,6 +52,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spotlight_jax.parallel import kernels
+from spotlight_jax.parallel.kernels import Kernel
+
 STRATEGIES = ("dense", "ulysses", "ring", "usp")
 
 _log = logging.getLogger(__name__)
@@ -74,6 +79,7 @@ class _Plan:
     batch_axes: tuple[str, ...]
     ulysses: int
     ring: int
+    kernel: Kernel = kernels.XLA
 
     @property
     def degree(self) -> int:
@@ -93,7 +99,8 @@ class _Plan:
 
 
 def attention(q, k, v, *, mesh: Mesh | None = None, strategy: str = "dense",
-              axis: str | tuple[str, ...] = "sp", kv_mask=None):
+              axis: str | tuple[str, ...] = "sp", kv_mask=None,
+              implementation: str | Kernel = "auto"):
     """Bidirectional multi-head attention, sequence-parallel over ``axis`` of ``mesh``.
 
     Args:
@@ -104,19 +111,26 @@ def attention(q, k, v, *, mesh: Mesh | None = None, strategy: str = "dense",
       axis: SP mesh axis name, or a tuple of names. For ``usp`` a pair means
         ``(ulysses_axis, ring_axis)``; for ``ulysses``/``ring`` a tuple is one combined SP group.
       kv_mask: optional bool ``[batch, kv_seq]``, True where the key is valid.
+      implementation: the local kernel, ``auto``, ``xla`` or ``cudnn`` (or a resolved
+        :class:`~spotlight_jax.parallel.kernels.Kernel`); see ``parallel.kernels``. Under
+        cuDNN the valid keys of ``kv_mask`` must come first.
 
     Returns:
       ``[batch, q_seq, heads, head_dim]`` in ``q.dtype``; rows with no valid key are zeros.
 
     Raises:
-      ValueError: unknown strategy, an axis the mesh lacks, or mismatched shapes.
+      ValueError: unknown strategy or implementation, a forced ``cudnn`` that cannot run, an
+        axis the mesh lacks, or mismatched shapes.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown attention strategy {strategy!r}; choose one of {STRATEGIES}")
     _check_shapes(q, k, v, kv_mask)
-    plan = None if mesh is None else _make_plan(mesh, strategy, axis, q.shape[0], q.shape[2])
+    kernel = kernels.resolve(implementation, q.dtype, q.shape[-1],
+                             None if mesh is None else mesh.devices.flat)
+    plan = None if mesh is None else _make_plan(mesh, strategy, axis, q.shape[0], q.shape[2],
+                                                kernel)
     if plan is None:
-        return _local_attention(q, k, v, kv_mask)
+        return kernels.attend(kernel, q, k, v, kv_mask)
     args = (q, k, v) if kv_mask is None else (q, k, v, kv_mask)
     if all(_is_concrete(x) for x in args):
         # Eager call (maybe under eager autodiff): commit the inputs to the mesh (batch-sharded,
@@ -164,7 +178,8 @@ def _check_shapes(q, k, v, kv_mask) -> None:
                          f"got {tuple(kv_mask.shape)}")
 
 
-def _make_plan(mesh: Mesh, strategy: str, axis, batch: int, heads: int) -> _Plan | None:
+def _make_plan(mesh: Mesh, strategy: str, axis, batch: int, heads: int,
+               kernel: Kernel = kernels.XLA) -> _Plan | None:
     """Chooses the SP layout, or ``None`` for local attention (``dense`` or SP degree 1)."""
     if strategy == "dense":
         return None  # the SP axis is irrelevant (and need not exist)
@@ -208,7 +223,7 @@ def _make_plan(mesh: Mesh, strategy: str, axis, batch: int, heads: int) -> _Plan
             batch_axes.append(name)
             prod *= sizes[name]
     return _Plan(mesh=mesh, sp_axes=tuple(sp_axes), batch_axes=tuple(batch_axes),
-                 ulysses=ulysses, ring=degree // ulysses)
+                 ulysses=ulysses, ring=degree // ulysses, kernel=kernel)
 
 
 def _constrain(x, mesh: Mesh, spec: P):
@@ -264,23 +279,12 @@ def _sp_body(plan: _Plan, q, k, v, mask=None):
         if mask is not None:
             mask = jax.lax.all_gather(mask, axes, axis=1, tiled=True, axis_index_groups=groups)
     if plan.ring == 1:
-        out = _local_attention(q, k, v, mask)
+        out = kernels.attend(plan.kernel, q, k, v, mask)
     else:
         out = _ring_attention(q, k, v, mask, plan)
     if plan.ulysses > 1:
         out = jax.lax.all_to_all(out, axes, 1, 2, tiled=True, axis_index_groups=groups)
     return out
-
-
-def _local_attention(q, k, v, mask=None):
-    """Single-device attention via ``jax.nn.dot_product_attention``; all-masked rows -> 0."""
-    if mask is None:
-        return jax.nn.dot_product_attention(q, k, v).astype(q.dtype)
-    mask = jnp.asarray(mask, bool)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :])
-    # XLA's kernel averages V over a fully masked row; make that row zero like the ring kernel.
-    any_valid = jnp.any(mask, axis=-1)[:, None, None, None]
-    return jnp.where(any_valid, out, 0).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------- ring attention
@@ -309,7 +313,11 @@ def _ring_attention(q, k, v, mask, plan: _Plan):
 
 
 def _ring_forward(q, k, v, mask, plan: _Plan):
-    """Online softmax over the ``plan.ring`` K/V blocks; returns (out, lse), lse=-inf if no key."""
+    """Online softmax over the ``plan.ring`` K/V blocks; returns (out, lse), lse=-inf if no key.
+    A kernel that takes key lengths (cuDNN) computes each block itself and the blocks merge by
+    their log-sum-exp (:func:`_ring_forward_merged`)."""
+    if plan.kernel.by_lengths:
+        return _ring_forward_merged(q, k, v, mask, plan)
     axes, perm = plan.sp_axes, plan.ring_perm
     b, s_q, h, d = q.shape
     scale = 1.0 / math.sqrt(d)
@@ -340,6 +348,33 @@ def _ring_forward(q, k, v, mask, plan: _Plan):
     out = (acc / denom[..., None]).transpose(0, 2, 1, 3).astype(q.dtype)
     lse = jnp.where(has_key, m + jnp.log(denom), -jnp.inf)
     return out, lse
+
+
+def _ring_forward_merged(q, k, v, mask, plan: _Plan):
+    """The ring's forward with each block attended by ``plan.kernel`` (which returns the block's
+    log-sum-exp): ``out = sum_i exp(lse_i - lse) out_i`` with ``lse = logaddexp_i lse_i``, kept
+    in float32; no block's scores are materialised. The backward is the ring's own."""
+    axes, perm = plan.sp_axes, plan.ring_perm
+    b, s_q, h, d = q.shape
+
+    def accumulate(stats, kb, vb, mb):
+        lse, acc = stats
+        out_b, lse_b = kernels.attend_with_lse(plan.kernel, q, kb, vb, mb)
+        new = jnp.logaddexp(lse, lse_b)
+        safe = jnp.where(jnp.isneginf(new), 0.0, new)           # no key in any block so far
+        w_old, w_new = jnp.exp(lse - safe), jnp.exp(lse_b - safe)
+        out_b = out_b.astype(jnp.float32).transpose(0, 2, 1, 3)  # [b, h, q, d]
+        return new, acc * w_old[..., None] + out_b * w_new[..., None]
+
+    def step(_, carry):
+        kv, stats = carry
+        nxt = jax.lax.ppermute(kv, axes, perm)
+        return nxt, accumulate(stats, *kv)
+
+    stats = (_fresh((b, h, s_q), -jnp.inf, plan), _fresh((b, h, s_q, d), 0.0, plan))
+    kv, stats = jax.lax.fori_loop(0, plan.ring - 1, step, ((k, v, mask), stats))
+    lse, acc = accumulate(stats, *kv)
+    return acc.transpose(0, 2, 1, 3).astype(q.dtype), lse
 
 
 def _ring_fwd(q, k, v, mask, plan: _Plan):

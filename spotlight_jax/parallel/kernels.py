@@ -1,0 +1,149 @@
+"""The local attention kernel every attention path ends in: XLA's, or cuDNN's flash attention.
+
+``resolve(requested, dtype, head_dim, devices)`` turns a requested implementation (``auto``,
+``xla``, ``cudnn``) into a :class:`Kernel`. ``auto`` is cuDNN flash attention where it can run
+(an NVIDIA GPU, bf16 or fp16, a head dim that is a multiple of 8 and at most 128, or 256 from
+Hopper on) and XLA elsewhere; a forced ``cudnn`` that cannot run is a ValueError naming why.
+
+Padding reaches cuDNN as key lengths, so its keys must be valid first and padded last (a
+*prefix* mask per batch element); the models order their joint sequences that way when
+:func:`wants_valid_keys_first`. A mask that is not a prefix gives NaN rows under such a kernel
+(loud, never silently wrong). XLA takes the mask as it is.
+
+:func:`attend` is plain attention; :func:`attend_with_lse` also returns the float32
+log-sum-exp of each query row, which blockwise (ring) attention merges blocks with instead of
+materialising their scores. Rows without a valid key are zeros (their log-sum-exp ``-inf``) for
+every kernel, as in the ring kernel of ``parallel.attention``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+HALF = (jnp.bfloat16, jnp.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """``impl``: ``xla`` or ``cudnn``. ``by_lengths``: the padding is handed to the kernel as
+    key lengths (valid keys first), as cuDNN needs; XLA's kernel can take either form (the
+    lengths form is how the cuDNN code path is tested on a CPU)."""
+
+    impl: str = "xla"
+    by_lengths: bool = False
+
+
+XLA = Kernel()
+CUDNN = Kernel("cudnn", by_lengths=True)
+
+
+def cudnn_refusal(dtype, head_dim: int, devices=None) -> str | None:
+    """Why cuDNN flash attention cannot run on ``devices`` (default: the default backend's)
+    for ``dtype`` inputs of head dim ``head_dim``; None when it can."""
+    devices = list(devices) if devices is not None else jax.devices()
+    kinds = {d.platform for d in devices}
+    if kinds != {"gpu"} or not all("nvidia" in d.device_kind.lower() or
+                                   hasattr(d, "compute_capability") for d in devices):
+        found = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in devices}))
+        return f"cuDNN flash attention needs NVIDIA GPUs; the devices are {found}"
+    if jnp.dtype(dtype) not in [jnp.dtype(t) for t in HALF]:
+        return (f"cuDNN flash attention takes bfloat16 or float16 inputs, not "
+                f"{jnp.dtype(dtype).name} (set the model's dtype to bfloat16)")
+    cap = min(float(getattr(d, "compute_capability", "0")) for d in devices)
+    largest = 256 if cap >= 9.0 else 128
+    if head_dim % 8 or head_dim > largest:
+        return (f"cuDNN flash attention needs a head dim that is a multiple of 8 and at most "
+                f"{largest} on these GPUs; this model's is {head_dim}")
+    return None
+
+
+def resolve(requested: str, dtype, head_dim: int, devices=None) -> Kernel:
+    """The kernel for ``requested`` (one of :data:`IMPLEMENTATIONS`, or a :class:`Kernel`,
+    returned as is); a forced ``cudnn`` that cannot run is a one-line ValueError."""
+    if isinstance(requested, Kernel):
+        return requested
+    if requested not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {requested!r}: choose one of "
+                         f"{IMPLEMENTATIONS}")
+    if requested == "xla":
+        return XLA
+    why = cudnn_refusal(dtype, head_dim, devices)
+    if why is None:
+        return CUDNN
+    if requested == "cudnn":
+        raise ValueError(f"attention_impl='cudnn' cannot run here: {why}; use 'auto' (cuDNN "
+                         "where it can run, XLA elsewhere) or 'xla'")
+    return XLA
+
+
+def wants_valid_keys_first(kernel: Kernel) -> bool:
+    """Whether ``kernel`` needs every padded key after the valid ones (key lengths)."""
+    return kernel.by_lengths
+
+
+def attend(kernel: Kernel, q, k, v, mask=None):
+    """``[b, q, h, d]`` attention of ``q`` over ``k``/``v`` (``[b, s, h, d]``) with the bool
+    ``mask`` ``[b, s]`` (True = valid key) or None; rows without a valid key are zeros."""
+    if mask is None:
+        return jax.nn.dot_product_attention(q, k, v, implementation=kernel.impl).astype(q.dtype)
+    mask = jnp.asarray(mask, bool)
+    if kernel.by_lengths:
+        lengths, usable = _lengths(mask)
+        out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                           implementation=kernel.impl)
+        return _finish(out, mask, usable).astype(q.dtype)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :],
+                                       implementation=kernel.impl)
+    # XLA's kernel averages V over a fully masked row; make that row zero like the ring kernel.
+    return _finish(out, mask, None).astype(q.dtype)
+
+
+def attend_with_lse(kernel: Kernel, q, k, v, mask=None):
+    """``(out, lse)``: :func:`attend`'s output and the float32 log-sum-exp of each row's
+    scaled logits, ``[b, h, q]`` (``-inf`` for a row without a valid key)."""
+    b, s = k.shape[:2]
+    mask = jnp.ones((b, s), bool) if mask is None else jnp.asarray(mask, bool)
+    lengths, usable = _lengths(mask)
+    if kernel.impl == "cudnn":
+        out, lse = _cudnn_with_stats(q, k, v, lengths)
+    else:
+        out, lse = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                                implementation=kernel.impl,
+                                                return_residual=True)
+        lse = lse.astype(jnp.float32).transpose(0, 2, 1)       # [b, q, h] -> [b, h, q]
+    has_key = jnp.any(mask, axis=-1)[:, None, None]
+    lse = jnp.where(has_key, lse, -jnp.inf)
+    if usable is not None:
+        lse = jnp.where(usable[:, None, None], lse, jnp.nan)
+    return _finish(out, mask, usable).astype(q.dtype), lse
+
+
+def _lengths(mask):
+    """``(lengths, usable)``: each row's count of valid keys (at least 1, so the kernel never
+    sees an empty row; :func:`_finish` zeroes those) and whether its mask is a prefix."""
+    n = mask.sum(axis=-1).astype(jnp.int32)
+    prefix = jnp.arange(mask.shape[-1])[None, :] < n[:, None]
+    return jnp.maximum(n, 1), jnp.all(mask == prefix, axis=-1)
+
+
+def _finish(out, mask, usable):
+    """Rows without a valid key -> 0; rows whose mask a lengths kernel cannot express -> NaN."""
+    out = jnp.where(jnp.any(mask, axis=-1)[:, None, None, None], out, 0)
+    if usable is not None:
+        out = jnp.where(usable[:, None, None, None], out, jnp.nan)
+    return out
+
+
+def _cudnn_with_stats(q, k, v, lengths):
+    """cuDNN flash attention's output and its float32 softmax statistics ``[b, h, q]`` (the
+    public ``return_residual`` rounds them to the inputs' dtype, too coarse to merge blocks)."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: PLC0415
+
+    q_len = jnp.full((q.shape[0],), q.shape[1], jnp.int32)
+    out, stats = cudnn.dot_product_attention(
+        q, k, v, q_seqlen=q_len, kv_seqlen=lengths, scale=q.shape[-1] ** -0.5,
+        mask_type=cudnn.MaskType.PADDING, qkv_layout="BTNH", return_residual=True)
+    return out, stats.astype(jnp.float32)
