@@ -309,6 +309,11 @@ def add_spotlight_sections(c):
     k.mfu = 0.4                     # ASSUMPTION: achieved/peak bf16 FLOP/s of a large DiT step;
     #                                 typical of well-tuned large-transformer training (PaLM
     #                                 reports 46%, MegaScale 55%); not measured for this model
+    k.rollout_mfu = 0.0             # per-phase MFUs (0 = cost.mfu): a rollout step, an update
+    k.update_mfu = 0.0
+    k.profile_file = ""             # a measured profile (bench.device_profile --out=FILE): the
+    #                                 MFU of each phase, the decode, reward and regroup times
+    #                                 (results/device_profile_*.json), instead of cost.mfu
     k.mbu = 0.7                     # ASSUMPTION: achieved/peak HBM bandwidth when streaming
     #                                 the weights (floor of a small-batch step)
     k.nvlink_one_way = 0.5          # NVLink datasheet figures count both directions; one

@@ -29,6 +29,7 @@ from spotlight_jax.emulation import (
     TraceConfig,
     Workload,
 )
+from spotlight_jax.emulation.device_profile import load as load_profile
 from spotlight_jax.models import MMDiTConfig, convert
 from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
@@ -334,8 +335,20 @@ def cost_config(config) -> CostConfig:
         raise ConfigError(f"cost.{unknown[0]}: no such cost field; valid fields are "
                           f"{sorted(names)}")
     model = _profile_model(str(values.pop("profile_model")))
+    profile = None
+    if values.get("profile_file"):
+        # the measured profile: its update MFU for this run's objective unless one is set
+        profile = build_section(section_paths("cost", CostConfig),
+                                lambda: load_profile(str(values["profile_file"])))
+        pixels, factor = int(values["image_pixels"]), int(values["vae_factor"])
+        build_section(section_paths("cost", CostConfig), lambda: profile.check_model(
+            dataclasses.replace(model, image_size=pixels // factor)))
+        if not values.get("update_mfu"):
+            values["update_mfu"] = build_section(
+                section_paths("cost", CostConfig),
+                lambda: profile.update_mfu(str(config.rl.objective)))
     return build_section(section_paths("cost", CostConfig),
-                         lambda: CostConfig(**values, profile_model=model))
+                         lambda: CostConfig(**values, profile_model=model, profile=profile))
 
 
 def workload(config) -> Workload:

@@ -31,6 +31,7 @@ from typing import Any
 
 from spotlight_jax.emulation.clock import ROLES, Clock
 from spotlight_jax.emulation.datasheets import DEVICES, device_spec
+from spotlight_jax.emulation.device_profile import DeviceProfile
 from spotlight_jax.emulation.flops import forward_flops, lora_param_count, param_count
 from spotlight_jax.models.mmdit import MMDiTConfig
 
@@ -50,6 +51,9 @@ class CostConfig:
     model: str = "profile"
     device: str = "h100_sxm"
     mfu: float = 0.4
+    rollout_mfu: float = 0.0
+    update_mfu: float = 0.0
+    profile_file: str = ""
     mbu: float = 0.7
     nvlink_one_way: float = 0.5
     collective_latency_s: float = 20e-6
@@ -70,6 +74,7 @@ class CostConfig:
     on_demand_per_hour: float = 3.90
     spot_discount: float = 0.73
     profile_model: MMDiTConfig | None = None
+    profile: DeviceProfile | None = None
 
     def __post_init__(self):
         def bad(name, why):
@@ -82,6 +87,9 @@ class CostConfig:
         for name in ("mfu", "mbu", "nvlink_one_way"):
             if not 0 < getattr(self, name) <= 1:
                 bad(name, "must be in (0, 1] (a fraction of the datasheet peak)")
+        for name in ("rollout_mfu", "update_mfu"):
+            if not 0 <= getattr(self, name) <= 1:
+                bad(name, "must be in [0, 1] (0 = cost.mfu)")
         if not 0 <= self.spot_discount < 1:
             bad("spot_discount", "must be in [0, 1) (e.g. spot_discount=0.73)")
         if self.cfg_passes not in (0, 1, 2):
@@ -281,7 +289,9 @@ class ProfileCost(CostModel):
         self.params = param_count(self.model)
         self.weight_bytes = self.params * cost.param_bytes
         self.peak = self.device.bf16_tflops * 1e12
-        self.achieved = self.peak * cost.mfu
+        self.profile = cost.profile
+        if self.profile is not None:
+            self.profile.check_model(self.model)
 
     @property
     def tokens(self) -> tuple[int, int]:
@@ -309,12 +319,27 @@ class ProfileCost(CostModel):
         bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
         return m.depth * (nbytes / bw + ncoll * c.collective_latency_s)
 
+    def rollout_mfu(self, batch: int, sp: int) -> tuple[float, bool]:
+        """``(mfu, includes_sp)`` of a rollout step: measured (the profile), set
+        (``cost.rollout_mfu``) or assumed (``cost.mfu``); ``includes_sp``: the measured time
+        already holds the SP collectives."""
+        if self.profile is not None:
+            return self.profile.rollout_mfu(batch, sp)
+        return self.cost.rollout_mfu or self.cost.mfu, False
+
+    @property
+    def update_mfu(self) -> float:
+        """The update's MFU: ``cost.update_mfu`` (the profile's for the run's objective, set
+        by ``config.cost_config``) or the assumed ``cost.mfu``."""
+        return self.cost.update_mfu or self.cost.mfu
+
     def rollout_step(self, batch: int, sp: int = 1) -> float:
         check_count(batch, "batch")
         check_count(sp, "sp")
-        compute = self.cfg_passes * batch * self.flops / (sp * self.achieved)
+        mfu, measured_sp = self.rollout_mfu(batch, sp)
+        compute = self.cfg_passes * batch * self.flops / (sp * self.peak * mfu)
         weights = self.weight_bytes / (self.device.hbm_gb_s * 1e9 * self.cost.mbu)
-        return max(compute, weights) + self.sp_comm(batch, sp)
+        return max(compute, weights) + (0.0 if measured_sp else self.sp_comm(batch, sp))
 
     def train_passes(self) -> float:
         """Forward-equivalents per trained (trajectory, step) pair."""
@@ -324,16 +349,30 @@ class ProfileCost(CostModel):
                                   + float(self.workload.kl) + float(self.workload.rescore)
                                   + float(self.workload.extra_forwards))
 
+    def train_flops_per_sample(self) -> float:
+        """Model FLOPs of training one trajectory (all its trained steps and inner epochs)."""
+        w = self.workload
+        return w.train_steps * w.inner_epochs * self.train_passes() * self.flops
+
     def train_sample(self, num_devices: int = 1) -> float:
         check_count(num_devices, "num_devices")
-        w = self.workload
-        pairs = w.train_steps * w.inner_epochs
-        return pairs * self.train_passes() * self.flops / (num_devices * self.achieved)
+        return self.train_flops_per_sample() / (num_devices * self.peak * self.update_mfu)
+
+    @property
+    def reward_s_per_image(self) -> float:
+        """Decoding and scoring one image: the profile's measured decode plus its measured
+        reward (or ``cost.reward_s_per_image`` where it timed none), else the assumption."""
+        p = self.profile
+        if p is None or (p.decode_s_per_image is None and p.reward_s_per_image is None):
+            return self.cost.reward_s_per_image
+        reward = self.cost.reward_s_per_image if p.reward_s_per_image is None \
+            else p.reward_s_per_image
+        return (p.decode_s_per_image or 0.0) + reward
 
     def reward(self, num_images: int) -> float:
         if not isinstance(num_images, int) or num_images < 0:
             raise ValueError(f"num_images must be an integer >= 0, got {num_images!r}")
-        return num_images * self.cost.reward_s_per_image
+        return num_images * self.reward_s_per_image
 
     def broadcast_bytes(self) -> int:
         if self.lora_rank > 0:
@@ -355,11 +394,14 @@ class ProfileCost(CostModel):
 
     def regroup(self, kind: str = "shrink") -> float:
         c = self.cost
+        shrink = c.regroup_shrink_s
+        if self.profile is not None and self.profile.regroup_shrink_s is not None:
+            shrink = self.profile.regroup_shrink_s
         if kind == "shrink":
-            return c.regroup_shrink_s
+            return shrink
         if kind == "grow":
             bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
-            return c.regroup_shrink_s + self.weight_bytes / bw
+            return shrink + self.weight_bytes / bw
         if kind == "cold":
             return c.regroup_cold_s
         raise ValueError(f"unknown regroup kind {kind!r}; choose one of {REGROUP_KINDS}")
@@ -374,9 +416,7 @@ class ProfileCost(CostModel):
             Assumption("hbm_bandwidth", d.hbm_gb_s, "GB/s", d.source),
             Assumption("nvlink_bandwidth", d.nvlink_gb_s, "GB/s both directions",
                        d.source + f"; one direction = x{c.nvlink_one_way}"),
-            Assumption("mfu", c.mfu, "fraction of peak",
-                       "assumption: typical of tuned large-transformer training "
-                       "(PaLM 46%, MegaScale 55%)"),
+            *self._mfu_rows(),
             Assumption("mbu", c.mbu, "fraction of HBM peak", "assumption"),
             Assumption("collective_latency", c.collective_latency_s, "s",
                        "assumption: NCCL small-message latency order"),
@@ -396,18 +436,44 @@ class ProfileCost(CostModel):
             Assumption("train_passes", self.train_passes(), "forwards per trained step",
                        "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + remat fwd "
                        "+ KL reference fwd (beta > 0) + old-log-prob re-score fwd (rl.rescore)"),
-            Assumption("reward_per_image", c.reward_s_per_image, "s", "assumption"),
+            Assumption("reward_per_image", self.reward_s_per_image, "s",
+                       "assumption" if self.reward_s_per_image == c.reward_s_per_image
+                       else f"measured: decode + reward, {self.profile.path}"),
             Assumption("network", c.network_gbit_s, "Gbit/s", "assumption: cloud NIC tier"),
             Assumption("broadcast_bytes", self.broadcast_bytes(), "bytes",
                        "derived: LoRA factors (float32) or all weights (bf16)"),
-            Assumption("regroup_shrink", c.regroup_shrink_s, "s",
-                       "measured: bench.reconfig --stand_in warm re-wrap, 50M params"),
+            Assumption("regroup_shrink", self.regroup("shrink"), "s",
+                       "measured: bench.reconfig --stand_in warm re-wrap, 50M params"
+                       if self.regroup("shrink") == c.regroup_shrink_s
+                       else f"measured: {self.profile.path}"),
             Assumption("regroup_grow", self.regroup("grow"), "s",
                        "derived: weights over one NVLink direction + shrink"),
             Assumption("regroup_cold", c.regroup_cold_s, "s",
                        "assumption: paper abstract 'minutes'"),
         ]
         return rows + self._workload_rows() + self._price_rows()
+
+    def _mfu_rows(self) -> list[Assumption]:
+        """The MFU rows: one assumption, per-phase settings, or a measured profile's."""
+        c, p = self.cost, self.profile
+        if p is not None:
+            table = ", ".join(f"b{b} sp{k}: {m:.1%}" for b, k, m in p.rollout)
+            return [Assumption("profile", p.path, "", f"measured on {p.device} "
+                               f"({p.peak_tflops:g} TFLOP/s peak) at depth "
+                               f"{p.model.get('depth')}, scaled by FLOPs"),
+                    Assumption("rollout_mfu", table, "fraction of peak",
+                               "measured: bench.device_profile (the nearest batch and SP "
+                               "degree)"),
+                    Assumption("update_mfu", self.update_mfu, "fraction of peak",
+                               "measured: bench.device_profile, the run's objective")]
+        rows = [Assumption("mfu", c.mfu, "fraction of peak",
+                           "assumption: typical of tuned large-transformer training "
+                           "(PaLM 46%, MegaScale 55%)")]
+        for name in ("rollout_mfu", "update_mfu"):
+            if getattr(c, name):
+                rows.append(Assumption(name, getattr(c, name), "fraction of peak",
+                                       f"config cost.{name}"))
+        return rows
 
     def table(self, batches: Sequence[int], sps: Sequence[int] = (1, 2, 4),
               train_devices: Sequence[int] = (1, 4)) -> dict[str, Any]:

@@ -15,7 +15,9 @@ when the spot groups cannot sample a batch (prompts x G) within one update, the 
 iteration waits for them.
 
 Each ``--sweep KEY=V1,V2,...`` varies one assumption around the config (one at a time), then the
-two that move the pipelined ratio most are crossed into a table. Prints markdown; with ``--out``
+two that move the pipelined ratio most are crossed into a table. With a measured profile
+(``--config.cost.profile_file=FILE``, ``bench.device_profile``) the config's row is given twice:
+at the one assumed ``cost.mfu`` and on the profile. Prints markdown; with ``--out``
 also writes ``cost_sweep.json``. ``iteration_phases`` and ``sweep`` are the same as functions.
 """
 from __future__ import annotations
@@ -121,6 +123,9 @@ def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
                     "phases": c.phases} for m, c in it.items()}
 
     out = {"base": at({}), "one_at_a_time": {}, "crossed": None}
+    if config.cost.get("profile_file"):      # the same deployment at the one assumed MFU
+        out["assumed"] = at({"cost.profile_file": "", "cost.rollout_mfu": 0.0,
+                             "cost.update_mfu": 0.0})
     spread = {}
     for key, values in sweeps:
         rows = {str(v): at({key: v}) for v in values}
@@ -147,7 +152,11 @@ def markdown(result: dict) -> str:
                      f"{r['spotlight_pipelined']['seconds']:.1f} | "
                      f"{r['spotlight']['ratio']:.2f}x | {r['spotlight_pipelined']['ratio']:.2f}x |")
 
-    row("(config)", "", result["base"])
+    if "assumed" in result:
+        row("(config, assumed `cost.mfu`)", "", result["assumed"])
+        row("(config, measured `cost.profile_file`)", "", result["base"])
+    else:
+        row("(config)", "", result["base"])
     for key, rows in result["one_at_a_time"].items():
         for value, r in rows.items():
             row(f"`{key}`", value, r)
