@@ -46,6 +46,7 @@ def get_config():
     m.dtype = "float32"
     m.param_dtype = "float32"
     m.remat = False
+    m.remat_policy = "nothing"      # nothing | dots_no_batch | dots (models.mmdit.REMAT_POLICIES)
     m.scan_blocks = False
     # Options of the model families a diffusers checkpoint brings (models.convert sets them from
     # its config.json; configs/qwen_image.py and configs/sd35_medium.py name them for dry runs).

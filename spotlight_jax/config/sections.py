@@ -51,7 +51,8 @@ def diffusers_base(config) -> str | None:
 
 # What a run chooses for a diffusers base model; every other model field (the architecture)
 # comes from the checkpoint's config.json.
-RUN_MODEL_FIELDS = ("image_size", "text_len", "dtype", "param_dtype", "remat", "scan_blocks")
+RUN_MODEL_FIELDS = ("image_size", "text_len", "dtype", "param_dtype", "remat", "remat_policy",
+                    "scan_blocks")
 
 
 def model_config(config) -> MMDiTConfig:
@@ -62,7 +63,8 @@ def model_config(config) -> MMDiTConfig:
     if base is not None:
         folder = os.path.join(base, "transformer")
         stamp = os.path.getmtime(os.path.join(folder, "config.json"))
-        overrides = tuple((f, config.model[f]) for f in RUN_MODEL_FIELDS)
+        overrides = tuple((f, config.model.get(f, getattr(MMDiTConfig(), f)))
+                          for f in RUN_MODEL_FIELDS)
         return build_section(section_paths("model", MMDiTConfig),
                       lambda: _diffusers_architecture(folder, stamp, overrides))
     return build_section(section_paths("model", MMDiTConfig),

@@ -32,7 +32,12 @@ from typing import Any
 from spotlight_jax.emulation.clock import ROLES, Clock
 from spotlight_jax.emulation.datasheets import DEVICES, device_spec
 from spotlight_jax.emulation.device_profile import DeviceProfile
-from spotlight_jax.emulation.flops import forward_flops, lora_param_count, param_count
+from spotlight_jax.emulation.flops import (
+    forward_flops,
+    lora_param_count,
+    param_count,
+    remat_recompute_fraction,
+)
 from spotlight_jax.models.mmdit import MMDiTConfig
 
 COST_MODELS = ("profile", "measured")
@@ -345,7 +350,7 @@ class ProfileCost(CostModel):
         """Forward-equivalents per trained (trajectory, step) pair."""
         c = self.cost
         backward = c.backward_factor_lora if self.lora_rank > 0 else c.backward_factor_full
-        return self.cfg_passes * (1.0 + backward + float(self.model.remat)
+        return self.cfg_passes * (1.0 + backward + remat_recompute_fraction(self.model)
                                   + float(self.workload.kl) + float(self.workload.rescore)
                                   + float(self.workload.extra_forwards))
 
@@ -434,7 +439,8 @@ class ProfileCost(CostModel):
             Assumption("lora_rank", self.lora_rank, "",
                        "configs/qwen_image.py; 0 = full fine-tuning"),
             Assumption("train_passes", self.train_passes(), "forwards per trained step",
-                       "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + remat fwd "
+                       "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + the share "
+                       "of a fwd remat recomputes (model.remat_policy) "
                        "+ KL reference fwd (beta > 0) + old-log-prob re-score fwd (rl.rescore)"),
             Assumption("reward_per_image", self.reward_s_per_image, "s",
                        "assumption" if self.reward_s_per_image == c.reward_s_per_image

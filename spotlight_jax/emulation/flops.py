@@ -101,3 +101,15 @@ def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
     per_stream = rank * (d + 3 * d) + rank * (d + d)
     single = rank * (d + 3 * d) + rank * (d + h + d)
     return cfg.depth * 2 * per_stream + cfg.single_blocks * single
+
+
+def remat_recompute_fraction(cfg: MMDiTConfig) -> float:
+    """The share of a forward the backward recomputes under the model's remat policy: none
+    without remat, all of it when nothing is kept, the attention's matmuls when the other
+    matmul outputs are kept (``dots_no_batch``), none when every matmul output is kept."""
+    if not cfg.remat or cfg.remat_policy == "dots":
+        return 0.0
+    if cfg.remat_policy == "dots_no_batch":
+        parts = flops_breakdown(cfg)
+        return parts["block_attention"] / sum(parts.values())
+    return 1.0

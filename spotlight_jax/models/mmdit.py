@@ -68,6 +68,11 @@ TIMESTEP_SCALINGS = ("before_freqs", "after_freqs")
 TIMESTEP_FREQS = ("jnp", "rounded")
 
 
+REMAT_POLICIES = {"nothing": None,
+                  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "dots": jax.checkpoint_policies.checkpoint_dots}
+
+
 def as_dtype(name):
     if not isinstance(name, str):
         return name
@@ -102,6 +107,10 @@ class MMDiTConfig:
     dtype: str = "float32"        # compute dtype
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block
+    # what a rematerialised block keeps for its backward (REMAT_POLICIES): nothing (recompute
+    # the whole block), dots_no_batch (keep the projections' and MLPs' matmul outputs; recompute
+    # the attention and the elementwise work), dots (every matmul output, attention's too)
+    remat_policy: str = "nothing"
     scan_blocks: bool = False     # lax.scan over stacked blocks (large depths compile once)
     # Options of converted checkpoints (models.convert); the defaults are this project's model.
     # Position: sincos (computed, added) | sd3_table (SD3's stored table, recomputed and centre
@@ -191,6 +200,7 @@ class MMDiTConfig:
 
     def _validate_family_options(self, bad) -> None:
         for name, choices in (("pos_embed", POS_EMBEDS), ("pooled", POOLED),
+                              ("remat_policy", tuple(REMAT_POLICIES)),
                               ("timestep_scaling", TIMESTEP_SCALINGS),
                               ("timestep_freqs", TIMESTEP_FREQS)):
             if getattr(self, name) not in choices:
@@ -667,7 +677,7 @@ class MMDiT(nnx.Module):
             return block(txt, img, c, kv_mask, attn, rope)
 
         if cfg.remat:
-            run_block = nnx.remat(run_block)
+            run_block = nnx.remat(run_block, policy=REMAT_POLICIES[cfg.remat_policy])
         txt, img = _run_blocks(self.blocks, run_block, (txt, img), cfg.scan_blocks)
         if cfg.single_blocks:       # Flux: one stream over [text; image] from here on
             joint_rope = None if rope is None else tuple(
@@ -677,7 +687,7 @@ class MMDiT(nnx.Module):
                 return block(x, c, kv_mask, attn, joint_rope)
 
             if cfg.remat:
-                run_single = nnx.remat(run_single)
+                run_single = nnx.remat(run_single, policy=REMAT_POLICIES[cfg.remat_policy])
             joint = _run_blocks(self.single_blocks, run_single, attn.join(txt, img),
                                 cfg.scan_blocks)
             img = attn.split(joint, txt.shape[1])[1]
