@@ -1,24 +1,33 @@
 """The accelerator check: a real-shape model at reduced depth, timed on whatever device JAX has.
 
-  python -m spotlight_jax.bench.device_check [--config=configs/qwen_image.py] [--depth=2]
-      [--latent=128] [--batch=1] [--out=device_check.json]
+  python -m spotlight_jax.bench.device_check [--config=configs/qwen_image.py] [--depth=8]
+      [--latent=128] [--batch=4] [--parts=attention,paths,model,lora,remat,concurrent,profile]
+      [--profile_depth=2] [--out=device_check.json]
 
-One short script for a lent GPU (see docs/performance.md, "Accelerator check"), in four parts,
-each a median of ``--repeats`` timed runs after a compile:
+The one prepared script for a lent GPU (see docs/performance.md, "Accelerator check"), in
+parts, each a median of ``--repeats`` timed runs after a compile; the JSON is rewritten after
+every part, so a run cut short keeps what it measured:
 
 1. ``attention``: ``jax.nn.dot_product_attention`` at the model's joint sequence (text + image
    tokens, heads, head_dim) in the compute dtype, ``implementation='xla'`` against ``'cudnn'``
    (flash attention; GPU only), forward and forward+backward, with the largest difference.
-2. ``forward``: one velocity evaluation of the config's MMDiT at ``--depth`` blocks (the real
-   width, heads, text length and dtype), ``--batch`` latents of ``--latent``^2 cells.
-3. ``train_step``: the same model's flow-matching loss, gradient and AdamW update (full
-   fine-tuning, donated state): seconds per step and samples per second.
-4. ``concurrent``: with two or more devices, a train step on one device while a rollout step
+2. ``paths``: the project's attention (``parallel.attention``, the kernel ``auto`` picks, text
+   padding masked, text last) against that kernel called alone, dense, and with two or more
+   devices Ulysses and ring over all of them (each against the dense result).
+3. ``model``: one velocity evaluation of the config's MMDiT at ``--depth`` blocks (the real
+   width, heads, text length and dtype), ``--batch`` latents of ``--latent``^2 cells, and its
+   full fine-tuning train step (flow-matching loss, AdamW, donated state); the attention kernel
+   the compiled forward calls (read from its HLO).
+4. ``lora``: the same train step with LoRA r32 adapters, the optimizer on the adapters only.
+5. ``remat``: the full train step with remat under each ``model.remat_policy``.
+6. ``concurrent``: with two or more devices, a train step on one device while a rollout step
    runs on another (training and exploration on disjoint devices), against running them one
    after the other; skipped, and said so, with one device.
+7. ``profile``: ``bench.device_profile`` at ``--profile_depth`` (the cost model's image size),
+   also written alone beside ``--out`` (``*_profile.json``) for ``cost.profile_file``.
 
 On a CPU it runs too (``--config=configs/tiny.py --depth=1 --latent=8``: what the tests do), so the
-script cannot rot between GPU loans; the cuDNN row then says it was skipped.
+script cannot rot between GPU loans; the cuDNN rows then say they were skipped.
 """
 from __future__ import annotations
 
@@ -31,6 +40,8 @@ from absl import app, flags
 from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
+PARTS = ("attention", "paths", "model", "lora", "remat", "concurrent", "profile")
+LORA_RANK = 32           # the paper's setting
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -42,7 +53,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          **fv)
     flags.DEFINE_integer("batch", 1, "Latents per forward / train step.", **fv)
     flags.DEFINE_integer("repeats", 5, "Timed runs per measurement (median).", **fv)
-    flags.DEFINE_string("out", None, "Write the results as JSON here.", **fv)
+    flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {PARTS}.", **fv)
+    flags.DEFINE_integer("profile_depth", 2, "Blocks of the profiled model (part profile).",
+                         **fv)
+    flags.DEFINE_string("out", None, "Write the results as JSON here (after every part).", **fv)
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -94,14 +108,83 @@ def check_attention(batch, seq, heads, head_dim, dtype, repeats):
     return rows
 
 
-def build(config_path: str, depth: int, latent: int):
+def check_attention_paths(batch, text_len, image_len, heads, head_dim, dtype, repeats):
+    """The project's attention (``parallel.attention`` with the kernel ``auto`` picks, the last
+    quarter of the text keys masked, text last as the models put it for cuDNN) against that
+    kernel called alone; Ulysses and ring over the most devices whose count divides the heads,
+    against the dense result."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from spotlight_jax.parallel import MeshConfig, attention, kernels, make_mesh  # noqa: PLC0415
+
+    seq = text_len + image_len
+    keys = jax.random.split(jax.random.key(1), 3)
+    q, k, v = (jax.random.normal(kk, (batch, seq, heads, head_dim), dtype) for kk in keys)
+    valid = seq - text_len // 4
+    mask = jnp.asarray(np.arange(seq)[None, :] < valid).repeat(batch, 0)
+    kernel = kernels.resolve("auto", dtype, head_dim)
+    lengths = jnp.full((batch,), valid, jnp.int32)
+
+    def raw(q, k, v):          # the kernel alone, the padding said its own way
+        if kernel.by_lengths:
+            return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                                implementation=kernel.impl)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :],
+                                            implementation=kernel.impl)
+
+    def timed(fn):
+        f = jax.jit(fn)
+        g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2),
+                             argnums=(0, 1, 2)))
+        out = f(q, k, v)
+        return out, {"fwd_ms": 1e3 * median_seconds(lambda: f(q, k, v).block_until_ready(),
+                                                    repeats),
+                     "fwd_bwd_ms": 1e3 * median_seconds(
+                         lambda: jax.block_until_ready(g(q, k, v)), repeats)}
+
+    result = {"kernel": kernel.impl, "seq": seq, "masked_keys": seq - valid}
+    ref, result["kernel_alone"] = timed(raw)
+    dense, result["dense"] = timed(lambda q, k, v: attention(q, k, v, kv_mask=mask,
+                                                              implementation=kernel))
+    result["dense"]["vs_kernel"] = result["dense"]["fwd_bwd_ms"] / \
+        result["kernel_alone"]["fwd_bwd_ms"]
+    ref = ref.astype(jnp.float32)
+    result["dense"]["max_abs_diff"] = float(jnp.max(jnp.abs(dense.astype(jnp.float32) - ref)))
+    # the SP degree: the most devices whose count divides the heads (Ulysses' condition)
+    n = max(d for d in range(1, len(jax.devices()) + 1) if heads % d == 0)
+    for strategy in ("ulysses", "ring"):
+        if n < 2:
+            result[strategy] = {"skipped": f"{len(jax.devices())} device(s), {heads} heads: "
+                                           "no SP degree of two or more"}
+            continue
+        mesh = make_mesh(jax.devices()[:n], MeshConfig(data=1, fsdp=1, sp=n))
+        out, row = timed(lambda q, k, v, s=strategy, m=mesh: attention(
+            q, k, v, mesh=m, strategy=s, kv_mask=mask, implementation=kernel))
+        row["max_abs_diff_vs_dense"] = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
+        result[strategy] = {"devices": n, **row}
+    return result
+
+
+def attention_kernel_in_hlo(fn, *args) -> str:
+    """Which attention kernel ``fn(*args)`` calls: ``cudnn`` when its lowered program has
+    cuDNN's fused attention custom call (``__cudnn$fmha...``, emitted at lowering: no compile),
+    else ``xla``."""
+    import jax  # noqa: PLC0415
+
+    return "cudnn" if "__cudnn$fmha" in jax.jit(fn).lower(*args).as_text() else "xla"
+
+
+def build(config_path: str, depth: int, latent: int, **model):
     """``(model config, graphdef, state)`` of the config's model at ``depth`` blocks and a
     ``latent``^2 input, initialised at random on the default device."""
     from spotlight_jax import config as conf  # noqa: PLC0415
     from spotlight_jax.models.build import create_model  # noqa: PLC0415
 
     config = conf.load_config(config_path, {"model.depth": depth, "model.image_size": latent,
-                                            "model.scan_blocks": False})
+                                            "model.scan_blocks": False,
+                                            **{f"model.{k}": v for k, v in model.items()}})
     cfg = conf.model_config(config)
     graphdef, state = create_model(cfg)
     return cfg, graphdef, state
@@ -123,16 +206,16 @@ def inputs(cfg, batch: int, seed: int = 0):
 
 
 def check_model(cfg, graphdef, state, batch: int, repeats: int):
-    """Forward and train-step timings of the model (full fine-tuning, AdamW, donated state)."""
+    """Forward and train-step timings of the model (full fine-tuning, AdamW, donated state),
+    and the attention kernel its compiled forward calls."""
     import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-    import optax  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
 
     from spotlight_jax.models import count_params  # noqa: PLC0415
 
     x, t, tokens, mask = inputs(cfg, batch)
-    params = nnx.to_pure_dict(state)
+    # a copy: the train step donates it, and the other parts still read ``state``
+    params = jax.tree.map(lambda a: a.copy(), nnx.to_pure_dict(state))
 
     def velocity(p, x, t):
         s = jax.tree.map(lambda a: a, state)
@@ -140,8 +223,23 @@ def check_model(cfg, graphdef, state, batch: int, repeats: int):
         return nnx.merge(graphdef, s)(x, t, tokens, mask)
 
     fwd = jax.jit(velocity)
+    fwd_s = median_seconds(lambda: fwd(params, x, t).block_until_ready(), repeats)
+    train, carry, data, step_s = timed_train_step(velocity, params, x, t, repeats)
+    return {"params": count_params(state), "forward_ms": 1e3 * fwd_s,
+            "train_step_ms": 1e3 * step_s, "train_samples_per_s": batch / step_s,
+            "hlo_attention_kernel": attention_kernel_in_hlo(velocity, params, x, t)}, \
+        (fwd, train, carry, data)
+
+
+def timed_train_step(velocity, trainable, x, t, repeats: int):
+    """``(step, carry, data, seconds)`` of a flow-matching train step of ``velocity(trainable,
+    x, t)``: AdamW on ``trainable`` only, its state donated."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import optax  # noqa: PLC0415
+
     opt = optax.adamw(1e-5)
-    opt_state = jax.jit(opt.init)(params)
+    opt_state = jax.jit(opt.init)(trainable)
 
     def step(p, o, x, t, eps):
         def loss(p):
@@ -153,17 +251,45 @@ def check_model(cfg, graphdef, state, batch: int, repeats: int):
 
     train = jax.jit(step, donate_argnums=(0, 1))
     eps = jax.random.normal(jax.random.key(1), x.shape)
-    fwd_s = median_seconds(lambda: fwd(params, x, t).block_until_ready(), repeats)
-    carry = {"p": params, "o": opt_state}
+    carry = {"p": trainable, "o": opt_state}
 
     def one_step():
         carry["p"], carry["o"], value = train(carry["p"], carry["o"], x, t, eps)
         value.block_until_ready()
 
-    step_s = median_seconds(one_step, repeats)
-    return {"params": count_params(state), "forward_ms": 1e3 * fwd_s,
-            "train_step_ms": 1e3 * step_s, "train_samples_per_s": batch / step_s}, \
-        (fwd, train, carry, (x, t, eps))
+    return train, carry, (x, t, eps), median_seconds(one_step, repeats)
+
+
+def check_lora(cfg, graphdef, state, batch: int, repeats: int, rank: int = LORA_RANK):
+    """The train step with LoRA adapters of ``rank`` on the blocks' attention projections
+    (``rl.lora``), AdamW on the adapters only, the base frozen."""
+    import jax  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+
+    from spotlight_jax.rl import lora as lora_lib  # noqa: PLC0415
+
+    x, t, tokens, mask = inputs(cfg, batch)
+    lora = lora_lib.init_lora(state, rank, jax.random.key(2))
+
+    def velocity(adapters, x, t):
+        return nnx.merge(graphdef, lora_lib.merge(state, adapters, 2.0))(x, t, tokens, mask)
+
+    *_, step_s = timed_train_step(velocity, lora, x, t, repeats)
+    return {"rank": rank, "adapter_params": sum(a.size for a in jax.tree.leaves(lora)),
+            "train_step_ms": 1e3 * step_s, "train_samples_per_s": batch / step_s}
+
+
+def check_remat(config_path: str, depth: int, latent: int, batch: int, repeats: int):
+    """The full train step with remat under each policy (``models.mmdit.REMAT_POLICIES``)."""
+    from spotlight_jax.models.mmdit import REMAT_POLICIES  # noqa: PLC0415
+
+    rows = {}
+    for policy in REMAT_POLICIES:
+        cfg, graphdef, state = build(config_path, depth, latent, remat=True,
+                                     remat_policy=policy)
+        timings, _ = check_model(cfg, graphdef, state, batch, repeats)
+        rows[policy] = {"train_step_ms": timings["train_step_ms"]}
+    return rows
 
 
 def check_concurrent(parts, repeats: int):
@@ -192,23 +318,69 @@ def check_concurrent(parts, repeats: int):
             "overlap_speedup": seq / both}
 
 
-def run(config_path: str, depth: int, latent: int, batch: int, repeats: int) -> dict:
+def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
+        parts=PARTS, out: str | None = None, profile_depth: int = 2) -> dict:
+    """Every part of ``parts`` (:data:`PARTS`) in order, the result rewritten to ``out`` after
+    each (a run cut short keeps what it measured)."""
     import jax  # noqa: PLC0415
 
+    from spotlight_jax import provenance  # noqa: PLC0415
     from spotlight_jax.models import as_dtype  # noqa: PLC0415
 
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"--parts: unknown {unknown}; the parts are {', '.join(PARTS)}")
     cfg, graphdef, state = build(config_path, depth, latent)
-    seq = cfg.text_len + (latent // cfg.patch_size) ** 2
+    image_len = (latent // cfg.patch_size) ** 2
+    seq = cfg.text_len + image_len
+    dtype = as_dtype(cfg.dtype)
     result = {"backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-              "config": str(config_path), "depth": depth, "latent": latent, "batch": batch,
-              "width": cfg.width, "heads": cfg.num_heads, "seq": seq, "dtype": cfg.dtype}
-    result["attention"] = check_attention(batch, seq, cfg.num_heads, cfg.head_dim,
-                                          as_dtype(cfg.dtype), repeats)
-    timings, parts = check_model(cfg, graphdef, state, batch, repeats)
-    result.update(timings)
-    result.update(utilisation(cfg, batch, timings))
-    result["concurrent"] = check_concurrent(parts, repeats)
+              "devices": len(jax.devices()), "config": str(config_path), "depth": depth,
+              "latent": latent, "batch": batch, "width": cfg.width, "heads": cfg.num_heads,
+              "seq": seq, "dtype": cfg.dtype, "code": provenance.code_version(), "parts": {}}
+
+    def done(part, started):
+        result["parts"][part] = round(time.perf_counter() - started, 1)
+        if out:
+            with open(out, "w") as f:
+                json.dump(result, f, indent=1)
+
+    model_parts = None
+    for part in [p for p in PARTS if p in parts]:
+        started = time.perf_counter()
+        if part == "attention":
+            result["attention"] = check_attention(batch, seq, cfg.num_heads, cfg.head_dim,
+                                                  dtype, repeats)
+        elif part == "paths":
+            result["paths"] = check_attention_paths(batch, cfg.text_len, image_len,
+                                                    cfg.num_heads, cfg.head_dim, dtype, repeats)
+        elif part in ("model", "concurrent") and model_parts is None:
+            timings, model_parts = check_model(cfg, graphdef, state, batch, repeats)
+            result.update(timings)
+            result.update(utilisation(cfg, batch, timings))
+        if part == "lora":
+            result["lora"] = check_lora(cfg, graphdef, state, batch, repeats)
+            result["lora"]["train_step_mfu"] = utilisation(
+                cfg, batch, {"forward_ms": 1.0, **result["lora"]})["train_step_mfu"]
+        elif part == "remat":
+            result["remat"] = check_remat(config_path, depth, latent, batch, repeats)
+        elif part == "concurrent":
+            result["concurrent"] = check_concurrent(model_parts, repeats)
+        elif part == "profile":
+            from spotlight_jax.bench import device_profile  # noqa: PLC0415
+            result["profile"] = device_profile.profile(config_path, profile_depth,
+                                                       repeats=repeats)
+            if out:
+                with open(profile_path(out), "w") as f:
+                    json.dump(result["profile"], f, indent=1)
+        done(part, started)
     return result
+
+
+def profile_path(out: str) -> str:
+    """Where the profile part is written alone (``cost.profile_file``) beside ``out``."""
+    stem = out[:-5] if out.endswith(".json") else out
+    return stem + "_profile.json"
 
 
 def utilisation(cfg, batch: int, timings: dict) -> dict:
@@ -231,19 +403,29 @@ def utilisation(cfg, batch: int, timings: dict) -> dict:
 
 
 def table(result: dict) -> str:
-    """The result as the markdown lines docs/performance.md records."""
-    lines = [f"{result['device']} ({result['backend']}), {result['config']}, depth "
-             f"{result['depth']}, {result['params'] / 1e6:.0f}M params, {result['dtype']}, "
-             f"batch {result['batch']}, {result['seq']} tokens", "",
-             "| measurement | value |", "|---|---|",
-             f"| forward | {result['forward_ms']:.1f} ms ({result['forward_tflops']:.1f} model "
-             f"TFLOP/s, MFU {result['forward_mfu']:.1%}) |",
-             f"| train step (AdamW, full) | {result['train_step_ms']:.1f} ms "
-             f"({result['train_samples_per_s']:.2f} samples/s, "
-             f"{result['train_step_tflops']:.1f} model TFLOP/s, MFU "
-             f"{result['train_step_mfu']:.1%}) |",
-             f"| peak per device | {result['peak_tflops']:.4g} TFLOP/s ({result['peak_source']}) |"]
-    for row in result["attention"]:
+    """The result as the markdown lines docs/performance.md records (the parts it ran)."""
+    lines = [f"{result['device']} ({result['backend']}, {result['devices']} device(s)), "
+             f"{result['config']}, depth {result['depth']}, {result['dtype']}, batch "
+             f"{result['batch']}, {result['seq']} tokens", "",
+             "| measurement | value |", "|---|---|"]
+    if "forward_ms" in result:
+        lines += [f"| forward ({result['params'] / 1e6:.0f}M params) | "
+                  f"{result['forward_ms']:.1f} ms ({result['forward_tflops']:.1f} model "
+                  f"TFLOP/s, MFU {result['forward_mfu']:.1%}); attention kernel in its HLO: "
+                  f"{result['hlo_attention_kernel']} |",
+                  f"| train step (AdamW, full) | {result['train_step_ms']:.1f} ms "
+                  f"({result['train_samples_per_s']:.2f} samples/s, "
+                  f"{result['train_step_tflops']:.1f} model TFLOP/s, MFU "
+                  f"{result['train_step_mfu']:.1%}) |",
+                  f"| peak per device | {result['peak_tflops']:.4g} TFLOP/s "
+                  f"({result['peak_source']}) |"]
+    if "lora" in result:
+        r = result["lora"]
+        lines.append(f"| train step (AdamW, LoRA r{r['rank']}) | {r['train_step_ms']:.1f} ms "
+                     f"(MFU {r['train_step_mfu']:.1%}) |")
+    for policy, r in result.get("remat", {}).items():
+        lines.append(f"| train step, remat `{policy}` | {r['train_step_ms']:.1f} ms |")
+    for row in result.get("attention", []):
         name = f"attention `{row['implementation']}`"
         if "skipped" in row:
             lines.append(f"| {name} | skipped: {row['skipped']} |")
@@ -251,21 +433,36 @@ def table(result: dict) -> str:
             lines.append(f"| {name} | fwd {row['fwd_ms']:.2f} ms, fwd+bwd "
                          f"{row['fwd_bwd_ms']:.2f} ms, max diff vs xla "
                          f"{row['max_abs_diff_vs_xla']:.2e} |")
-    c = result["concurrent"]
-    lines.append("| train + explore on disjoint devices | "
-                 + (f"skipped: {c['skipped']}" if "skipped" in c else
-                    f"{c['concurrent_ms']:.1f} ms together vs {c['sequential_ms']:.1f} ms one "
-                    f"after the other ({c['overlap_speedup']:.2f}x)") + " |")
+    if "paths" in result:
+        p = result["paths"]
+        lines.append(f"| attention kernel `{p['kernel']}` alone | fwd "
+                     f"{p['kernel_alone']['fwd_ms']:.2f} ms, fwd+bwd "
+                     f"{p['kernel_alone']['fwd_bwd_ms']:.2f} ms |")
+        lines.append(f"| `parallel.attention` dense | fwd+bwd {p['dense']['fwd_bwd_ms']:.2f} ms "
+                     f"({p['dense']['vs_kernel']:.2f}x the kernel alone) |")
+        for strategy in ("ulysses", "ring"):
+            r = p[strategy]
+            lines.append(f"| `parallel.attention` {strategy} | " + (
+                f"skipped: {r['skipped']}" if "skipped" in r else
+                f"fwd+bwd {r['fwd_bwd_ms']:.2f} ms on {r['devices']} devices, max diff vs "
+                f"dense {r['max_abs_diff_vs_dense']:.2e}") + " |")
+    if "concurrent" in result:
+        c = result["concurrent"]
+        lines.append("| train + explore on disjoint devices | "
+                     + (f"skipped: {c['skipped']}" if "skipped" in c else
+                        f"{c['concurrent_ms']:.1f} ms together vs {c['sequential_ms']:.1f} ms "
+                        f"one after the other ({c['overlap_speedup']:.2f}x)") + " |")
+    if "profile" in result:
+        from spotlight_jax.bench import device_profile  # noqa: PLC0415
+        lines += ["", device_profile.table(result["profile"])]
     return "\n".join(lines)
 
 
 def main(argv):
     del argv
-    result = run(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.repeats)
+    result = run(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.repeats,
+                 tuple(FLAGS.parts), FLAGS.out, FLAGS.profile_depth)
     print(table(result))
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,53 @@
-"""The accelerator check script runs end to end on CPU devices (so it cannot rot between GPU
-loans): every measurement present and positive, the attention implementations agree, and the
-train step really updates the weights. Among the e2e checks (~30 s of compiles)."""
+"""The prepared device script runs end to end on CPU devices (so it cannot rot between GPU
+loans): every part present, the attention paths equal the kernel alone, the train steps really
+update the weights, and the profile it writes beside its JSON prices a cost model. Among the
+e2e checks (~2.5 minutes of compiles on 2 cores)."""
+import dataclasses
+import json
+
 import jax
 import numpy as np
 import pytest
 
 from spotlight_jax.bench import device_check
+from spotlight_jax.emulation import device_profile
 from spotlight_jax.programs import TINY_CONFIG
 
 
 @pytest.mark.e2e
-def test_device_check_runs_on_cpu_devices():
-    result = device_check.run(TINY_CONFIG, depth=1, latent=8, batch=2, repeats=1)
+def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
+    out = str(tmp_path / "device_check.json")
+    result = device_check.run(TINY_CONFIG, depth=1, latent=8, batch=2, repeats=1, out=out,
+                              profile_depth=1)
     assert result["backend"] == "cpu" and result["seq"] == 16 + 4
+    assert list(result["parts"]) == list(device_check.PARTS)
+    assert json.load(open(out))["parts"] == result["parts"]          # written as it went
     assert result["forward_ms"] > 0 and result["train_step_ms"] > 0
+    assert result["hlo_attention_kernel"] == "xla"                    # auto on a CPU
     xla, cudnn = result["attention"]
     assert xla["implementation"] == "xla" and xla["max_abs_diff_vs_xla"] == 0.0
     assert cudnn == {"implementation": "cudnn", "skipped": "not a GPU backend"}
-    assert len(jax.devices()) >= 2 and result["concurrent"]["concurrent_ms"] > 0
+    paths = result["paths"]
+    assert paths["kernel"] == "xla" and paths["dense"]["max_abs_diff"] < 1e-6
+    assert len(jax.devices()) >= 2
+    for strategy in ("ulysses", "ring"):
+        assert paths[strategy]["max_abs_diff_vs_dense"] < 1e-5, strategy
+    assert result["lora"]["rank"] == 32 and 0 < result["lora"]["train_step_mfu"] <= 1
+    assert set(result["remat"]) == {"nothing", "dots_no_batch", "dots"}
+    assert result["concurrent"]["concurrent_ms"] > 0
     text = device_check.table(result)
-    assert all(line.count("|") == 3 for line in text.splitlines() if line.startswith("| "))
+    assert all(line.count("|") in (3, 4) for line in text.splitlines() if line.startswith("| "))
+    # the profile: every phase the cost model charges, loadable as cost.profile_file
+    profile = device_profile.load(device_check.profile_path(out))
+    assert {(b, sp) for b, sp, _ in profile.rollout} == {(1, 1), (4, 1), (1, 2), (4, 2)}
+    assert set(profile.update) == {"nft", "flow_grpo"}
+    assert profile.regroup_shrink_s > 0 and profile.decode_s_per_image is None
+    from spotlight_jax.config import model_config
+    from spotlight_jax.config.loading import load_config
+    tiny = model_config(load_config(TINY_CONFIG))
+    profile.check_model(dataclasses.replace(tiny, image_size=64, depth=1))
+    with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
+        device_check.run(TINY_CONFIG, 1, 8, 2, 1, parts=("nope",))
 
 
 @pytest.mark.e2e
