@@ -62,8 +62,12 @@ def cudnn_refusal(dtype, head_dim: int, devices=None) -> str | None:
 
 def resolve(requested: str, dtype, head_dim: int, devices=None) -> Kernel:
     """The kernel for ``requested`` (one of :data:`IMPLEMENTATIONS`, or a :class:`Kernel`,
-    returned as is); a forced ``cudnn`` that cannot run is a one-line ValueError."""
+    returned as is when ``dtype`` suits it); a forced ``cudnn`` that cannot run is a one-line
+    ValueError."""
     if isinstance(requested, Kernel):
+        if requested.impl == "cudnn" and jnp.dtype(dtype) not in [jnp.dtype(t) for t in HALF]:
+            raise ValueError(f"attention inputs of {jnp.dtype(dtype).name} for the cuDNN "
+                             "kernel, which takes bfloat16 or float16 (the model's dtype)")
         return requested
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {requested!r}: choose one of "

@@ -40,6 +40,8 @@ def test_auto_is_xla_on_cpu_and_a_forced_cudnn_says_why_in_one_line():
     with pytest.raises(ValueError, match="'flash': choose one of"):
         kernels.resolve("flash", jnp.bfloat16, 128)
     assert kernels.resolve(LENGTHS, jnp.float32, 8) is LENGTHS
+    with pytest.raises(ValueError, match="float32 for the cuDNN kernel"):
+        kernels.resolve(kernels.CUDNN, jnp.float32, 128)      # resolved for bf16, fed f32
 
 
 @pytest.mark.parametrize("dtype,head_dim,devices,why", [
