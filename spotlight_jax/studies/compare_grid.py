@@ -15,8 +15,10 @@ they are archived once per seed under ``DIR/on_demand`` and every trace's report
 ``phases.json``) unless ``--allow_mixed_commits``; it writes, for every trace and seed with a
 ``baseline`` run, the comparison's ``report.md``, ``compare.json`` and plots
 (``runner.reports.write_report``), then per trace the ratios' mean and [min, max] over seeds
-(``report_seeds.md``), and ``DIR/grid.md``: one table of every mode's speed-up, cost, iteration
-and per-iteration time ratios on every trace, and which runs are still missing.
+(``report_seeds.md``), ``DIR/grid.md``: one table of every mode's speed-up, cost, iteration
+and per-iteration time ratios on every trace, and which runs are still missing, and
+``DIR/headline.md`` (``studies.headline``: several targets, interpolated crossings, the
+curve-level speed-up, bootstrap intervals over seeds, censored seeds as bounds).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from absl import app, flags
 from spotlight_jax import registry
 from spotlight_jax.metrics import read_jsonl
 from spotlight_jax.registry import BASELINE
+from spotlight_jax.studies import headline
 
 FLAGS = flags.FLAGS
 COMMANDS = ("archive", "report")         # the program's first word
@@ -239,6 +242,11 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
                for t, seeds in runs.items() for s, by_mode in seeds.items()
                if len(by_mode) < len(all_modes)]
     lines += ["## Runs not archived yet", ""] + ([f"- {x}" for x in missing] or ["none"]) + [""]
+    histories = {t: {s: {m: _load(p)[0] for m, p in by_mode.items()}
+                     for s, by_mode in seeds.items()} for t, seeds in runs.items()}
+    headline.write_headline(grid, histories, list(all_modes), code_line=code)
+    lines += ["Every crossing, interpolated, with bootstrap intervals over seeds and the "
+              "curve-level speed-up: [headline.md](headline.md).", ""]
     path = os.path.join(grid, "grid.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))

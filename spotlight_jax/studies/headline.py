@@ -1,0 +1,191 @@
+"""The headline comparison measured so that no single crossing decides it.
+
+Per trace, for each spot mode against ``baseline`` over the config seeds of a grid
+(``studies.compare_grid``):
+
+* **time and cost to target** at several gains over baseline's start (default +0.06, +0.07,
+  +0.08), each run's crossing *interpolated* between the two evaluations around it (linear in
+  the emulated seconds or dollars), so evaluations every few iterations do not quantise the
+  ratio;
+* the **curve-level speed-up**: at evenly spaced reward levels over the range both runs reach,
+  baseline's time to first reach the level over the mode's, their geometric mean (one number
+  that uses the whole curve rather than one crossing);
+* **intervals by bootstrap over seeds** (seeds resampled with their baseline paired, the mean's
+  2.5 and 97.5 percentiles);
+* a seed whose baseline never reaches a target is **censored**: its ratio is at least
+  baseline's whole run over the mode's time (a bound, shown apart, never averaged as a value);
+  the mean over decided seeds and the mean with censored seeds at their bound (itself a lower
+  bound of the true mean) are both given.
+
+Pure functions over histories (``compare_grid.grid_runs`` + ``_load``); ``write_headline``
+writes ``headline.md`` and ``headline.json`` into the grid.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from spotlight_jax.registry import BASELINE
+
+GAINS = (0.06, 0.07, 0.08)
+LEVELS = 20
+RESAMPLES = 10_000
+
+
+def _evals(history: list[dict]) -> list[tuple[float, float, float]]:
+    """``(val_reward, vtime_s, dollars)`` of every evaluation, in order."""
+    return [(float(h["val_reward"]), float(h.get("vtime_s", 0.0)), float(h.get("dollars", 0.0)))
+            for h in history if "val_reward" in h]
+
+
+def crossing(history: list[dict], target: float, key: str = "vtime_s") -> float | None:
+    """The emulated seconds (``key='vtime_s'``) or dollars (``'dollars'``) at which the run's
+    validation reward first reaches ``target``, linear between the evaluation before and the
+    one at or above it; None when it never does (0 when it starts there)."""
+    col = {"vtime_s": 1, "dollars": 2}[key]
+    ev = _evals(history)
+    for i, row in enumerate(ev):
+        if row[0] >= target:
+            if i == 0:
+                return 0.0
+            prev = ev[i - 1]
+            frac = (target - prev[0]) / (row[0] - prev[0])
+            return prev[col] + frac * (row[col] - prev[col])
+    return None
+
+
+def run_total(history: list[dict], key: str = "vtime_s") -> float:
+    """The whole run's seconds or dollars (what a censored crossing is bounded by)."""
+    return float(history[-1].get(key, 0.0)) if history else 0.0
+
+
+def curve_speedup(base: list[dict], mode: list[dict], levels: int = LEVELS) -> float | None:
+    """Geometric mean over ``levels`` reward levels, evenly spaced above both starts up to the
+    lower of the two best rewards, of baseline's time to first reach the level over the
+    mode's; None when the two curves share no range above their starts."""
+    eb, em = _evals(base), _evals(mode)
+    if len(eb) < 2 or len(em) < 2:
+        return None
+    lo = max(eb[0][0], em[0][0])
+    hi = min(max(r for r, *_ in eb), max(r for r, *_ in em))
+    if hi <= lo:
+        return None
+    logs = []
+    for j in range(1, levels + 1):
+        level = lo + (hi - lo) * j / levels
+        tb, tm = crossing(base, level), crossing(mode, level)
+        if tb and tm:
+            logs.append(math.log(tb / tm))
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def bootstrap_mean(values, resamples: int = RESAMPLES, seed: int = 0):
+    """``(mean, low, high)``: the mean and the 2.5/97.5 percentiles of the mean over
+    ``resamples`` resamplings of ``values`` with replacement (one value: no interval)."""
+    x = np.asarray(values, float)
+    if x.size == 0:
+        return None
+    if x.size == 1:
+        return float(x[0]), float(x[0]), float(x[0])
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, (resamples, x.size))].mean(axis=1)
+    return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def seed_ratio(base: list[dict], mode: list[dict], gain: float, key: str) -> dict:
+    """One seed's baseline / mode ratio at ``base start + gain``: ``{"value": r}`` when both
+    reach it, ``{"at_least": r}`` when only the mode does (censored: baseline's whole run),
+    ``{"at_most": r}`` when only baseline does, ``{}`` when neither."""
+    target = _evals(base)[0][0] + gain
+    tb, tm = crossing(base, target, key), crossing(mode, target, key)
+    if tb is not None and tm:
+        return {"value": tb / tm}
+    if tb is None and tm:
+        return {"at_least": run_total(base, key) / tm}
+    if tb is not None and tm is None and run_total(mode, key):
+        return {"at_most": tb / run_total(mode, key)}
+    return {}
+
+
+def summarise(cells: list[dict]) -> dict:
+    """Seeds' :func:`seed_ratio` cells -> the mean and bootstrap interval of the decided ones,
+    the mean with censored seeds at their lower bound, and the bounds themselves."""
+    decided = [c["value"] for c in cells if "value" in c]
+    with_bounds = decided + [c["at_least"] for c in cells if "at_least" in c]
+    out = {"seeds": len(cells), "decided": len(decided),
+           "at_least": [c["at_least"] for c in cells if "at_least" in c],
+           "at_most": [c["at_most"] for c in cells if "at_most" in c]}
+    if decided:
+        out["mean"], out["low"], out["high"] = bootstrap_mean(decided)
+    if len(with_bounds) > len(decided):
+        out["mean_censored_at_bound"] = bootstrap_mean(with_bounds)[0]
+    return out
+
+
+def trace_rows(by_seed: dict[int, dict[str, list[dict]]], mode: str,
+               gains=GAINS) -> dict[str, dict]:
+    """Every row of one trace's table for ``mode``: time and cost at each gain, and the curve."""
+    pairs = [(s, runs[BASELINE], runs[mode]) for s, runs in sorted(by_seed.items())
+             if BASELINE in runs and mode in runs]
+    rows = {}
+    for gain in gains:
+        for key, what in (("vtime_s", "time"), ("dollars", "cost")):
+            rows[f"{what} to +{gain:g}"] = summarise(
+                [seed_ratio(b, m, gain, key) for _, b, m in pairs])
+    curves = [curve_speedup(b, m) for _, b, m in pairs]
+    rows["curve-level speed-up"] = summarise([{"value": c} for c in curves if c is not None])
+    rows["curve-level speed-up"]["seeds"] = len(pairs)
+    return rows
+
+
+def cell(row: dict) -> str:
+    """A table cell: ``2.71x [2.40, 3.02] (4/5)``, then censored bounds (``seed: > 3.1x``)."""
+    parts = []
+    if "mean" in row:
+        parts.append(f"{row['mean']:.2f}x [{row['low']:.2f}, {row['high']:.2f}] "
+                     f"({row['decided']}/{row['seeds']})")
+    else:
+        parts.append(f"— (0/{row['seeds']})")
+    if row.get("at_least"):
+        parts.append("censored: " + ", ".join(f"> {b:.2f}x" for b in row["at_least"])
+                     + f"; mean with them at their bound {row['mean_censored_at_bound']:.2f}x")
+    if row.get("at_most"):
+        parts.append("mode short of it: " + ", ".join(f"< {b:.2f}x" for b in row["at_most"]))
+    return "; ".join(parts)
+
+
+def write_headline(grid: str, runs: dict[str, dict[int, dict[str, list[dict]]]],
+                   modes: list[str], gains=GAINS, code_line: str = "") -> str:
+    """``headline.md`` and ``headline.json`` in ``grid``: one table per trace, a row per
+    measure, a column per spot mode. ``runs``: trace -> seed -> mode -> history."""
+    result, lines = {}, [
+        "# The headline, measured on every crossing", "",
+        "Each cell: baseline / mode, the mean over the seeds where both reached the target "
+        "[bootstrap 95% interval over seeds] (decided / run); crossings interpolated between "
+        "evaluations; a seed whose baseline never reached the target is censored and shown "
+        "as a bound (its mean at the bound is a lower bound). Curve-level: the geometric mean "
+        f"over {LEVELS} reward levels both runs reach of the time ratio to first reach each. "
+        "Built by `studies.compare_grid report` (`studies.headline`).", ""]
+    if code_line:
+        lines += [code_line, ""]
+    for trace, by_seed in runs.items():
+        present = [m for m in modes if m != BASELINE
+                   and any(m in r and BASELINE in r for r in by_seed.values())]
+        if not present:
+            continue
+        result[trace] = {m: trace_rows(by_seed, m, gains) for m in present}
+        lines += [f"## {trace}", "", "| measure | " + " | ".join(present) + " |",
+                  "|---|" + "---|" * len(present)]
+        for name in result[trace][present[0]]:
+            lines.append(f"| {name} | " + " | ".join(cell(result[trace][m][name])
+                                                     for m in present) + " |")
+        lines.append("")
+    with open(os.path.join(grid, "headline.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    path = os.path.join(grid, "headline.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path

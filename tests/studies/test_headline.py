@@ -1,0 +1,56 @@
+"""The headline report's measures against closed forms: interpolated crossings, the curve-level
+speed-up of a curve replayed at twice the speed, censored seeds as bounds, and the bootstrap."""
+import numpy as np
+import pytest
+
+from spotlight_jax.studies import headline
+
+
+def curve(rewards, s_per_eval=100.0, dollars_per_eval=2.0):
+    return [{"iteration": 5 * i, "val_reward": r, "vtime_s": i * s_per_eval,
+             "dollars": i * dollars_per_eval} for i, r in enumerate(rewards)]
+
+
+def test_a_crossing_is_interpolated_between_the_evaluations_around_it():
+    h = curve([0.50, 0.55, 0.70, 0.65])
+    assert headline.crossing(h, 0.60) == pytest.approx(100 + 100 / 3)
+    assert headline.crossing(h, 0.60, "dollars") == pytest.approx(2 + 2 / 3)
+    assert headline.crossing(h, 0.50) == 0.0 and headline.crossing(h, 0.71) is None
+
+
+def test_the_same_curve_twice_as_fast_is_a_2x_curve_level_speed_up():
+    rewards = [0.50, 0.52, 0.57, 0.61, 0.66, 0.70]
+    base, fast = curve(rewards, 100.0), curve(rewards, 50.0)
+    assert headline.curve_speedup(base, fast) == pytest.approx(2.0)
+    # only the shared range counts: a mode that stops at 0.61 is still 2x there
+    assert headline.curve_speedup(base, fast[:4]) == pytest.approx(2.0)
+    assert headline.curve_speedup(base, curve([0.50, 0.49])) is None
+
+
+def test_censored_seeds_are_bounds_and_the_interval_comes_from_the_seeds():
+    base = curve([0.50, 0.52, 0.54, 0.56, 0.57], 100.0)        # +0.08 never reached
+    fast = curve([0.50, 0.56, 0.60, 0.64], 100.0)
+    # +0.08 = 0.58: the mode crosses at 150 s, baseline's whole run (400 s) bounds it
+    assert headline.seed_ratio(base, fast, 0.08, "vtime_s") == {
+        "at_least": pytest.approx(400 / 150)}
+    assert headline.seed_ratio(base, fast, 0.06, "vtime_s") == {"value": pytest.approx(3.0)}
+    # the other way round: only baseline reaches it, the mode's whole run bounds the ratio
+    assert headline.seed_ratio(fast, base, 0.08, "vtime_s") == {
+        "at_most": pytest.approx(150 / 400)}
+    assert headline.seed_ratio(base, base[:2], 0.08, "vtime_s") == {}
+    row = headline.summarise([{"value": 2.0}, {"value": 3.0}, {"at_least": 2.5}, {}])
+    assert row["decided"] == 2 and row["seeds"] == 4 and row["mean"] == 2.5
+    assert 2.0 <= row["low"] <= row["mean"] <= row["high"] <= 3.0
+    assert row["mean_censored_at_bound"] == pytest.approx(2.5)
+    text = headline.cell(row)
+    assert text.startswith("2.50x [") and "(2/4)" in text and "censored: > 2.50x" in text
+
+
+def test_bootstrap_of_the_mean():
+    mean, low, high = headline.bootstrap_mean([1.0, 1.0, 1.0])
+    assert (mean, low, high) == (1.0, 1.0, 1.0)
+    x = np.random.default_rng(1).normal(3.0, 0.5, 50)
+    mean, low, high = headline.bootstrap_mean(x)
+    se = x.std(ddof=1) / np.sqrt(x.size)
+    assert mean == pytest.approx(x.mean())
+    assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)       # normal theory
