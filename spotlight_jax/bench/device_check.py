@@ -321,19 +321,17 @@ def check_concurrent(parts, repeats: int):
 def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
         parts=PARTS, out: str | None = None, profile_depth: int = 2) -> dict:
     """Every part of ``parts`` (:data:`PARTS`) in order, the result rewritten to ``out`` after
-    each (a run cut short keeps what it measured)."""
+    each (a run cut short keeps what it measured); a part that raises is recorded under
+    ``errors`` and the next one runs."""
     import jax  # noqa: PLC0415
 
     from spotlight_jax import provenance  # noqa: PLC0415
-    from spotlight_jax.models import as_dtype  # noqa: PLC0415
 
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise ValueError(f"--parts: unknown {unknown}; the parts are {', '.join(PARTS)}")
     cfg, graphdef, state = build(config_path, depth, latent)
-    image_len = (latent // cfg.patch_size) ** 2
-    seq = cfg.text_len + image_len
-    dtype = as_dtype(cfg.dtype)
+    seq = cfg.text_len + (latent // cfg.patch_size) ** 2
     result = {"backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
               "devices": len(jax.devices()), "config": str(config_path), "depth": depth,
               "latent": latent, "batch": batch, "width": cfg.width, "heads": cfg.num_heads,
@@ -345,36 +343,49 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
             with open(out, "w") as f:
                 json.dump(result, f, indent=1)
 
-    model_parts = None
+    state_of = {"model_parts": None}
     for part in [p for p in PARTS if p in parts]:
         started = time.perf_counter()
-        if part == "attention":
-            result["attention"] = check_attention(batch, seq, cfg.num_heads, cfg.head_dim,
-                                                  dtype, repeats)
-        elif part == "paths":
-            result["paths"] = check_attention_paths(batch, cfg.text_len, image_len,
-                                                    cfg.num_heads, cfg.head_dim, dtype, repeats)
-        elif part in ("model", "concurrent") and model_parts is None:
-            timings, model_parts = check_model(cfg, graphdef, state, batch, repeats)
-            result.update(timings)
-            result.update(utilisation(cfg, batch, timings))
-        if part == "lora":
-            result["lora"] = check_lora(cfg, graphdef, state, batch, repeats)
-            result["lora"]["train_step_mfu"] = utilisation(
-                cfg, batch, {"forward_ms": 1.0, **result["lora"]})["train_step_mfu"]
-        elif part == "remat":
-            result["remat"] = check_remat(config_path, depth, latent, batch, repeats)
-        elif part == "concurrent":
-            result["concurrent"] = check_concurrent(model_parts, repeats)
-        elif part == "profile":
-            from spotlight_jax.bench import device_profile  # noqa: PLC0415
-            result["profile"] = device_profile.profile(config_path, profile_depth,
-                                                       repeats=repeats)
-            if out:
-                with open(profile_path(out), "w") as f:
-                    json.dump(result["profile"], f, indent=1)
+        try:
+            _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent,
+                      batch, repeats, profile_depth, out)
+        except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
+            result.setdefault("errors", {})[part] = f"{type(e).__name__}: {e}"[:500]
         done(part, started)
     return result
+
+
+def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent, batch,
+              repeats, profile_depth, out) -> None:
+    """One part of :func:`run`, its numbers put into ``result``."""
+    from spotlight_jax.models import as_dtype  # noqa: PLC0415
+
+    dtype = as_dtype(cfg.dtype)
+    image_len = (latent // cfg.patch_size) ** 2
+    if part == "attention":
+        result["attention"] = check_attention(batch, result["seq"], cfg.num_heads, cfg.head_dim,
+                                              dtype, repeats)
+    elif part == "paths":
+        result["paths"] = check_attention_paths(batch, cfg.text_len, image_len, cfg.num_heads,
+                                                cfg.head_dim, dtype, repeats)
+    if part in ("model", "concurrent") and state_of["model_parts"] is None:
+        timings, state_of["model_parts"] = check_model(cfg, graphdef, state, batch, repeats)
+        result.update(timings)
+        result.update(utilisation(cfg, batch, timings))
+    if part == "lora":
+        result["lora"] = check_lora(cfg, graphdef, state, batch, repeats)
+        result["lora"]["train_step_mfu"] = utilisation(
+            cfg, batch, {"forward_ms": 1.0, **result["lora"]})["train_step_mfu"]
+    elif part == "remat":
+        result["remat"] = check_remat(config_path, depth, latent, batch, repeats)
+    elif part == "concurrent":
+        result["concurrent"] = check_concurrent(state_of["model_parts"], repeats)
+    elif part == "profile":
+        from spotlight_jax.bench import device_profile  # noqa: PLC0415
+        result["profile"] = device_profile.profile(config_path, profile_depth, repeats=repeats)
+        if out:
+            with open(profile_path(out), "w") as f:
+                json.dump(result["profile"], f, indent=1)
 
 
 def profile_path(out: str) -> str:
@@ -452,6 +463,8 @@ def table(result: dict) -> str:
                      + (f"skipped: {c['skipped']}" if "skipped" in c else
                         f"{c['concurrent_ms']:.1f} ms together vs {c['sequential_ms']:.1f} ms "
                         f"one after the other ({c['overlap_speedup']:.2f}x)") + " |")
+    for part, error in result.get("errors", {}).items():
+        lines.append(f"| part `{part}` | failed: {error} |")
     if "profile" in result:
         from spotlight_jax.bench import device_profile  # noqa: PLC0415
         lines += ["", device_profile.table(result["profile"])]

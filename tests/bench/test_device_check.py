@@ -20,7 +20,7 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     result = device_check.run(TINY_CONFIG, depth=1, latent=8, batch=2, repeats=1, out=out,
                               profile_depth=1)
     assert result["backend"] == "cpu" and result["seq"] == 16 + 4
-    assert list(result["parts"]) == list(device_check.PARTS)
+    assert list(result["parts"]) == list(device_check.PARTS) and "errors" not in result
     assert json.load(open(out))["parts"] == result["parts"]          # written as it went
     assert result["forward_ms"] > 0 and result["train_step_ms"] > 0
     assert result["hlo_attention_kernel"] == "xla"                    # auto on a CPU
@@ -48,6 +48,11 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     profile.check_model(dataclasses.replace(tiny, image_size=64, depth=1))
     with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
         device_check.run(TINY_CONFIG, 1, 8, 2, 1, parts=("nope",))
+    # a part that fails is recorded and the next one still runs
+    failed = device_check.run(TINY_CONFIG, 1, 8, 2, 1, parts=("profile", "lora"),
+                              profile_depth=0)
+    assert "depth" in failed["errors"]["profile"] and "lora" in failed
+    assert "| part `profile` | failed:" in device_check.table(failed)
 
 
 @pytest.mark.e2e
