@@ -4,8 +4,7 @@ color, an object lost) lose the part of the reward that reads it."""
 import numpy as np
 import pytest
 
-from spotlight_jax.world import DEFAULT
-from spotlight_jax.world import video
+from spotlight_jax.world import DEFAULT, video
 
 
 def test_every_prompt_renders_a_clip_that_earns_the_whole_reward():
