@@ -89,7 +89,11 @@ class PretrainConfig:
 
 
 def make_optimizer(cfg: PretrainConfig):
-    sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, max(cfg.warmup, 1), max(cfg.steps, 2),
+    """AdamW with a linear warm-up and a cosine decay; a run shorter than its warm-up warms up
+    over all but its last step (a few-step base for a smoke test or a device check)."""
+    steps = max(cfg.steps, 2)
+    warmup = min(max(cfg.warmup, 1), steps - 1)
+    sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, steps,
                                                cfg.lr * cfg.end_lr_frac)
     return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
                        optax.adamw(sched, weight_decay=cfg.weight_decay))
