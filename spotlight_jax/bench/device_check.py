@@ -1,8 +1,8 @@
 """The accelerator check: a real-shape model at reduced depth, timed on whatever device JAX has.
 
   python -m spotlight_jax.bench.device_check [--config=configs/qwen_image.py] [--depth=8]
-      [--latent=128] [--batch=4] [--parts=attention,paths,model,lora,remat,concurrent,profile]
-      [--profile_depth=2] [--out=device_check.json]
+      [--latent=128] [--batch=4] [--parts=attention,paths,...,iteration]
+      [--profile_depth=2] [--iteration_set=k=v,...] [--out=device_check.json]
 
 The one prepared script for a lent GPU (see docs/performance.md, "Accelerator check"), in
 parts, each a median of ``--repeats`` timed runs after a compile; the JSON is rewritten after
@@ -25,6 +25,11 @@ every part, so a run cut short keeps what it measured:
    after the other; skipped, and said so, with one device.
 7. ``profile``: ``bench.device_profile`` at ``--profile_depth`` (the cost model's image size),
    also written alone beside ``--out`` (``*_profile.json``) for ``cost.profile_file``.
+8. ``iteration``: a few Spotlight iterations (``spotlight`` and ``spotlight_pipelined``) of the
+   demo's world at Qwen-Image's compute shape at 512 px (``ITERATION_SET``: width 3072, 24
+   heads, 1024 image + 256 text tokens, bf16, 2 blocks, a 2-step base), the trainer and the
+   fleet sharing this machine's devices; each phase's time, images/s and MFU from the runs' own
+   ``rl.jsonl``.
 
 On a CPU it runs too (``--config=configs/tiny.py --depth=1 --latent=8``: what the tests do), so the
 script cannot rot between GPU loans; the cuDNN rows then say they were skipped.
@@ -40,8 +45,19 @@ from absl import app, flags
 from spotlight_jax import programs
 
 FLAGS = flags.FLAGS
-PARTS = ("attention", "paths", "model", "lora", "remat", "concurrent", "profile")
+PARTS = ("attention", "paths", "model", "lora", "remat", "concurrent", "profile", "iteration")
 LORA_RANK = 32           # the paper's setting
+# part iteration: the demo's world at Qwen-Image's compute shape at 512 px (width 3072, 24
+# heads, 64^2 pixels in 2x2 patches = the 1024 tokens of a 64^2 latent, 256 text tokens), bf16,
+# 2 blocks, a 2-step base, a few iterations of 4 prompts x 8 seeds
+ITERATION_MODES = ("spotlight", "spotlight_pipelined")
+ITERATION_SET = ("model.width=3072", "model.num_heads=24", "model.depth=2",
+                 "model.dtype=bfloat16", "model.param_dtype=bfloat16", "model.image_size=64",
+                 "model.patch_size=2", "model.text_len=256", "model.conv_stem=0",
+                 "model.conv_head=False", "model.pixel_head=0", "base_checkpoint=none",
+                 "pretrain.steps=2", "pretrain.batch_size=4", "rl.prompts_per_iter=4",
+                 "rl.group_size=8", "rl.iterations=3", "rl.eval_every=0",
+                 "rl.max_minutes=0")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -56,6 +72,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {PARTS}.", **fv)
     flags.DEFINE_integer("profile_depth", 2, "Blocks of the profiled model (part profile).",
                          **fv)
+    flags.DEFINE_list("iteration_set", list(ITERATION_SET), "Part iteration: the "
+                      "configs/tiny.py overrides its runs take (key=value).", **fv)
     flags.DEFINE_string("out", None, "Write the results as JSON here (after every part).", **fv)
 
 
@@ -319,7 +337,8 @@ def check_concurrent(parts, repeats: int):
 
 
 def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
-        parts=PARTS, out: str | None = None, profile_depth: int = 2) -> dict:
+        parts=PARTS, out: str | None = None, profile_depth: int = 2,
+        iteration_set=ITERATION_SET) -> dict:
     """Every part of ``parts`` (:data:`PARTS`) in order, the result rewritten to ``out`` after
     each (a run cut short keeps what it measured); a part that raises is recorded under
     ``errors`` and the next one runs."""
@@ -348,7 +367,7 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
         started = time.perf_counter()
         try:
             _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent,
-                      batch, repeats, profile_depth, out)
+                      batch, repeats, profile_depth, out, iteration_set)
         except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
             result.setdefault("errors", {})[part] = f"{type(e).__name__}: {e}"[:500]
         done(part, started)
@@ -356,7 +375,7 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
 
 
 def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent, batch,
-              repeats, profile_depth, out) -> None:
+              repeats, profile_depth, out, iteration_set=ITERATION_SET) -> None:
     """One part of :func:`run`, its numbers put into ``result``."""
     from spotlight_jax.models import as_dtype  # noqa: PLC0415
 
@@ -386,6 +405,52 @@ def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, 
         if out:
             with open(profile_path(out), "w") as f:
                 json.dump(result["profile"], f, indent=1)
+    elif part == "iteration":
+        workdir = (profile_path(out)[:-len("_profile.json")] + "_runs") if out else None
+        result["iteration"] = check_iterations(iteration_set, workdir)
+
+
+# rl.jsonl's per-iteration wall-clock columns the iteration part reports (medians)
+# (a pipelined iteration rolls out on the spot groups only: no trainer rollout columns, its
+# batch's sampling in explore_wall_s / sched_makespan_s)
+ITERATION_COLUMNS = ("time_rollout", "time_train", "rollout_images_per_s", "rollout_tflops",
+                     "train_images_per_s", "train_tflops", "train_mfu", "explore_wall_s",
+                     "explore_overlap", "sched_makespan_s")
+
+
+def check_iterations(overrides, workdir: str | None = None) -> dict:
+    """A few iterations of each of :data:`ITERATION_MODES` (``python -m spotlight_jax.main``
+    on ``configs/tiny.py`` with ``overrides``), on this machine's devices (one GPU: the trainer
+    and the fleet share it): per mode the medians of the iterations after the first (which
+    compiles) of the run's own throughput columns; a run that fails gives its last lines."""
+    import statistics  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from spotlight_jax.metrics import read_jsonl  # noqa: PLC0415
+
+    workdir = workdir or tempfile.mkdtemp(prefix="device_check_runs_")
+    out = {"overrides": list(overrides)}
+    for mode in ITERATION_MODES:
+        run_dir = f"{workdir}/{mode}"
+        cmd = [sys.executable, "-m", "spotlight_jax.main", f"--config={programs.TINY_CONFIG}",
+               f"--workdir={run_dir}", f"--config.mode={mode}",
+               *(f"--config.{kv}" for kv in overrides)]
+        started = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(programs.REPO))
+        row = {"wall_s": round(time.perf_counter() - started, 1)}
+        if done.returncode != 0:
+            row["failed"] = (done.stdout + done.stderr)[-1500:]
+        else:
+            rows = [r for r in read_jsonl(f"{run_dir}/rl.jsonl") if r.get("step", 0) >= 2]
+            for col in ITERATION_COLUMNS:
+                values = [float(r[col]) for r in rows if col in r]
+                if values:
+                    row[col] = statistics.median(values)
+            row["iterations_timed"] = len(rows)
+        out[mode] = row
+    return out
 
 
 def profile_path(out: str) -> str:
@@ -463,6 +528,14 @@ def table(result: dict) -> str:
                      + (f"skipped: {c['skipped']}" if "skipped" in c else
                         f"{c['concurrent_ms']:.1f} ms together vs {c['sequential_ms']:.1f} ms "
                         f"one after the other ({c['overlap_speedup']:.2f}x)") + " |")
+    for mode in ITERATION_MODES:
+        r = result.get("iteration", {}).get(mode)
+        if r is None:
+            continue
+        shown = ", ".join(f"{k} {r[k]:.3g}" for k in ITERATION_COLUMNS if k in r)
+        lines.append(f"| `{mode}` iteration | " + (
+            "failed: " + r["failed"].strip().splitlines()[-1] if "failed" in r else
+            f"{shown} (medians of {r['iterations_timed']} iterations)") + " |")
     for part, error in result.get("errors", {}).items():
         lines.append(f"| part `{part}` | failed: {error} |")
     if "profile" in result:
@@ -474,7 +547,7 @@ def table(result: dict) -> str:
 def main(argv):
     del argv
     result = run(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.repeats,
-                 tuple(FLAGS.parts), FLAGS.out, FLAGS.profile_depth)
+                 tuple(FLAGS.parts), FLAGS.out, FLAGS.profile_depth, tuple(FLAGS.iteration_set))
     print(table(result))
 
 

@@ -17,8 +17,12 @@ from spotlight_jax.programs import TINY_CONFIG
 @pytest.mark.e2e
 def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     out = str(tmp_path / "device_check.json")
+    small = [kv for kv in device_check.ITERATION_SET if not kv.startswith(
+        ("model.width", "model.num_heads", "model.depth", "model.text_len", "model.image_size",
+         "rl.iterations"))] + ["model.width=48", "model.num_heads=4", "model.depth=1",
+                               "rl.iterations=3", "rl.prompts_per_iter=2", "rl.group_size=4"]
     result = device_check.run(TINY_CONFIG, depth=1, latent=8, batch=2, repeats=1, out=out,
-                              profile_depth=1)
+                              profile_depth=1, iteration_set=small)
     assert result["backend"] == "cpu" and result["seq"] == 16 + 4
     assert list(result["parts"]) == list(device_check.PARTS) and "errors" not in result
     assert json.load(open(out))["parts"] == result["parts"]          # written as it went
@@ -35,6 +39,15 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     assert result["lora"]["rank"] == 32 and 0 < result["lora"]["train_step_mfu"] <= 1
     assert set(result["remat"]) == {"nothing", "dots_no_batch", "dots"}
     assert result["concurrent"]["concurrent_ms"] > 0
+    # a few Spotlight iterations of each mode, their phases' throughput from the runs' rl.jsonl
+    for mode in device_check.ITERATION_MODES:
+        row = result["iteration"][mode]
+        assert "failed" not in row, row.get("failed")
+        assert row["iterations_timed"] == 2 and 0 < row["train_mfu"] <= 1, row
+        assert row["time_train"] > 0 and row["explore_wall_s"] > 0
+    # spotlight rolls out on the trainer; a pipelined iteration on the spot groups only
+    assert result["iteration"]["spotlight"]["rollout_images_per_s"] > 0
+    assert "rollout_images_per_s" not in result["iteration"]["spotlight_pipelined"]
     text = device_check.table(result)
     assert all(line.count("|") in (3, 4) for line in text.splitlines() if line.startswith("| "))
     # the profile: every phase the cost model charges, loadable as cost.profile_file
