@@ -1,0 +1,224 @@
+"""The Wan 2.x video transformer in Flax NNX (diffusers' ``WanTransformer3DModel``, text-to-video).
+
+``model(x [B, F, H, W, C], t [B] in [0, 1], text_embeds [B, L, D], text_mask=None)`` returns the
+flow-matching velocity with x's shape (``F`` latent frames; diffusers' timestep is ``1000 t``).
+The architecture, as diffusers builds it: a 3-D patch embedding (``patch_size`` frames x rows x
+columns, a strided Conv3d, here patchify + one matmul), 3-D rotary positions over (frame, row,
+column) splitting each head's dims ``(d - 4 (d // 6), 2 (d // 6), 2 (d // 6))``; per block,
+self-attention with QK RMSNorm across all heads and the rotation, cross-attention to the text
+states (its own QK-norm, an affine LayerNorm before it), a tanh-GELU MLP, and the per-block
+modulation: a learned ``[6, dim]`` table plus the time embedding's projection (shift, scale,
+gate of the attention and the MLP). The time embedding (sinusoidal ``freq_dim``, linear-SiLU-
+linear) and the text projection (linear, tanh-GELU, linear) come first; the output norm is
+modulated by a ``[2, dim]`` table plus the time embedding, then projected and unpatchified.
+
+Attention goes through ``parallel.attention`` (its ``AttentionSpec``), so the video tokens are
+sequence-parallel over a mesh like the image models'; the cross-attention's text keys and values
+are short and stay whole. ``models.convert.wan`` loads a diffusers folder into it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from spotlight_jax.models.layers import Dense, apply_rope, param, timestep_embedding
+from spotlight_jax.models.mmdit import AttentionSpec, as_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class WanConfig:
+    """diffusers' ``WanTransformer3DModel`` config (its ``config.json`` names), T2V."""
+
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    num_attention_heads: int = 40
+    attention_head_dim: int = 128
+    in_channels: int = 16
+    out_channels: int = 16
+    text_dim: int = 4096
+    freq_dim: int = 256
+    ffn_dim: int = 13824
+    num_layers: int = 40
+    cross_attn_norm: bool = True
+    eps: float = 1e-6
+    rope_theta: float = 10_000.0
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    @property
+    def dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def rope_axes(self) -> tuple[int, int, int]:
+        """Each head's dims for (frame, row, column)."""
+        d = self.attention_head_dim
+        hw = 2 * (d // 6)
+        return d - 2 * hw, hw, hw
+
+    def validate(self) -> WanConfig:
+        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+            raise ValueError(f"patch_size={self.patch_size!r}: give (frames, rows, columns), "
+                             "each >= 1 (Wan 2.1: (1, 2, 2))")
+        if self.attention_head_dim % 2 or min(self.rope_axes) < 2:
+            raise ValueError(f"attention_head_dim={self.attention_head_dim}: must be even and "
+                             ">= 12 (three rotary axes)")
+        return self
+
+
+class _Norm(nnx.Module):
+    """LayerNorm computed in float32, with or without a learned affine (diffusers'
+    ``FP32LayerNorm``)."""
+
+    def __init__(self, dim: int, eps: float, affine: bool, *, rngs, param_dtype):
+        self.eps = eps
+        self.weight = (param(rngs, nnx.initializers.ones, (dim,), param_dtype, ("embed",))
+                       if affine else None)
+        self.bias = (param(rngs, nnx.initializers.zeros, (dim,), param_dtype, ("embed",))
+                     if affine else None)
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(((x32 - mean) ** 2).mean(-1, keepdims=True) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y
+
+
+class _RMS(nnx.Module):
+    """RMSNorm over the whole projection (all heads at once), as Wan's QK-norm."""
+
+    def __init__(self, dim: int, eps: float, *, rngs, param_dtype):
+        self.eps = eps
+        self.weight = param(rngs, nnx.initializers.ones, (dim,), param_dtype, ("qkv",))
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + self.eps)
+        return (y * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class WanAttention(nnx.Module):
+    """Self- or cross-attention: q from ``x``, k and v from ``context`` (``x`` itself when
+    None), QK RMSNorm across heads, rotary positions on q and k when given."""
+
+    def __init__(self, cfg: WanConfig, *, rngs):
+        d, dt, pdt = cfg.dim, as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+        kw = dict(rngs=rngs, dtype=dt, param_dtype=pdt)
+        self.to_q = Dense(d, d, axes=("embed", "qkv"), **kw)
+        self.to_k = Dense(d, d, axes=("embed", "qkv"), **kw)
+        self.to_v = Dense(d, d, axes=("embed", "qkv"), **kw)
+        self.to_out = Dense(d, d, axes=("qkv", "embed"), **kw)
+        self.norm_q = _RMS(d, cfg.eps, rngs=rngs, param_dtype=pdt)
+        self.norm_k = _RMS(d, cfg.eps, rngs=rngs, param_dtype=pdt)
+        self.heads = cfg.num_attention_heads
+
+    def __call__(self, x, attn: AttentionSpec, context=None, rope=None, kv_mask=None):
+        context = x if context is None else context
+        b, n, d = x.shape
+        q = self.norm_q(self.to_q(x)).reshape(b, n, self.heads, -1)
+        k = self.norm_k(self.to_k(context)).reshape(b, context.shape[1], self.heads, -1)
+        v = self.to_v(context).reshape(b, context.shape[1], self.heads, -1)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if context is not x:            # the text keys are few: attended whole on each device
+            attn = dataclasses.replace(attn, mesh=None, strategy="dense")
+        return self.to_out(attn(q, k, v, kv_mask).reshape(b, n, d))
+
+
+class WanBlock(nnx.Module):
+    def __init__(self, cfg: WanConfig, *, rngs):
+        d, dt, pdt = cfg.dim, as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+        kw = dict(rngs=rngs, dtype=dt, param_dtype=pdt)
+        self.norm1 = _Norm(d, cfg.eps, False, rngs=rngs, param_dtype=pdt)
+        self.attn1 = WanAttention(cfg, rngs=rngs)
+        self.norm2 = (_Norm(d, cfg.eps, True, rngs=rngs, param_dtype=pdt)
+                      if cfg.cross_attn_norm else None)
+        self.attn2 = WanAttention(cfg, rngs=rngs)
+        self.norm3 = _Norm(d, cfg.eps, False, rngs=rngs, param_dtype=pdt)
+        self.ffn_in = Dense(d, cfg.ffn_dim, axes=("embed", "mlp"), **kw)
+        self.ffn_out = Dense(cfg.ffn_dim, d, axes=("mlp", "embed"), **kw)
+        self.scale_shift_table = param(rngs, nnx.initializers.normal(d ** -0.5), (1, 6, d),
+                                       pdt, (None, None, "embed"))
+
+    def __call__(self, x, text, temb6, rope, attn: AttentionSpec, text_mask=None):
+        mods = self.scale_shift_table[...].astype(jnp.float32) + temb6.astype(jnp.float32)
+        shift, scale, gate, c_shift, c_scale, c_gate = (mods[:, i][:, None] for i in range(6))
+        h = (self.norm1(x) * (1 + scale) + shift).astype(x.dtype)
+        x = (x.astype(jnp.float32) + self.attn1(h, attn, rope=rope) * gate).astype(x.dtype)
+        h = x if self.norm2 is None else self.norm2(x).astype(x.dtype)
+        x = x + self.attn2(h, attn, context=text, kv_mask=text_mask)
+        h = (self.norm3(x) * (1 + c_scale) + c_shift).astype(x.dtype)
+        ff = self.ffn_out(jax.nn.gelu(self.ffn_in(h), approximate=True))
+        return (x.astype(jnp.float32) + ff.astype(jnp.float32) * c_gate).astype(x.dtype)
+
+
+def wan_rope(cfg: WanConfig, frames: int, rows: int, cols: int):
+    """``(cos, sin)`` ``[frames * rows * cols, head_dim / 2]`` of the video tokens, in
+    (frame, row, column) order: each axis its own frequencies ``theta ** (-2j / dims)``,
+    computed in float64 as diffusers does, then float32."""
+    pos = np.stack(np.meshgrid(np.arange(frames), np.arange(rows), np.arange(cols),
+                               indexing="ij"), axis=-1).reshape(-1, 3)
+    angles = []
+    for a, dim in enumerate(cfg.rope_axes):
+        inv = 1.0 / np.power(cfg.rope_theta, np.arange(0, dim, 2, dtype=np.float64) / dim)
+        angles.append(pos[:, a].astype(np.float64)[:, None] * inv[None])
+    ang = np.concatenate(angles, axis=1)
+    return (jnp.asarray(np.cos(ang).astype(np.float32)),
+            jnp.asarray(np.sin(ang).astype(np.float32)))
+
+
+class WanTransformer(nnx.Module):
+    """The model of the module docstring."""
+
+    def __init__(self, cfg: WanConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg = cfg.validate()
+        d, dt, pdt = cfg.dim, as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+        kw = dict(rngs=rngs, dtype=dt, param_dtype=pdt)
+        self.patch_embed = Dense(math.prod(cfg.patch_size) * cfg.in_channels, d,
+                                 axes=("patch", "embed"), **kw)
+        self.time_1 = Dense(cfg.freq_dim, d, axes=("cond", "embed"), **kw)
+        self.time_2 = Dense(d, d, axes=("embed", "cond"), **kw)
+        self.time_proj = Dense(d, 6 * d, axes=("cond", "embed"), **kw)
+        self.text_1 = Dense(cfg.text_dim, d, axes=("text", "embed"), **kw)
+        self.text_2 = Dense(d, d, axes=("embed", "embed"), **kw)
+        self.blocks = nnx.List([WanBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.norm_out = _Norm(d, cfg.eps, False, rngs=rngs, param_dtype=pdt)
+        self.proj_out = Dense(d, cfg.out_channels * math.prod(cfg.patch_size),
+                              axes=("embed", "patch"), **kw)
+        self.scale_shift_table = param(rngs, nnx.initializers.normal(d ** -0.5), (1, 2, d),
+                                       pdt, (None, None, "embed"))
+
+    def __call__(self, x, t, text_embeds, text_mask=None, attn: AttentionSpec | None = None):
+        cfg = self.cfg
+        attn = AttentionSpec() if attn is None else attn
+        dt = as_dtype(cfg.dtype)
+        b, f, h, w, c = x.shape
+        pt, ph, pw = cfg.patch_size
+        if f % pt or h % ph or w % pw:
+            raise ValueError(f"a latent of {f} frames x {h} x {w} does not divide into patches "
+                             f"of {cfg.patch_size}")
+        gf, gh, gw = f // pt, h // ph, w // pw
+        patches = x.reshape(b, gf, pt, gh, ph, gw, pw, c).transpose(0, 1, 3, 5, 2, 4, 6, 7)
+        tokens = self.patch_embed(patches.reshape(b, gf * gh * gw, pt * ph * pw * c).astype(dt))
+        attn = attn.resolved(dt, cfg.attention_head_dim)
+        freqs = timestep_embedding(t, cfg.freq_dim, rounded_freqs=True)
+        temb = self.time_2(jax.nn.silu(self.time_1(freqs.astype(dt))))
+        temb6 = self.time_proj(jax.nn.silu(temb)).reshape(b, 6, -1)
+        text = self.text_2(jax.nn.gelu(self.text_1(text_embeds.astype(dt)), approximate=True))
+        kv_mask = None if text_mask is None else jnp.asarray(text_mask, bool)
+        rope = wan_rope(cfg, gf, gh, gw)
+        for block in self.blocks:
+            tokens = block(tokens, text, temb6, rope, attn, kv_mask)
+        mods = self.scale_shift_table[...].astype(jnp.float32) + temb[:, None].astype(
+            jnp.float32)
+        shift, scale = mods[:, 0][:, None], mods[:, 1][:, None]
+        y = self.proj_out((self.norm_out(tokens) * (1 + scale) + shift).astype(dt))
+        y = y.reshape(b, gf, gh, gw, pt, ph, pw, cfg.out_channels)
+        y = y.transpose(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, f, h, w, cfg.out_channels)
+        return y.astype(jnp.float32)

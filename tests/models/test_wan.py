@@ -1,0 +1,74 @@
+"""The Wan video transformer against diffusers' ``WanTransformer3DModel`` on a tiny random model
+(``tests/fixtures/diffusers/transformer/wan``, 2 blocks, with diffusers' outputs at 3 latent
+frames of 4 x 6 and at 1 frame of 6 x 4): ``models.convert.from_diffusers`` loads the folder
+and the velocity equals diffusers' to 1e-5 in float32. Bad checkpoints and shapes are one-line
+errors."""
+import json
+import pathlib
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spotlight_jax.models import convert
+from spotlight_jax.models.convert import wan as convert_wan
+from spotlight_jax.models.wan import WanConfig, WanTransformer
+
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers" / "transformer"
+
+
+@pytest.fixture(scope="module")
+def wan():
+    return convert.from_diffusers(FIXTURE / "wan")
+
+
+@pytest.mark.parametrize("shape", ["odd", "one_frame"])
+def test_the_velocity_equals_diffusers(wan, shape):
+    model, cfg = wan
+    assert isinstance(model, WanTransformer) and isinstance(cfg, WanConfig)
+    assert (cfg.num_layers, cfg.num_attention_heads, cfg.rope_axes) == (2, 2, (4, 4, 4))
+    ref = np.load(FIXTURE / "wan.npz")
+    got = model(jnp.asarray(ref[f"{shape}_x"]), jnp.asarray(ref[f"{shape}_t"]),
+                jnp.asarray(ref[f"{shape}_text"]))
+    want = ref[f"{shape}_out"]
+    assert got.shape == want.shape and float(np.abs(want).max()) > 0.1
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_checkpoints_and_shapes_say_what_is_wrong(wan, tmp_path):
+    model, cfg = wan
+    with pytest.raises(ValueError, match="not a Wan transformer"):
+        convert_wan.wan_config({"_class_name": "FluxTransformer2DModel"})
+    with pytest.raises(ValueError, match="only text-to-video"):
+        convert_wan.wan_config({"_class_name": convert_wan.CLASS_NAME, "image_dim": 1280})
+    with pytest.raises(ValueError, match="tensor 'patch_embedding.weight' is missing"):
+        convert_wan.wan_params({}, cfg)
+    with pytest.raises(ValueError, match="does not divide into patches"):
+        model(jnp.zeros((1, 2, 5, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 3, 16)))
+    # a config that does not match the weights: the parameter and both shapes named
+    bad = tmp_path / "wan"
+    shutil.copytree(FIXTURE / "wan", bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "ffn_dim": 48}))
+    with pytest.raises(ValueError, match=r"blocks/0/ffn_in/bias has shape \(40,\), the config "
+                                         r"gives \(48,\)"):
+        convert.from_diffusers(bad)
+    with pytest.raises(ValueError, match="streaming it onto shardings is not built yet"):
+        convert.from_diffusers(FIXTURE / "wan", shardings=lambda path, shape: None)
+
+
+@pytest.mark.parametrize("strategy", ["ulysses", "ring"])
+def test_sequence_parallel_over_the_video_tokens_equals_dense(wan, strategy):
+    """The self-attention's video tokens split over 2 devices (the text keys of the
+    cross-attention stay whole): the same velocity as on one device."""
+    import jax
+
+    from spotlight_jax.models.mmdit import AttentionSpec
+    from spotlight_jax.parallel import MeshConfig, make_mesh
+    model, _ = wan
+    ref = np.load(FIXTURE / "wan.npz")
+    mesh = make_mesh(jax.devices()[:2], MeshConfig(data=1, fsdp=1, sp=2))
+    args = (jnp.asarray(ref["odd_x"]), jnp.asarray(ref["odd_t"]), jnp.asarray(ref["odd_text"]))
+    got = model(*args, attn=AttentionSpec(mesh=mesh, strategy=strategy, axis="sp"))
+    np.testing.assert_allclose(np.asarray(got), ref["odd_out"], atol=1e-5, rtol=1e-5)
