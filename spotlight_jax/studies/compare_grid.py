@@ -17,7 +17,7 @@ they are archived once per seed under ``DIR/on_demand`` and every trace's report
 (``runner.reports.write_report``), then per trace the ratios' mean and [min, max] over seeds
 (``report_seeds.md``), ``DIR/grid.md``: one table of every mode's speed-up, cost, iteration
 and per-iteration time ratios on every trace, and which runs are still missing, and
-``DIR/headline.md`` (``studies.headline``: several targets, interpolated crossings, the
+``DIR/headline.md`` (``spotlight_jax.headline``: several targets, interpolated crossings, the
 curve-level speed-up, bootstrap intervals over seeds, censored seeds as bounds).
 """
 from __future__ import annotations
@@ -28,10 +28,9 @@ import shutil
 
 from absl import app, flags
 
-from spotlight_jax import registry
+from spotlight_jax import headline, registry
 from spotlight_jax.metrics import read_jsonl
 from spotlight_jax.registry import BASELINE
-from spotlight_jax.studies import headline
 
 FLAGS = flags.FLAGS
 COMMANDS = ("archive", "report")         # the program's first word

@@ -168,7 +168,7 @@ def write_headline(grid: str, runs: dict[str, dict[int, dict[str, list[dict]]]],
         "evaluations; a seed whose baseline never reached the target is censored and shown "
         "as a bound (its mean at the bound is a lower bound). Curve-level: the geometric mean "
         f"over {LEVELS} reward levels both runs reach of the time ratio to first reach each. "
-        "Built by `studies.compare_grid report` (`studies.headline`).", ""]
+        "Built by `studies.compare_grid report` (`spotlight_jax.headline`).", ""]
     if code_line:
         lines += [code_line, ""]
     for trace, by_seed in runs.items():
