@@ -48,6 +48,7 @@ class WanConfig:
     rope_theta: float = 10_000.0
     dtype: str = "float32"
     param_dtype: str = "float32"
+    remat: bool = False           # jax.checkpoint each block (its backward recomputes it)
 
     @property
     def dim(self) -> int:
@@ -213,8 +214,14 @@ class WanTransformer(nnx.Module):
         text = self.text_2(jax.nn.gelu(self.text_1(text_embeds.astype(dt)), approximate=True))
         kv_mask = None if text_mask is None else jnp.asarray(text_mask, bool)
         rope = wan_rope(cfg, gf, gh, gw)
+
+        def run_block(block, tokens):
+            return block(tokens, text, temb6, rope, attn, kv_mask)
+
+        if cfg.remat:
+            run_block = nnx.remat(run_block)
         for block in self.blocks:
-            tokens = block(tokens, text, temb6, rope, attn, kv_mask)
+            tokens = run_block(block, tokens)
         mods = self.scale_shift_table[...].astype(jnp.float32) + temb[:, None].astype(
             jnp.float32)
         shift, scale = mods[:, 0][:, None], mods[:, 1][:, None]
