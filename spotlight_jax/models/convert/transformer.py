@@ -59,8 +59,8 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
                    **overrides) -> tuple[MMDiT, MMDiTConfig]:
     """``(model, config)`` of a diffusers transformer component folder (``.../transformer``:
     ``config.json`` and one or sharded safetensors, fp32/bf16/fp16); for a Wan video
-    transformer ``(models.wan.WanTransformer, WanConfig)`` (``convert.wan``: on the default
-    device, its ``x`` ``[B, F, H, W, C]``).
+    transformer ``(models.wan.WanTransformer, WanConfig)`` (``convert.wan``, its ``x``
+    ``[B, F, H, W, C]``; each parameter placed on its sharding in turn).
 
     ``dtype`` is the parameter and compute dtype. The model takes unpacked latents ``x``
     ``[B, H, W, C]``, ``t`` = sigma in [0, 1], text embeddings ``[B, L, D]``, an optional bool
@@ -76,10 +76,7 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
     """
     config, tensors = read_component(checkpoint_dir)
     if config.get("_class_name") == wan.CLASS_NAME:          # the video transformer
-        if shardings is not None:
-            raise CheckpointError(f"{checkpoint_dir}: a Wan transformer is loaded onto the "
-                                  "default device; streaming it onto shardings is not built yet")
-        return wan.wan_model(config, tensors, dtype, **overrides)
+        return wan.wan_model(config, tensors, dtype, shardings, **overrides)
     dtype_name = np.dtype(dtype).name
     cfg, thunks = convert_tensors(config, tensors, source=str(checkpoint_dir), lazy=True,
                                   dtype=dtype_name, param_dtype=dtype_name, **overrides)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -77,21 +76,25 @@ def wan_params(tensors: dict, cfg: WanConfig) -> dict:
     return out
 
 
-def wan_model(config: dict, tensors: dict, dtype="float32", **overrides):
+def wan_model(config: dict, tensors: dict, dtype="float32", shardings=None, **overrides):
     """``(WanTransformer, WanConfig)`` from a folder's config and tensors, every parameter cast
-    to ``dtype`` (the parameter and compute dtype) on the default device."""
+    to ``dtype`` (the parameter and compute dtype) and placed, one at a time, on
+    ``shardings(path, shape)`` (our parameter path, its shape; default: the default device)."""
     name = np.dtype(dtype).name
     cfg = wan_config(config, dtype=name, param_dtype=name, **overrides)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: WanTransformer(cfg, rngs=nnx.Rngs(0))))
     shapes = nnx.to_pure_dict(state)
     params = wan_params(tensors, cfg)
 
+    place = shardings or (lambda path, shape: None)
+
     def cast(path, want, got):
         if tuple(got.shape) != tuple(want.shape):
             where = "/".join(str(getattr(k, "key", k)) for k in path)
             raise CheckpointError(f"Wan transformer: {where} has shape {tuple(got.shape)}, the "
                                   f"config gives {tuple(want.shape)}")
-        return jnp.asarray(got, dtype=name)
+        keys = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+        return jax.device_put(np.asarray(got).astype(name), place(keys, tuple(want.shape)))
 
     pure = jax.tree_util.tree_map_with_path(cast, shapes, params)
     nnx.replace_by_pure_dict(state, pure)
