@@ -57,6 +57,7 @@ def test_bad_checkpoints_and_shapes_say_what_is_wrong(wan, tmp_path):
 
 
 
+@pytest.mark.e2e          # a second load and a sharded program (~10 s)
 def test_each_parameter_lands_on_its_sharding():
     """``shardings(path, shape)`` places every parameter: the blocks' weights split over 2
     devices, the rest replicated on them; the velocity is unchanged."""
@@ -97,6 +98,7 @@ def test_sequence_parallel_over_the_video_tokens_equals_dense(wan, strategy):
     np.testing.assert_allclose(np.asarray(got), ref["odd_out"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.e2e          # two gradient programs (~20 s)
 def test_remat_gives_the_same_gradient(wan):
     """``remat=True`` recomputes each block in the backward: the same gradient."""
     import jax

@@ -122,6 +122,7 @@ def _tiny_model(**over):
     return MMDiT(cfg, rngs=nnx.Rngs(0)), cfg
 
 
+@pytest.mark.e2e          # two model programs per case (~20 s each on 2 cores)
 @pytest.mark.parametrize("over", [{}, {"single_blocks": 1, "pos_embed": "rope3d",
                                        "rope_axes": (4, 4, 4), "dual_attention_layers": (1,)}])
 def test_the_model_with_the_text_last_for_a_lengths_kernel_equals_the_text_first(over):
