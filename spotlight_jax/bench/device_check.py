@@ -380,6 +380,8 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
 def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent, batch,
               repeats, profile_depth, out, iteration_set=ITERATION_SET) -> None:
     """One part of :func:`run`, its numbers put into ``result``."""
+    import jax  # noqa: PLC0415
+
     from spotlight_jax.models import as_dtype  # noqa: PLC0415
 
     dtype = as_dtype(cfg.dtype)
@@ -396,8 +398,11 @@ def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, 
         result.update(utilisation(cfg, batch, timings))
     if part == "lora":
         result["lora"] = check_lora(cfg, graphdef, state, batch, repeats)
-        result["lora"]["train_step_mfu"] = utilisation(
-            cfg, batch, {"forward_ms": 1.0, **result["lora"]})["train_step_mfu"]
+        if "peak_tflops" not in result:
+            from spotlight_jax import utilization  # noqa: PLC0415
+            result["peak_tflops"] = utilization.device_peak(jax.devices()[0])[0] / 1e12
+        result["lora"]["train_step_mfu"] = train_step_mfu(
+            cfg, batch, result["lora"]["train_step_ms"], result["peak_tflops"] * 1e12)
     elif part == "remat":
         result["remat"] = check_remat(config_path, min(depth, REMAT_DEPTH), latent, batch,
                                       repeats)
@@ -479,7 +484,16 @@ def utilisation(cfg, batch: int, timings: dict) -> dict:
             "forward_tflops": fwd / fwd_s / 1e12,
             "forward_mfu": utilization.mfu(fwd, fwd_s, peak, 1),
             "train_step_tflops": 3 * fwd / step_s / 1e12,
-            "train_step_mfu": utilization.mfu(3 * fwd, step_s, peak, 1)}
+            "train_step_mfu": train_step_mfu(cfg, batch, timings["train_step_ms"], peak)}
+
+
+def train_step_mfu(cfg, batch: int, step_ms: float, peak: float) -> float:
+    """MFU of a train step of ``step_ms`` against ``peak`` FLOP/s (the backward counted as two
+    forwards)."""
+    from spotlight_jax import utilization  # noqa: PLC0415
+    from spotlight_jax.emulation.flops import forward_flops  # noqa: PLC0415
+
+    return utilization.mfu(3 * float(forward_flops(cfg, batch=batch)), step_ms / 1e3, peak, 1)
 
 
 def table(result: dict) -> str:

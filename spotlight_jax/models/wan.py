@@ -26,7 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax.models.layers import Dense, apply_rope, param, timestep_embedding
+from spotlight_jax.models.layers import (
+    Dense,
+    RMSNorm,
+    apply_rope,
+    layer_norm,
+    param,
+    timestep_embedding,
+)
 from spotlight_jax.models.mmdit import AttentionSpec, as_dtype
 
 
@@ -72,8 +79,8 @@ class WanConfig:
 
 
 class _Norm(nnx.Module):
-    """LayerNorm computed in float32, with or without a learned affine (diffusers'
-    ``FP32LayerNorm``)."""
+    """LayerNorm computed in float32 (``layers.layer_norm``), with or without a learned affine
+    (diffusers' ``FP32LayerNorm``); the result stays float32 for the modulation."""
 
     def __init__(self, dim: int, eps: float, affine: bool, *, rngs, param_dtype):
         self.eps = eps
@@ -83,25 +90,10 @@ class _Norm(nnx.Module):
                      if affine else None)
 
     def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(((x32 - mean) ** 2).mean(-1, keepdims=True) + self.eps)
+        y = layer_norm(x.astype(jnp.float32), self.eps)
         if self.weight is not None:
             y = y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
         return y
-
-
-class _RMS(nnx.Module):
-    """RMSNorm over the whole projection (all heads at once), as Wan's QK-norm."""
-
-    def __init__(self, dim: int, eps: float, *, rngs, param_dtype):
-        self.eps = eps
-        self.weight = param(rngs, nnx.initializers.ones, (dim,), param_dtype, ("qkv",))
-
-    def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + self.eps)
-        return (y * self.weight[...].astype(jnp.float32)).astype(x.dtype)
 
 
 class WanAttention(nnx.Module):
@@ -115,8 +107,9 @@ class WanAttention(nnx.Module):
         self.to_k = Dense(d, d, axes=("embed", "qkv"), **kw)
         self.to_v = Dense(d, d, axes=("embed", "qkv"), **kw)
         self.to_out = Dense(d, d, axes=("qkv", "embed"), **kw)
-        self.norm_q = _RMS(d, cfg.eps, rngs=rngs, param_dtype=pdt)
-        self.norm_k = _RMS(d, cfg.eps, rngs=rngs, param_dtype=pdt)
+        # QK-norm across all heads at once: over the whole projection
+        self.norm_q = RMSNorm(d, rngs=rngs, param_dtype=pdt, eps=cfg.eps)
+        self.norm_k = RMSNorm(d, rngs=rngs, param_dtype=pdt, eps=cfg.eps)
         self.heads = cfg.num_attention_heads
 
     def __call__(self, x, attn: AttentionSpec, context=None, rope=None, kv_mask=None):

@@ -65,8 +65,8 @@ def wan_params(tensors: dict, cfg: WanConfig) -> dict:
                 block[a] = {n: _linear(tensors, f"{p}{a}.{src}") for n, src in
                             (("to_q", "to_q"), ("to_k", "to_k"), ("to_v", "to_v"),
                              ("to_out", "to_out.0"))}
-                block[a]["norm_q"] = {"weight": np.asarray(tensors[f"{p}{a}.norm_q.weight"])}
-                block[a]["norm_k"] = {"weight": np.asarray(tensors[f"{p}{a}.norm_k.weight"])}
+                block[a]["norm_q"] = {"scale": np.asarray(tensors[f"{p}{a}.norm_q.weight"])}
+                block[a]["norm_k"] = {"scale": np.asarray(tensors[f"{p}{a}.norm_k.weight"])}
             if cfg.cross_attn_norm:
                 block["norm2"] = {"weight": np.asarray(tensors[p + "norm2.weight"]),
                                   "bias": np.asarray(tensors[p + "norm2.bias"])}
