@@ -12,9 +12,31 @@ import numpy as np
 from spotlight_jax.metrics import read_jsonl
 
 
-def image_grid(images, cols: int = 8, pad: int = 1) -> np.ndarray:
-    """``[N, H, W, C]`` in [0, 1] -> one ``uint8`` grid image."""
+def filmstrips(clips, gap: int = 1) -> np.ndarray:
+    """Clips ``[N, F, H, W, C]`` -> filmstrips ``[N, H, F W + (F - 1) gap, C]``: each clip's
+    frames side by side, left to right, split by ``gap`` gray columns."""
+    clips = np.asarray(clips)
+    n, f, h, w, c = clips.shape
+    out = np.full((n, h, f * w + (f - 1) * gap, c), 0.5, np.float32)
+    for i in range(f):
+        out[:, :, i * (w + gap):i * (w + gap) + w] = clips[:, i]
+    return out
+
+
+def _as_tiles(images, cols: int):
+    """``(tiles [N, H, W, C], cols)``: images as they are, clips as filmstrips in fewer columns
+    (an even number, so before/after pairs stay side by side)."""
     images = np.asarray(images)
+    if images.ndim == 5:
+        frames = images.shape[1]
+        return filmstrips(images), max(2, (cols // frames) // 2 * 2)
+    return images, cols
+
+
+def image_grid(images, cols: int = 8, pad: int = 1) -> np.ndarray:
+    """``[N, H, W, C]`` in [0, 1] (or clips ``[N, F, H, W, C]``, as filmstrips) -> one
+    ``uint8`` grid image."""
+    images, cols = _as_tiles(images, cols)
     n, h, w, c = images.shape
     rows = -(-n // cols)
     grid = np.ones((rows * (h + pad) + pad, cols * (w + pad) + pad, c), np.float32)
@@ -27,12 +49,13 @@ def image_grid(images, cols: int = 8, pad: int = 1) -> np.ndarray:
 
 def save_grid(path: str, images, cols: int = 8, scale: int = 4, captions=None) -> None:
     """Images ``[N, H, W, 3]`` in [0, 1] as a ``cols``-wide grid, each enlarged ``scale`` times;
-    with ``captions`` (one string per image, e.g. its prompt) written under each image."""
+    with ``captions`` (one string per image, e.g. its prompt) written under each image. Clips
+    ``[N, F, H, W, 3]`` are drawn as filmstrips (:func:`filmstrips`)."""
     import textwrap  # noqa: PLC0415
 
     from PIL import Image, ImageDraw, ImageFont  # noqa: PLC0415
 
-    images = np.asarray(images)
+    images, cols = _as_tiles(images, cols)
     if captions is None:
         g = Image.fromarray(image_grid(images, cols))
         g.resize((g.width * scale, g.height * scale), Image.NEAREST).save(path)

@@ -20,10 +20,12 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from spotlight_jax import world
+from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler, SamplerConfig, from_image, prompt, sample_t
 from spotlight_jax.evaluate import evaluate
 from spotlight_jax.metrics import MetricWriter
+from spotlight_jax.models.build import is_video
+from spotlight_jax.world import video
 
 T_SAMPLING = ("uniform", "logit_normal")   # diffusion.sample_t's kinds
 
@@ -105,7 +107,7 @@ def flow_matching_loss(model, x0, tokens, mask, key, cfg: PretrainConfig):
     t = sample_t(k_t, b, kind=cfg.t_sampling, shift=cfg.t_shift)
     t = cfg.t_min + (1.0 - cfg.t_min) * t
     noise = jax.random.normal(k_n, x0.shape)
-    tb = t[:, None, None, None]
+    tb = t.reshape((b,) + (1,) * (x0.ndim - 1))
     xt = (1 - tb) * x0 + tb * noise
     keep = jax.random.uniform(k_d, (b,)) >= cfg.prompt_dropout
     # dropped prompts become the sampler's guidance null prompt (diffusion.prompt.null_prompt:
@@ -166,7 +168,8 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
              workdir: str, world_cfg=None, seed: int = 0, start_step: int = 0, opt_state=None,
              ema=None, progress: bool = True, log_name: str = "pretrain", on_eval=None,
              tokenize=world.tokenize):
-    """Runs ``cfg.steps`` of flow-matching pretraining; returns ``(state, opt_state, ema,
+    """Runs ``cfg.steps`` of flow-matching pretraining on the world's images (a video model's:
+    the video world's clips, evaluated by ``video_motion``); returns ``(state, opt_state, ema,
     history)``. ``on_eval(step, state, ema, result)`` is called after each evaluation (snapshots).
     ``tokenize``: the run's prompt source's (``config.prompt_source``; default the world's
     tokenizer): the images are the world's, rendered from its prompts, whatever encodes them.
@@ -176,26 +179,36 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
     opt_state = optimizer.init(state) if opt_state is None else opt_state
     ema = jax.tree.map(jnp.copy, state) if ema is None else ema
     step_fn = make_train_step(graphdef, optimizer, cfg)
-    if cfg.kind_list:
-        by_kind = world.prompts_by_kind(world_cfg, "train")
-        prompts = [p for k in cfg.kind_list for p in by_kind[k]]
+    clips = is_video(model_cfg)
+    if clips:                   # the video world: moving shapes, scored by their motion
+        if cfg.kind_list:
+            raise ValueError(f"kinds={cfg.kinds!r}: task kinds are the image world's; a video "
+                             "model pretrains on every video prompt (kinds='')")
+        prompts, val = video.video_train_prompts(world_cfg), video.video_val_prompts(world_cfg)
+        stream = video.video_stream(prompts, cfg.batch_size, seed + start_step,
+                                    model_cfg.frames, cfg=world_cfg)
+        eval_reward = rewards.resolve("video_motion")
     else:
-        prompts = world.train_prompts(world_cfg)
-    val = world.val_prompts(world_cfg)
+        if cfg.kind_list:
+            by_kind = world.prompts_by_kind(world_cfg, "train")
+            prompts = [p for k in cfg.kind_list for p in by_kind[k]]
+        else:
+            prompts = world.train_prompts(world_cfg)
+        val = world.val_prompts(world_cfg)
+        stream = world.data_stream(prompts, cfg.batch_size, seed + start_step, world_cfg)
+        eval_reward = None                  # evaluate's default: geneval_lite
     rng = np.random.default_rng(seed)
     val = [val[i] for i in sorted(rng.choice(len(val), min(cfg.eval_prompts, len(val)),
                                              replace=False))]
-    eval_sampler = Sampler(graphdef, (model_cfg.image_size,) * 2 + (model_cfg.channels,),
-                           eval_sampler_cfg)
-    data = Prefetcher(world.data_stream(prompts, cfg.batch_size, seed + start_step, world_cfg),
-                      model_cfg.text_len, tokenize=tokenize)
+    eval_sampler = Sampler(graphdef, model_cfg.latent_shape, eval_sampler_cfg)
+    data = Prefetcher(stream, model_cfg.text_len, tokenize=tokenize)
     writer = MetricWriter(workdir, log_name)
     key = jax.random.key(seed)
     history = []
 
     def run_eval(step):
         res, _, _ = evaluate(eval_sampler, ema, val, num_seeds=cfg.eval_seeds,
-                             text_len=model_cfg.text_len, tokenize=tokenize)
+                             text_len=model_cfg.text_len, reward=eval_reward, tokenize=tokenize)
         writer.write(step, **{f"eval/{k}": v for k, v in res.items()})
         history.append({"step": step, **res})
         return res

@@ -52,7 +52,7 @@ def shipped_base_dir(cfg: MMDiTConfig) -> str | None:
     want = _model_fingerprint(cfg)
     # fields added to MMDiTConfig after a checkpoint was recorded take their defaults (which
     # leave the recorded model unchanged, e.g. pixel_head=0)
-    defaults = dataclasses.asdict(MMDiTConfig())
+    defaults = dataclasses.asdict(type(cfg)())
     want_world = _world_fingerprint(cfg)
     for name in sorted(os.listdir(ASSETS)):
         path = os.path.join(ASSETS, name)

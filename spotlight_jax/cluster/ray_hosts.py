@@ -206,7 +206,7 @@ class SpotHostImpl:
         self._shard_program = None      # the shared update's shard program, built on first use
         self._graphdef, self._abstract = abstract_model(mcfg, spec.seed)
         group = self._group(jax.local_devices())
-        self._cache = SamplerCache(self._graphdef, (mcfg.image_size,) * 2 + (mcfg.channels,),
+        self._cache = SamplerCache(self._graphdef, mcfg.latent_shape,
                                    spec.sampler)
         self._source = source = spec.prompt_source()
         stepper = self._stepper(group)

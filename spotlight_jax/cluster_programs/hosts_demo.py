@@ -72,7 +72,7 @@ def main(argv):
         w.set_policy(ref, 0)
     print(f"{FLAGS.hosts} spot hosts up in {time.time() - t0:.1f} s (base: {source})")
     prompts = world.val_prompts(world.WorldConfig(image_size=mcfg.image_size))
-    queue = spot.LockedQueue(RequestQueue((mcfg.image_size,) * 2 + (mcfg.channels,),
+    queue = spot.LockedQueue(RequestQueue(mcfg.latent_shape,
                                           QueueConfig(lease_s=600.0)))
     queue.submit(make_requests(FLAGS.requests, num_steps=config.sampler.num_steps,
                                prompts=prompts, seed0=1000))

@@ -41,13 +41,14 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.models import AttentionSpec, MMDiTConfig, as_dtype, convert
-from spotlight_jax.models.build import abstract_model
+from spotlight_jax.models.build import abstract_model, is_video
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_shardings
 from spotlight_jax.prompt_embeddings import (
     EmbeddingPrompts,
     PromptEmbeddingError,
     PromptSource,
+    VideoPrompts,
     WorldPrompts,
 )
 from spotlight_jax.prompt_embeddings import read as read_prompt_embeddings
@@ -210,6 +211,12 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
             kinds = world.parse_kinds(train_kinds)
         except ValueError as e:
             raise ConfigError(f"prompts.train_kinds={train_kinds!r}: {e}") from None
+        if is_video(m):
+            if kinds:
+                raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are the "
+                                  "image world's; the video world trains on all its prompts "
+                                  "(set --config.prompts.train_kinds='')")
+            return VideoPrompts(world.WorldConfig(image_size=m.image_size))
         return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
     if train_kinds:
         raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are "

@@ -30,11 +30,12 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.emulation.device_profile import load as load_profile
-from spotlight_jax.models import MMDiTConfig, convert
+from spotlight_jax.models import MMDiTConfig, WanConfig, convert
 from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.rewards import mix
 from spotlight_jax.rewards.learned import NEEDS as LEARNED_NEEDS
+from spotlight_jax.rewards.motion import VIDEO_REWARDS
 from spotlight_jax.rewards.remote import RemoteRewardConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig, work_of
 
@@ -55,10 +56,26 @@ RUN_MODEL_FIELDS = ("image_size", "text_len", "dtype", "param_dtype", "remat", "
                     "scan_blocks")
 
 
-def model_config(config) -> MMDiTConfig:
-    """The model's config: ``config.model``, or for a diffusers base (:func:`diffusers_base`)
-    the checkpoint's architecture with ``config.model``'s :data:`RUN_MODEL_FIELDS` (latent
-    cells per side, prompt length, dtypes, remat, block scan)."""
+MODEL_FAMILIES = ("mmdit", "wan")     # model.family: images (MMDiTConfig) | video (WanConfig)
+
+
+def model_config(config) -> MMDiTConfig | WanConfig:
+    """The model's config: ``config.model`` (its ``family`` picks the dataclass: ``mmdit`` ->
+    :class:`MMDiTConfig`, ``wan`` -> :class:`WanConfig`), or for a diffusers base
+    (:func:`diffusers_base`) the checkpoint's architecture with ``config.model``'s
+    :data:`RUN_MODEL_FIELDS` (latent cells per side, prompt length, dtypes, remat, block
+    scan)."""
+    family = config.model.get("family", "mmdit")
+    if family not in MODEL_FAMILIES:
+        raise ConfigError(f"model.family={family!r}: unknown; choose one of {MODEL_FAMILIES} "
+                          "(mmdit: images, wan: video)")
+    if family == "wan":
+        if diffusers_base(config) is not None:
+            raise ConfigError(f"base_checkpoint={config.base_checkpoint!r}: a diffusers Wan "
+                              "base is not a run's base yet (models.convert.from_diffusers "
+                              "loads it); train the tiny video world's model instead")
+        return build_section(section_paths("model", WanConfig),
+                             lambda: pick_fields(WanConfig, config.model).validate())
     base = diffusers_base(config)
     if base is not None:
         folder = os.path.join(base, "transformer")
@@ -209,6 +226,17 @@ def check_reward_sources(config) -> None:
                           "needs a reward server (e.g. --config.remote_reward.url=http://"
                           "127.0.0.1:18085 after python -m spotlight_jax.rewards.serve "
                           "--reward=geneval_lite --port=18085)")
+    video = len(model_config(config).latent_shape) == 4
+    for path, spec in (("rl.reward", train_reward(config)),
+                       ("rl.eval_reward", eval_reward(config))):
+        for name in _reward_names(spec):
+            if video != (name in VIDEO_REWARDS):
+                raise ConfigError(
+                    f"{path}={spec!r}: {name!r} scores "
+                    f"{'video clips' if name in VIDEO_REWARDS else 'images'}, and this run's "
+                    f"model (model.family={config.model.get('family', 'mmdit')!r}) draws "
+                    f"{'video' if video else 'images'}; use "
+                    f"{'video_motion' if video else 'geneval_lite'} (or set model.family)")
     cfg = learned_rewards_config(config)
     for name in sorted(named & set(LEARNED_NEEDS)):
         for field in LEARNED_NEEDS[name]:

@@ -304,7 +304,7 @@ class Sampler:
         self.decoder = decoder
         self.image_shape = tuple(image_shape)
         self.cfg = cfg.validate()
-        h, w = self.image_shape[:2]
+        h, w = self.image_shape[-3:-1]          # a video latent's frames come first
         bad = [int(p) for p in cfg.patch_sizes() if h % p or w % p]
         if bad and cfg.sde_type == "sde":
             raise ValueError(f"noise_patch={bad[0]} does not divide the {h}x{w} image; "

@@ -34,14 +34,16 @@ def _noise(key, noise, x):
 
 
 def block_mean(a, p: int):
-    """``[B, H, W, C] -> [B, H/p, W/p, C]``: means over ``p x p`` pixel blocks, per channel."""
-    b, h, w, c = a.shape
-    return a.reshape(b, h // p, p, w // p, p, c).mean(axis=(2, 4))
+    """``[..., H, W, C] -> [..., H/p, W/p, C]``: means over ``p x p`` pixel blocks, per channel
+    (of each frame of a video latent ``[B, F, H, W, C]``)."""
+    *lead, h, w, c = a.shape
+    return a.reshape(*lead, h // p, p, w // p, p, c).mean(axis=(-4, -2))
 
 
 def block_project(a, p: int):
-    """Orthogonal projection onto images constant on ``p x p`` blocks (per channel)."""
-    return jnp.repeat(jnp.repeat(block_mean(a, p), p, axis=1), p, axis=2)
+    """Orthogonal projection onto images constant on ``p x p`` blocks (per channel and
+    frame)."""
+    return jnp.repeat(jnp.repeat(block_mean(a, p), p, axis=-3), p, axis=-2)
 
 
 def sde_step(x, v, sigma, sigma_next, *, noise_level, key=None, prev_sample=None,

@@ -219,7 +219,7 @@ class SpotNode:
         self.graphdef = graphdef
         self.model_cfg = model_cfg.validate()
         self.sampler_cfg = sampler_cfg.validate()
-        self.image_shape = (model_cfg.image_size, model_cfg.image_size, model_cfg.channels)
+        self.image_shape = model_cfg.latent_shape
         self.group_config = group_config or GroupConfig(heads=model_cfg.num_heads)
         if self.group_config.heads != model_cfg.num_heads:
             raise ValueError(f"group_config.heads={self.group_config.heads} but the model has "

@@ -25,16 +25,61 @@ T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt 
     forward       = depth * per block + single_blocks * single block + outside + prompt encoder
                     (+ 2 (256 D + D^2) for FLUX.1 [dev]'s guidance MLP)
 
+The Wan transformer (video; ``WanConfig``), with N = video tokens (frames / p_t x rows / p_h x
+columns / p_w), P = p_t p_h p_w, F = ffn_dim, T = text width fed to it (text_width, or UMT5's
+text_dim), L = text_len:
+
+    per block     = 2 N D (6D) + 4 L D^2       self-attention q, k, v, out; cross-attention q,
+                                               out over the video, k, v over the text
+                  + 4 N D F                    MLP
+                  + 4 N^2 D + 4 N L D          self- and cross-attention
+    outside       = 2 N (P C) D + 2 N D (P C)  patch embedding, output projection
+                  + 2 (freq D + D^2) + 12 D^2  time embedding and its 6-way projection
+                  + 2 L T D + 2 L D^2          text projection (linear, GELU, linear)
+
 It is tested against the dot_general FLOPs of the real model's jaxpr
-(tests/emulation/test_clock_cost.py).
+(tests/emulation/test_clock_cost.py, tests/emulation/test_flops_wan.py).
 """
 from __future__ import annotations
 
+import functools
+import math
+
 from spotlight_jax.models.mmdit import MMDiTConfig
+from spotlight_jax.models.wan import WanConfig
+
+
+def _prompt_encoder(cfg, text_tokens: int) -> int:
+    """Matmul FLOPs of a synthetic prompt encoder (0 without one)."""
+    if not cfg.text_width:
+        return 0
+    tw, lt = cfg.text_width, text_tokens
+    return cfg.text_layers * (2 * lt * tw * 12 * tw + 4 * lt * lt * tw)
+
+
+def wan_flops_breakdown(cfg: WanConfig, text_tokens: int | None = None) -> dict[str, int]:
+    """:func:`flops_breakdown` of the Wan transformer (its formula in the module docstring)."""
+    d, f, n = cfg.dim, cfg.ffn_dim, cfg.num_patches
+    lt = cfg.text_len if text_tokens is None else text_tokens
+    patch = math.prod(cfg.patch_size)
+    tdim = cfg.text_width or cfg.text_dim
+    blocks = cfg.num_layers
+    return {
+        "block_linear": blocks * (2 * n * d * 6 * d + 4 * lt * d * d + 4 * n * d * f),
+        "block_attention": blocks * (4 * n * n * d + 4 * n * lt * d),
+        "block_adaln": 0,
+        "embed": (2 * n * patch * cfg.in_channels * d + 2 * (cfg.freq_dim * d + d * d)
+                  + 2 * d * 6 * d + 2 * lt * tdim * d + 2 * lt * d * d),
+        "final": 2 * n * d * patch * cfg.out_channels,
+        "conv": 0,
+        "prompt_encoder": _prompt_encoder(cfg, lt),
+    }
 
 
 def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[str, int]:
     """Matmul FLOPs of one forward of one sample, by part (formula in the module docstring)."""
+    if isinstance(cfg, WanConfig):
+        return wan_flops_breakdown(cfg, text_tokens)
     d, p, c = cfg.width, cfg.patch_size, cfg.channels
     h = int(cfg.width * cfg.mlp_ratio)
     n = cfg.num_patches
@@ -54,9 +99,7 @@ def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[st
                 + (2 * pixels * 9 * c * c if cfg.conv_head else 0),
         "prompt_encoder": 0,
     }
-    if cfg.text_width:
-        tw = cfg.text_width
-        out["prompt_encoder"] = cfg.text_layers * (2 * lt * tw * 12 * tw + 4 * lt * lt * tw)
+    out["prompt_encoder"] = _prompt_encoder(cfg, lt)
     return out
 
 
@@ -66,7 +109,10 @@ def forward_flops(cfg: MMDiTConfig, batch: int = 1, text_tokens: int | None = No
 
 
 def param_count(cfg: MMDiTConfig) -> int:
-    """Exact parameter count of ``MMDiT(cfg)`` (weights, biases, QK-norm scales)."""
+    """Exact parameter count of ``MMDiT(cfg)`` (weights, biases, QK-norm scales), or of the
+    Wan transformer (its abstract model's, no parameter allocated)."""
+    if isinstance(cfg, WanConfig):
+        return _abstract_param_count(cfg)
     d, p, c = cfg.width, cfg.patch_size, cfg.channels
     h = int(cfg.width * cfg.mlp_ratio)
     tdim = cfg.text_width or cfg.text_embed_dim
@@ -94,9 +140,20 @@ def param_count(cfg: MMDiTConfig) -> int:
     return total
 
 
+@functools.lru_cache(maxsize=16)
+def _abstract_param_count(cfg: WanConfig) -> int:
+    import jax  # noqa: PLC0415
+
+    from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_model(cfg)[1])))
+
+
 def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
     """LoRA factors on the qkv and out kernels of both streams of every block and of every
-    single-stream block (rl/lora.py)."""
+    single-stream block (rl/lora.py); the Wan transformer's: on the q, k, v and out kernels of
+    both its attentions."""
+    if isinstance(cfg, WanConfig):
+        return cfg.num_layers * 8 * rank * 2 * cfg.dim
     d, h = cfg.width, int(cfg.width * cfg.mlp_ratio)
     per_stream = rank * (d + 3 * d) + rank * (d + d)
     single = rank * (d + 3 * d) + rank * (d + h + d)
@@ -107,9 +164,10 @@ def remat_recompute_fraction(cfg: MMDiTConfig) -> float:
     """The share of a forward the backward recomputes under the model's remat policy: none
     without remat, all of it when nothing is kept, the attention's matmuls when the other
     matmul outputs are kept (``dots_no_batch``), none when every matmul output is kept."""
-    if not cfg.remat or cfg.remat_policy == "dots":
+    policy = getattr(cfg, "remat_policy", "nothing")     # the Wan transformer: nothing kept
+    if not cfg.remat or policy == "dots":
         return 0.0
-    if cfg.remat_policy == "dots_no_batch":
+    if policy == "dots_no_batch":
         parts = flops_breakdown(cfg)
         return parts["block_attention"] / sum(parts.values())
     return 1.0

@@ -1,4 +1,5 @@
-"""Models: the MMDiT velocity model and its prompt encoder."""
+"""Models: the MMDiT velocity model (images) with its prompt encoder, the Wan transformer
+(video)."""
 from spotlight_jax.models.mmdit import (
     AttentionSpec,
     MMDiT,
@@ -6,5 +7,7 @@ from spotlight_jax.models.mmdit import (
     as_dtype,
     count_params,
 )
+from spotlight_jax.models.wan import WanConfig, WanTransformer
 
-__all__ = ["MMDiT", "AttentionSpec", "MMDiTConfig", "as_dtype", "count_params"]
+__all__ = ["MMDiT", "AttentionSpec", "MMDiTConfig", "WanConfig", "WanTransformer", "as_dtype",
+           "count_params"]

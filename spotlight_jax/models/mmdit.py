@@ -157,6 +157,11 @@ class MMDiTConfig:
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """One sample's latent: ``(image_size, image_size, channels)``."""
+        return self.image_size, self.image_size, self.channels
+
     def passes(self, guidance: float) -> int:
         """Forward passes per velocity at guidance scale ``guidance``: 2 with classifier-free
         guidance (conditional and unconditional), 1 without it or for a guidance-distilled

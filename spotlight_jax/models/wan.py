@@ -34,7 +34,7 @@ from spotlight_jax.models.layers import (
     param,
     timestep_embedding,
 )
-from spotlight_jax.models.mmdit import AttentionSpec, as_dtype
+from spotlight_jax.models.mmdit import AttentionSpec, PromptEncoder, as_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +56,73 @@ class WanConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block (its backward recomputes it)
+    # What a run chooses (not in diffusers' config.json): the latent it samples, frames x
+    # image_size x image_size cells (Wan 2.1 at 480 x 832 x 81 frames: 21 x 60 x 104 with a
+    # non-square canvas; here square), and the prompt length.
+    frames: int = 21
+    image_size: int = 60
+    text_len: int = 512
+    # A prompt encoder over the synthetic world's vocabulary (the tiny video world, as the
+    # MMDiT's): token embedding + ``text_layers`` self-attention layers of ``text_width``, whose
+    # features feed ``text_dim``; text_width = 0: precomputed UMT5 states of width text_dim.
+    vocab_size: int = 64
+    text_width: int = 0
+    text_layers: int = 2
+    text_heads: int = 2
+
+    def __post_init__(self):
+        # ConfigDicts hand lists; a frozen config must stay hashable (it is static in jit)
+        if isinstance(self.patch_size, list):
+            object.__setattr__(self, "patch_size", tuple(self.patch_size))
 
     @property
     def dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
+
+    # The names the rest of the project reads off a model config (``MMDiTConfig``'s).
+    @property
+    def width(self) -> int:
+        return self.dim
+
+    @property
+    def depth(self) -> int:
+        return self.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention_head_dim
+
+    @property
+    def channels(self) -> int:
+        return self.in_channels
+
+    @property
+    def text_embed_dim(self) -> int:
+        """Width of the precomputed text states fed without a prompt encoder (UMT5's)."""
+        return 0 if self.text_width else self.text_dim
+
+    pooled = "none"                 # no pooled text conditioning (class constants, not fields)
+    pooled_dim = 0
+    guidance_embed = False
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """One sample's latent: ``(frames, image_size, image_size, channels)``."""
+        return self.frames, self.image_size, self.image_size, self.in_channels
+
+    @property
+    def num_patches(self) -> int:
+        """Video tokens of one sample."""
+        pt, ph, pw = self.patch_size
+        return (self.frames // pt) * (self.image_size // ph) * (self.image_size // pw)
+
+    def passes(self, guidance: float) -> int:
+        """Forward passes per velocity: 2 with classifier-free guidance, else 1."""
+        return 1 if guidance == 1.0 else 2
 
     @property
     def rope_axes(self) -> tuple[int, int, int]:
@@ -75,6 +138,23 @@ class WanConfig:
         if self.attention_head_dim % 2 or min(self.rope_axes) < 2:
             raise ValueError(f"attention_head_dim={self.attention_head_dim}: must be even and "
                              ">= 12 (three rotary axes)")
+        pt, ph, pw = self.patch_size
+        if self.frames < 1 or self.frames % pt:
+            raise ValueError(f"frames={self.frames}: must be a positive multiple of the patch's "
+                             f"{pt} frame(s) (latent frames: (video frames - 1) / 4 + 1 for "
+                             "Wan 2.1's VAE)")
+        if self.image_size < 1 or self.image_size % ph or self.image_size % pw:
+            raise ValueError(f"image_size={self.image_size}: must be a positive multiple of the "
+                             f"patch's {ph} x {pw} cells")
+        if self.text_len < 1:
+            raise ValueError(f"text_len={self.text_len}: must be >= 1 (tokens per prompt)")
+        if self.text_width and (self.text_width % self.text_heads or self.vocab_size < 2):
+            raise ValueError(f"text_width={self.text_width}: must divide into text_heads="
+                             f"{self.text_heads} with vocab_size >= 2 (0 = UMT5 states)")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"{name}={getattr(self, name)!r}: use float32, bfloat16 or "
+                                 "float16")
         return self
 
 
@@ -179,7 +259,10 @@ class WanTransformer(nnx.Module):
         self.time_1 = Dense(cfg.freq_dim, d, axes=("cond", "embed"), **kw)
         self.time_2 = Dense(d, d, axes=("embed", "cond"), **kw)
         self.time_proj = Dense(d, 6 * d, axes=("cond", "embed"), **kw)
-        self.text_1 = Dense(cfg.text_dim, d, axes=("text", "embed"), **kw)
+        # the synthetic world's prompt encoder (a tiny video model), else UMT5 states come in
+        self.encoder = PromptEncoder(cfg, rngs=rngs) if cfg.text_width else None
+        text_in = cfg.text_width or cfg.text_dim
+        self.text_1 = Dense(text_in, d, axes=("text", "embed"), **kw)
         self.text_2 = Dense(d, d, axes=("embed", "embed"), **kw)
         self.blocks = nnx.List([WanBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.norm_out = _Norm(d, cfg.eps, False, rngs=rngs, param_dtype=pdt)
@@ -188,10 +271,32 @@ class WanTransformer(nnx.Module):
         self.scale_shift_table = param(rngs, nnx.initializers.normal(d ** -0.5), (1, 2, d),
                                        pdt, (None, None, "embed"))
 
-    def __call__(self, x, t, text_embeds, text_mask=None, attn: AttentionSpec | None = None):
+    def encode(self, tokens, text_mask=None, pooled=None):
+        """The prompt's timestep-independent part ``(text states [B, L, dim], None)``: the
+        projected UMT5 states (or the prompt encoder's features of token ids). A sampler
+        encodes a prompt once per rollout and passes it as ``context``; ``pooled`` is unused
+        (Wan has no pooled text conditioning)."""
+        dt = as_dtype(self.cfg.dtype)
+        if self.encoder is not None:
+            mask = (jnp.ones(tokens.shape[:2], bool) if text_mask is None
+                    else jnp.asarray(text_mask, bool))
+            tokens, _ = self.encoder(tokens, mask)
+        text = self.text_2(jax.nn.gelu(self.text_1(tokens.astype(dt)), approximate=True))
+        return text, None
+
+    def __call__(self, x, t, text_embeds, text_mask=None, pooled=None, guidance=None,
+                 attn: AttentionSpec | None = None, context=None):
+        """``text_embeds``: UMT5 states ``[B, L, text_dim]`` (token ids ``[B, L]`` with a
+        prompt encoder); ``context``: ``encode(text_embeds, text_mask)`` computed once by the
+        caller (the same result as None). ``pooled`` and ``guidance`` are the image models'
+        call's and unused here."""
         cfg = self.cfg
         attn = AttentionSpec() if attn is None else attn
         dt = as_dtype(cfg.dtype)
+        if x.ndim != 5:
+            raise ValueError(f"the Wan transformer takes video latents [batch, frames, height, "
+                             f"width, channels]; got shape {tuple(x.shape)} (an image model's "
+                             "latent? use model.family='mmdit' for images)")
         b, f, h, w, c = x.shape
         pt, ph, pw = cfg.patch_size
         if f % pt or h % ph or w % pw:
@@ -204,7 +309,7 @@ class WanTransformer(nnx.Module):
         freqs = timestep_embedding(t, cfg.freq_dim, rounded_freqs=True)
         temb = self.time_2(jax.nn.silu(self.time_1(freqs.astype(dt))))
         temb6 = self.time_proj(jax.nn.silu(temb)).reshape(b, 6, -1)
-        text = self.text_2(jax.nn.gelu(self.text_1(text_embeds.astype(dt)), approximate=True))
+        text, _ = self.encode(text_embeds, text_mask) if context is None else context
         kv_mask = None if text_mask is None else jnp.asarray(text_mask, bool)
         rope = wan_rope(cfg, gf, gh, gw)
 

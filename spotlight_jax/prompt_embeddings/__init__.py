@@ -19,7 +19,12 @@ from spotlight_jax.prompt_embeddings.file import (
     read,
     write,
 )
-from spotlight_jax.prompt_embeddings.source import EmbeddingPrompts, PromptSource, WorldPrompts
+from spotlight_jax.prompt_embeddings.source import (
+    EmbeddingPrompts,
+    PromptSource,
+    VideoPrompts,
+    WorldPrompts,
+)
 
 __all__ = [
     "EMPTY_INDEX",
@@ -30,6 +35,7 @@ __all__ = [
     "PromptEmbeddingError",
     "PromptEmbeddings",
     "PromptSource",
+    "VideoPrompts",
     "WorldPrompts",
     "pad_rows",
     "read",

@@ -8,6 +8,8 @@ take its ``tokenize``, so no call site decides between the two kinds:
 
 * :class:`WorldPrompts` (the model has a prompt encoder, ``model.text_width > 0``): the
   synthetic world's prompts and its word tokenizer, exactly ``world.tokenize``;
+* :class:`VideoPrompts` (a video model with a prompt encoder): the video world's moving-shape
+  prompts and the same tokenizer;
 * :class:`EmbeddingPrompts` (``model.text_width == 0``): a prompt-embedding file's prompts
   (its ``train`` and ``val`` splits) and their precomputed embeddings, as the prompt pytree of
   ``spotlight_jax.diffusion.prompt``: ``{"embeds": [B, max_len, D], "pooled": [B, P] (SD3),
@@ -25,6 +27,7 @@ import numpy as np
 from spotlight_jax import world
 from spotlight_jax.diffusion import prompt
 from spotlight_jax.prompt_embeddings.file import PromptEmbeddings
+from spotlight_jax.world import video
 
 
 class PromptSource(Protocol):
@@ -62,6 +65,26 @@ class WorldPrompts:
     @functools.cached_property
     def val_prompts(self) -> list[str]:
         return world.val_prompts(self.world_cfg)
+
+    @staticmethod
+    def tokenize(prompts, max_len):
+        return world.tokenize(prompts, max_len)
+
+
+class VideoPrompts:
+    """The synthetic video world's train/val prompts (``world.video``: moving shapes) and the
+    world's word tokenizer, for a video model with a prompt encoder."""
+
+    def __init__(self, world_cfg: world.WorldConfig):
+        self.world_cfg = world_cfg
+
+    @functools.cached_property
+    def train_prompts(self) -> list[str]:
+        return video.video_train_prompts(self.world_cfg)
+
+    @functools.cached_property
+    def val_prompts(self) -> list[str]:
+        return video.video_val_prompts(self.world_cfg)
 
     @staticmethod
     def tokenize(prompts, max_len):

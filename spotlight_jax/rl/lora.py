@@ -12,11 +12,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-TARGETS = ("qkv", "out")
+# the MMDiT's fused qkv and out projections; the Wan transformer's to_q/to_k/to_v/to_out (of
+# its self- and cross-attention)
+TARGETS = ("qkv", "out", "to_q", "to_k", "to_v", "to_out")
 
 
 def is_target(path) -> bool:
-    """Whether a parameter path is a LoRA target (a block's qkv/out kernel)."""
+    """Whether a parameter path is a LoRA target (a block's attention projection kernel)."""
     keys = [str(getattr(p, "key", p)) for p in path]
     return (len(keys) >= 3 and keys[-1] == "kernel" and keys[-2] in TARGETS
             and ("blocks" in keys or "single_blocks" in keys))

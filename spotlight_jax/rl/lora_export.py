@@ -9,7 +9,9 @@ take their thirds of ``lora_B = (s b)^T``; the scale ``s = alpha / rank`` is fol
 exactly. Module names are diffusers' attention names, the same for SD3/SD3.5 and Qwen-Image
 (``transformer_blocks.{i}.attn.to_q``, ``add_q_proj``, ``to_out.0``, ``to_add_out``,
 ``attn2.*``), and Flux's single-stream blocks (``single_transformer_blocks.{i}.attn.to_q``,
-``proj_out``), prefixed ``transformer.`` as ``pipeline.load_lora_weights`` expects.
+``proj_out``), prefixed ``transformer.`` as ``pipeline.load_lora_weights`` expects. The Wan
+transformer's adapters sit on its unfused ``to_q/to_k/to_v/to_out`` of ``attn1`` (self) and
+``attn2`` (cross) and keep diffusers' names (``blocks.{i}.attn1.to_q``, ``...to_out.0``).
 """
 from __future__ import annotations
 
@@ -36,9 +38,17 @@ _PATH = re.compile(r"^\['(blocks|single_blocks)'\](?:\[(\d+)\])?((?:\['\w+'\])*)
                    r"\['(qkv|out)'\]\['kernel'\]$")
 
 
+_WAN_PATH = re.compile(r"^\['blocks'\]\[(\d+)\]\['(attn1|attn2)'\]\['(to_q|to_k|to_v|to_out)'\]"
+                       r"\['kernel'\]$")
+
+
 def _parse(path: str):
     """``(diffusers block list, block index or None for stacked blocks, stream path,
     projection)`` of an adapter key."""
+    wan = _WAN_PATH.match(path)
+    if wan is not None:         # (diffusers block list, index, stream, projection = module)
+        attn, proj = wan.group(2), wan.group(3)
+        return "blocks", int(wan.group(1)), attn, proj + (".0" if proj == "to_out" else "")
     m = _PATH.match(path)
     if m is None:
         raise ValueError(f"LoRA adapter {path!r} is not on a block's qkv/out projection; "
@@ -63,7 +73,8 @@ def to_diffusers(lora: dict, scale: float, prefix: str = "transformer") -> dict[
             pairs = [(i, a[i], b[i]) for i in range(a.shape[0])]
         else:
             pairs = [(index, a, b)]
-        modules = _MODULES[(stream, proj)]
+        modules = (_MODULES[(stream, proj)] if (stream, proj) in _MODULES
+                   else (f"{stream}.{proj}",))            # the Wan transformer's own names
         for i, ai, bi in pairs:
             parts = np.split(bi, len(modules), axis=-1)   # fused [q | k | v] along the output
             for name, bpart in zip(modules, parts):

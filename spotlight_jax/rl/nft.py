@@ -355,8 +355,8 @@ def _nft_programs(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=Attent
         b, kk = t.shape
         t = t.reshape(-1)
         x0r = jnp.repeat(x0, kk, axis=0)
-        x_t = (1.0 - t.reshape(-1, 1, 1, 1)) * x0r + t.reshape(-1, 1, 1, 1) * eps.reshape(
-            x0r.shape)
+        tb = t.reshape((-1,) + (1,) * (x0r.ndim - 1))
+        x_t = (1.0 - tb) * x0r + tb * eps.reshape(x0r.shape)
         model = merged_model(graphdef, cfg, trainable, base)
         old_model = merged_model(graphdef, cfg, old, base)
 

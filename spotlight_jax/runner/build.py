@@ -43,10 +43,15 @@ def eval_prompts(val: list[str], n: int) -> list[str]:
 
 
 def prompt_kind(prompt: str) -> str:
-    """The planner's prompt cluster: the synthetic world's prompt kind, or one cluster
-    ('other') for prompts outside its grammar (a real model's prompt file)."""
+    """The planner's prompt cluster: the synthetic world's prompt kind, a video prompt's motion
+    (``video_left``, ...), or one cluster ('other') for prompts outside both grammars (a real
+    model's prompt file)."""
     try:
         return world.grammar.kind_of(prompt)
+    except ValueError:
+        pass
+    try:
+        return f"video_{world.video.parse_video(prompt).direction}"
     except ValueError:
         return "other"
 
@@ -86,7 +91,7 @@ def build_run(spec: RunSpec, workdir: str, graphdef, base, devices=None,
                  peak_flops / 1e12, peak_source, update_devices)
     reward, eval_reward = resolve_rewards(spec, trainer)
     mcfg = spec.model
-    image_shape = (mcfg.image_size,) * 2 + (mcfg.channels,)
+    image_shape = mcfg.latent_shape
     # a latent model's VAE (None for pixels) and the attention layout on the trainer's mesh
     decoder, attn = spec.image_decoder(), spec.attention_spec(mesh)
     sampler = Sampler(graphdef, image_shape, spec.sampler, attn, mesh=mesh, decoder=decoder)

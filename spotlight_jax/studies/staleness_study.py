@@ -128,7 +128,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     prompts, seeds = run.prompts(k)[:num_prompts], cands(k)
     fresh = run.explorer.score(snap[k], prompts, seeds)
     train_cfg = sampler_config(config)
-    shape = (run.mcfg.image_size,) * 2 + (run.mcfg.channels,)
+    shape = run.mcfg.latent_shape
     half = max(train_cfg.num_steps // 2, 1)
     variants = {
         f"ODE, {half} steps": dataclasses.replace(train_cfg, num_steps=half, sde_window=None),

@@ -32,6 +32,7 @@ from spotlight_jax.world.grammar import (
     val_prompts,
 )
 from spotlight_jax.world.render import data_stream, object_mask, render, sample_batch, shape_mask
+from spotlight_jax.world import video  # noqa: E402  (the video world: world.video)
 from spotlight_jax.world.tokenizer import (
     DEFAULT_MAX_LEN,
     PAD_ID,
@@ -78,4 +79,5 @@ __all__ = [
     "tokenize",
     "train_prompts",
     "val_prompts",
+    "video",
 ]

@@ -50,6 +50,12 @@ VOCAB: tuple[str, ...] = (
     # Words added after the first shipped base model go last, so the ids it was trained with stay.
     *ELONGATED_SHAPES,
     *[s + "s" for s in ELONGATED_SHAPES],
+    # the video world's motions (world.video)
+    "moving",
+    "rising",
+    "falling",
+    "standing",
+    "still",
 )
 TOKEN_ID: dict[str, int] = {w: i for i, w in enumerate(VOCAB)}
 assert len(TOKEN_ID) == len(VOCAB), "duplicate word in VOCAB"

@@ -58,6 +58,57 @@ def video_prompts(cfg: WorldConfig = DEFAULT, max_count: int = 2) -> list[str]:
             for c in cfg.colors for s in cfg.shapes for d in DIRECTIONS]
 
 
+def _split(cfg: WorldConfig, max_count: int) -> tuple[list[str], list[str]]:
+    """``(train, val)``: each direction's prompts minus a held-out share (``cfg.val_fraction``,
+    at least one per direction, fixed by ``cfg.split_seed``), so the held-out pool covers every
+    motion."""
+    rng = np.random.default_rng([cfg.split_seed, 7])
+    prompts = video_prompts(cfg, max_count)
+    train, val = [], []
+    for d in DIRECTIONS:
+        mine = [p for p in prompts if parse_video(p, cfg).direction == d]
+        n_val = min(max(int(round(cfg.val_fraction * len(mine))), 1), len(mine) - 1)
+        held = set(rng.permutation(len(mine))[:n_val].tolist())
+        train += [p for i, p in enumerate(mine) if i not in held]
+        val += [p for i, p in enumerate(mine) if i in held]
+    return train, val
+
+
+def video_train_prompts(cfg: WorldConfig = DEFAULT, max_count: int = 2) -> list[str]:
+    """The video prompts a run trains on (disjoint from :func:`video_val_prompts`)."""
+    return _split(cfg, max_count)[0]
+
+
+def video_val_prompts(cfg: WorldConfig = DEFAULT, max_count: int = 2) -> list[str]:
+    """The held-out video prompts, every direction among them."""
+    return _split(cfg, max_count)[1]
+
+
+def is_video_prompt(prompt: str, cfg: WorldConfig = DEFAULT) -> bool:
+    """Whether ``prompt`` is one of the video world's (the image world's prompts are not)."""
+    try:
+        parse_video(prompt, cfg)
+    except ValueError:
+        return False
+    return True
+
+
+def video_stream(prompts: Sequence[str], batch_size: int, seed: int, frames: int,
+                 speed: int = 2, cfg: WorldConfig = DEFAULT):
+    """Endless pretraining stream of ``(prompts [B], clips float32 [B, frames, H, W, 3])``, the
+    prompts drawn uniformly; deterministic given ``seed``."""
+    prompts = list(prompts)
+    if not prompts or batch_size < 1:
+        raise ValueError(f"video_stream needs prompts and batch_size >= 1; got "
+                         f"{len(prompts)} prompts, batch_size={batch_size}")
+    specs = [parse_video(p, cfg) for p in prompts]        # fail fast on a malformed prompt
+    rng = np.random.default_rng(seed)
+    while True:
+        idx = rng.integers(len(prompts), size=batch_size)
+        yield ([prompts[i] for i in idx],
+               np.stack([render_video(specs[i], rng, frames, speed, cfg) for i in idx]))
+
+
 def parse_video(prompt: str, cfg: WorldConfig = DEFAULT) -> VideoSpec:
     """The :class:`VideoSpec` of ``prompt``; a ValueError naming the word it cannot read."""
     words = prompt.strip().lower().split()
@@ -98,18 +149,28 @@ def render_video(prompt: str | VideoSpec, rng: np.random.Generator, frames: int 
     if hi_y < lo_y or hi_x < lo_x:
         raise ValueError(f"{frames} frames at {speed} px a frame leave no room for a "
                          f"{size} px object on a {side} px canvas; fewer frames or a lower speed")
-    starts = []
-    for _ in range(200):          # rejection sampling: the objects' swept boxes keep apart
-        y, x = int(rng.integers(lo_y, hi_y + 1)), int(rng.integers(lo_x, hi_x + 1))
-        swept = (y + min(0, dy * travel), x + min(0, dx * travel),
-                 y + size + max(0, dy * travel), x + size + max(0, dx * travel))
-        if all(swept[2] + gap <= o[0] or o[2] + gap <= swept[0] or swept[3] + gap <= o[1]
-               or o[3] + gap <= swept[1] for _, o in starts):
-            starts.append(((y, x), swept))
+    def swept_box(y, x):
+        return (y + min(0, dy * travel), x + min(0, dx * travel),
+                y + size + max(0, dy * travel), x + size + max(0, dx * travel))
+
+    def apart(a, b):
+        return (a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1]
+                or b[3] + gap <= a[1])
+
+    # rejection sampling of whole layouts: the objects' swept boxes keep apart
+    for _ in range(500):
+        starts = []
+        for _ in range(spec.count):
+            y, x = int(rng.integers(lo_y, hi_y + 1)), int(rng.integers(lo_x, hi_x + 1))
+            box = swept_box(y, x)
+            if not all(apart(box, o) for _, o in starts):
+                break
+            starts.append(((y, x), box))
         if len(starts) == spec.count:
             break
     else:
-        raise ValueError(f"could not place {spec.count} moving objects for {prompt!r}")
+        raise ValueError(f"could not place {spec.count} moving objects for {prompt!r} on a "
+                         f"{side} px canvas; fewer frames, a lower speed or a larger canvas")
     clip = np.empty((frames, side, side, 3), np.float32)
     clip[:] = cfg.background
     mask = object_mask(spec.shape, size, cfg.bar_thickness)
