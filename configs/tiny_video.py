@@ -27,8 +27,8 @@ def get_config():
         cross_attn_norm=True, eps=1e-6, rope_theta=10_000.0, dtype="float32",
         param_dtype="float32", remat=False,
         vocab_size=64, text_width=64, text_layers=2, text_heads=2))
-    c.pretrain.batch_size = 32
-    c.pretrain.steps = 3000
+    c.pretrain.batch_size = 64
+    c.pretrain.steps = 2000
     c.pretrain.eval_every = 500
     c.pretrain.eval_prompts = 20
     c.rl.reward = "video_motion_mean"      # the parts' mean: a slope wherever one part is right
@@ -36,4 +36,7 @@ def get_config():
     c.rl.eval_prompts = 20
     c.rl.prompts_per_iter = 4
     c.sampler.noise_patch = 1
+    # the virtual clock prices each video as Wan 2.1 14B would take it at 480p x 81 frames
+    c.cost.profile_model = "wan21_14b"
+    c.cost.image_pixels = 480
     return c

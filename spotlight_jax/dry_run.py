@@ -59,8 +59,7 @@ def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> in
     allocated). Residuals without a row dimension (parameters the backward reads) are not
     counted here. With ``remat`` these are the blocks' inputs."""
     rows, = jax.export.symbolic_shape("rows")
-    s = cfg.image_size
-    x = jax.ShapeDtypeStruct((rows, s, s, cfg.channels), np.float32)
+    x = jax.ShapeDtypeStruct((rows, *cfg.latent_shape), np.float32)
     t = jax.ShapeDtypeStruct((rows,), np.float32)
     tokens, mask = _prompts(cfg, rows)
     if rl_cfg.lora_rank:
@@ -101,7 +100,7 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows,
         model.cfg = dataclasses.replace(cfg, remat=False)
         plain, _ = nnx.split(model)
         per_row += (residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance)
-                    / (cfg.depth + cfg.single_blocks))
+                    / (cfg.depth + getattr(cfg, "single_blocks", 0)))
     merged = 0.0
     if rl_cfg.lora_rank:
         merged = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for path, a in
@@ -148,12 +147,15 @@ def dry_run(config, devices=None) -> str:
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
+    single = getattr(cfg, "single_blocks", 0)
+    video = (f"{type(cfg).__name__} latent {'x'.join(map(str, cfg.latent_shape))} "
+             if len(cfg.latent_shape) == 4 else "")
     lines = [
-        f"model: width={cfg.width} depth={cfg.depth}"
-        f"{f' (+{cfg.single_blocks} single-stream)' if cfg.single_blocks else ''} "
+        f"model: {video}width={cfg.width} depth={cfg.depth}"
+        f"{f' (+{single} single-stream)' if single else ''} "
         f"heads={cfg.num_heads} "
         f"tokens={cfg.num_patches}+{cfg.text_len} dtype={cfg.dtype}/{cfg.param_dtype} "
-        f"remat={cfg.remat} scan={cfg.scan_blocks}",
+        f"remat={cfg.remat} scan={getattr(cfg, 'scan_blocks', False)}",
         f"mesh: {dict(mesh.shape)} over {mesh.devices.size} "
         f"{mesh.devices.flat[0].platform} devices",
         f"parameters: {total:,} ({total / 1e9:.2f}B)",

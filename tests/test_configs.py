@@ -61,6 +61,16 @@ def test_flux_dev_config_has_flux1_devs_parameters():
     assert "(+38 single-stream)" in text and "'fsdp'" in text and "at CFG" not in text
 
 
+def test_wan21_14b_config_has_wan_14bs_parameters():
+    """diffusers' ``WanTransformer3DModel`` with Wan 2.1 T2V 14B's config has 14,288,491,584
+    parameters (counted on torch's meta device, diffusers 0.42.1); the config's model has
+    exactly as many, and 480 x 832 x 81 frames make 32,760 video tokens."""
+    text = report(ROOT / "configs" / "wan21_14b.py")
+    n = int(text.split("parameters: ")[1].split(" ")[0].replace(",", ""))
+    assert n == 14_288_491_584
+    assert "latent 21x60x104x16" in text and "tokens=32760+512" in text
+
+
 def test_tiny_config_size():
     n = int(report(ROOT / "configs" / "tiny.py").split("parameters: ")[1].split(" ")[0]
             .replace(",", ""))

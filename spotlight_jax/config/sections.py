@@ -347,10 +347,13 @@ def trace_config(config) -> TraceConfig:
 
 
 @functools.lru_cache(maxsize=8)
-def _profile_model(name: str) -> MMDiTConfig:
-    """The model section of the config ``name`` (``cost.profile_model``)."""
+def _profile_model(name: str) -> MMDiTConfig | WanConfig:
+    """The model section of the config ``name`` (``cost.profile_model``; its ``family`` picks
+    the dataclass, as :func:`model_config`'s)."""
     try:
-        return pick_fields(MMDiTConfig, load_config(name).model).validate()
+        model = load_config(name).model
+        cls = WanConfig if model.get("family", "mmdit") == "wan" else MMDiTConfig
+        return pick_fields(cls, model).validate()
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"cost.profile_model={name!r}: {e}") from e
 

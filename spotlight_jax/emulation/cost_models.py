@@ -414,6 +414,8 @@ class ProfileCost(CostModel):
     def describe(self) -> list[Assumption]:
         c, d, m = self.cost, self.device, self.model
         lt, n = self.tokens
+        shape = m.latent_shape[:-1]
+        video = len(shape) == 3
         rows = [
             Assumption("cost_model", self.name, "", "config cost.model"),
             Assumption("device", c.device, "", d.label),
@@ -425,13 +427,19 @@ class ProfileCost(CostModel):
             Assumption("mbu", c.mbu, "fraction of HBM peak", "assumption"),
             Assumption("collective_latency", c.collective_latency_s, "s",
                        "assumption: NCCL small-message latency order"),
-            Assumption("model", f"MMDiT d={m.width} depth={m.depth} heads={m.num_heads}",
-                       "", "config cost.profile_model (configs/qwen_image.py)"),
+            Assumption("model", f"{'Wan' if video else 'MMDiT'} d={m.width} depth={m.depth} "
+                       f"heads={m.num_heads}", "",
+                       "config cost.profile_model (configs/qwen_image.py, configs/wan21_14b.py)"),
             Assumption("params", self.params, "parameters", "derived: emulation.flops.param_count"),
-            Assumption("image", f"{c.image_pixels}px -> {m.image_size}^2 latent, "
-                       f"patch {m.patch_size}", "",
-                       f"paper: 512^2 and 1280^2; VAE /{c.vae_factor}"),
-            Assumption("tokens", f"{n} image + {lt} text", "tokens", "derived"),
+            (Assumption("video", f"{c.image_pixels}px rows -> {'x'.join(map(str, shape))} "
+                        f"latent, patch {m.patch_size}", "",
+                        f"Wan 2.1: 480 x 832 x 81 frames; VAE /{c.vae_factor}, frames /4")
+             if video else
+             Assumption("image", f"{c.image_pixels}px -> {m.image_size}^2 latent, "
+                        f"patch {m.patch_size}", "",
+                        f"paper: 512^2 and 1280^2; VAE /{c.vae_factor}")),
+            Assumption("tokens", f"{n} {'video' if video else 'image'} + {lt} text", "tokens",
+                       "derived"),
             Assumption("forward_flops", self.flops, "FLOP/sample",
                        "derived: emulation.flops.forward_flops (matmuls, 2 per MAC)"),
             Assumption("cfg_passes", self.cfg_passes, "forwards/step",
@@ -506,7 +514,12 @@ def profile_for(model_cfg: MMDiTConfig, image_pixels: int | None = 512,
         if image_pixels % cost.vae_factor:
             raise ValueError(f"image_pixels {image_pixels} is not divisible by the VAE factor "
                              f"{cost.vae_factor}")
-        model_cfg = dataclasses.replace(model_cfg, image_size=image_pixels // cost.vae_factor)
+        rows = image_pixels // cost.vae_factor
+        if getattr(model_cfg, "image_width", 0):      # a non-square video keeps its aspect
+            cols = model_cfg.image_width * rows // model_cfg.image_size
+            model_cfg = dataclasses.replace(model_cfg, image_size=rows, image_width=cols)
+        else:
+            model_cfg = dataclasses.replace(model_cfg, image_size=rows)
     return ProfileCost(cost, model_cfg.validate(), workload)
 
 

@@ -61,6 +61,7 @@ class WanConfig:
     # non-square canvas; here square), and the prompt length.
     frames: int = 21
     image_size: int = 60
+    image_width: int = 0          # latent columns when not square (480 x 832: 104); 0 = square
     text_len: int = 512
     # A prompt encoder over the synthetic world's vocabulary (the tiny video world, as the
     # MMDiT's): token embedding + ``text_layers`` self-attention layers of ``text_width``, whose
@@ -111,14 +112,16 @@ class WanConfig:
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
-        """One sample's latent: ``(frames, image_size, image_size, channels)``."""
-        return self.frames, self.image_size, self.image_size, self.in_channels
+        """One sample's latent: ``(frames, image_size, image_width or image_size,
+        channels)``."""
+        return self.frames, self.image_size, self.image_width or self.image_size, self.in_channels
 
     @property
     def num_patches(self) -> int:
         """Video tokens of one sample."""
         pt, ph, pw = self.patch_size
-        return (self.frames // pt) * (self.image_size // ph) * (self.image_size // pw)
+        f, h, w, _ = self.latent_shape
+        return (f // pt) * (h // ph) * (w // pw)
 
     def passes(self, guidance: float) -> int:
         """Forward passes per velocity: 2 with classifier-free guidance, else 1."""
@@ -143,9 +146,13 @@ class WanConfig:
             raise ValueError(f"frames={self.frames}: must be a positive multiple of the patch's "
                              f"{pt} frame(s) (latent frames: (video frames - 1) / 4 + 1 for "
                              "Wan 2.1's VAE)")
-        if self.image_size < 1 or self.image_size % ph or self.image_size % pw:
+        if self.image_size < 1 or self.image_size % ph:
             raise ValueError(f"image_size={self.image_size}: must be a positive multiple of the "
-                             f"patch's {ph} x {pw} cells")
+                             f"patch's {ph} rows (latent rows: pixels / 8)")
+        w = self.image_width or self.image_size
+        if self.image_width < 0 or w % pw:
+            raise ValueError(f"image_width={self.image_width}: must be 0 (square) or a positive "
+                             f"multiple of the patch's {pw} columns (latent columns: pixels / 8)")
         if self.text_len < 1:
             raise ValueError(f"text_len={self.text_len}: must be >= 1 (tokens per prompt)")
         if self.text_width and (self.text_width % self.text_heads or self.vocab_size < 2):
