@@ -2,8 +2,9 @@
 transformer drawing 5 frames of 24x24 RGB pixels (4x4 patches: 180 video tokens).
 
 Prompts such as "a red square moving left" or "two blue bars falling"; the reward
-(``video_motion``) is the share of frames holding the asked objects x how well they move the
-asked way x how steadily they are followed (``spotlight_jax.world.video``, docs/video.md).
+(``video_motion``) is the mean of four parts: the frames holding the asked count of the asked
+color, those objects' shape, how well they move the asked way and how steadily they are followed
+(``spotlight_jax.world.video``, docs/video.md).
 
 Run:  python -m spotlight_jax.main --config=configs/tiny_video.py --workdir=/tmp/spotlight_video
 Dry run:  python -m spotlight_jax.main --config=configs/tiny_video.py --workdir=/tmp/x --dry_run
@@ -31,7 +32,7 @@ def get_config():
     c.pretrain.steps = 2000
     c.pretrain.eval_every = 500
     c.pretrain.eval_prompts = 20
-    c.rl.reward = "video_motion_mean"      # the parts' mean: a slope wherever one part is right
+    c.rl.reward = "video_motion"
     c.rl.eval_reward = "video_motion"
     c.rl.eval_prompts = 20
     c.rl.prompts_per_iter = 4

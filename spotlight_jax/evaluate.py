@@ -7,6 +7,7 @@ from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler, batches
 from spotlight_jax.rewards import constraint_breakdown, missing_credit
 from spotlight_jax.rewards.geneval import exact_scores
+from spotlight_jax.rewards.motion import motion_summary
 
 
 def eval_grid(prompts, num_seeds: int, seed_offset: int = 1_000_000):
@@ -46,6 +47,8 @@ def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
               "reward_ci95": float(1.96 * scores.std(ddof=1) / np.sqrt(len(scores)))}
     if reward.is_mix:                               # each term of a mix, clipped, unweighted
         result.update({f"reward_{name}": float(np.mean(v)) for name, v in terms.items()})
+    if reward.name == "video_motion":             # its parts and the strict success rate
+        result.update(motion_summary(images, ps))
     if reward.name == "geneval_lite":
         graded = constraint_breakdown(images, ps)            # one detection for both views
         for k, v in exact_scores(graded).items():

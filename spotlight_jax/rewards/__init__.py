@@ -25,9 +25,9 @@ Shipped (see each module for the exact definitions):
                         (`rewards.geneval.aspect_credit`)
   ocr_lite              max(1 - edit_distance(read, target) / len(target), 0)  (`rewards.ocr`)
   jpeg_compressibility  -(JPEG bytes at quality 95) / 1000 / 500  (`rewards.jpeg`)
-  video_motion          video world (clips [B, F, H, W, 3]): frames x motion x persistence of
-                        the asked objects  (`rewards.motion`)
-  video_motion_mean     the mean of video_motion's three parts (a training reward)
+  video_motion          video world (clips [B, F, H, W, 3]): mean of count, shape, motion and
+                        persistence of the asked objects  (`rewards.motion`)
+  video_motion_exact    their product: 1 only for a clip that meets every part
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from spotlight_jax.rewards.geneval import (
     shaped_breakdown,
 )
 from spotlight_jax.rewards.jpeg import jpeg_compressibility
-from spotlight_jax.rewards.motion import video_motion, video_motion_mean
+from spotlight_jax.rewards.motion import video_motion, video_motion_exact, video_motion_parts
 from spotlight_jax.rewards.ocr import (
     edit_distance,
     graded_ocr_score,
@@ -224,8 +224,8 @@ register("geneval_lite_shaped", geneval_lite_shaped, components=shaped_breakdown
 register("geneval_lite_aspect", geneval_lite_aspect, components=aspect_breakdown)
 register("ocr_lite", ocr_lite)
 register("jpeg_compressibility", jpeg_compressibility)
-register("video_motion", video_motion)
-register("video_motion_mean", video_motion_mean)
+register("video_motion", video_motion, components=video_motion_parts)
+register("video_motion_exact", video_motion_exact)
 
 __all__ = [
     "RewardFn",

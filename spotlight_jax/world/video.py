@@ -5,18 +5,21 @@ still" ask for ``count`` objects of one color and shape, all moving one way (``l
 ``right``, ``rising`` = up, ``falling`` = down, ``still``). :func:`render_video` draws a clip
 that satisfies one: the image world's objects (its palette, shapes, sizes and detector) placed
 so that their whole path stays on the canvas, moved ``speed`` pixels a frame. :func:`track`
-finds the asked objects in every frame with the image world's detector and follows each from
-frame to frame by its nearest centroid; :func:`score` turns that into a reward in [0, 1]:
+finds the objects of the asked color in every frame with the image world's detector and follows
+each from frame to frame by its nearest centroid; :func:`score_parts` turns that into four parts
+in [0, 1]:
 
-* ``frames``: the share of frames holding exactly the asked objects (count, color, shape);
+* ``count``: the share of frames holding exactly ``count`` objects of the asked color;
+* ``shape``: the share of those detections that have the asked shape;
 * ``motion``: how well the tracked objects' mean velocity agrees with the asked direction
   (its component along the direction over the asked speed, clipped to [0, 1]; for ``still``,
   1 minus the speed over the asked speed) and stays on that axis;
 * ``persistence``: the share of frame-to-frame steps in which every object was followed
   (an object that vanishes or jumps farther than twice the asked speed breaks it).
 
-The reward is their product, so a still image of the right objects, or moving objects of the
-wrong color, earn little. Plain numpy, like the image world; clips are float32
+The reward is their mean (graded, as the image world's ``geneval_lite`` is the mean of a
+prompt's constraints); ``exact``, their product, is 1 only for a clip that meets every part (a
+strict success rate). Plain numpy, like the image world; clips are float32
 ``[F, H, W, 3]`` in [0, 1].
 """
 from __future__ import annotations
@@ -182,18 +185,19 @@ def render_video(prompt: str | VideoSpec, rng: np.random.Generator, frames: int 
 
 
 def track(clip, spec: VideoSpec, cfg: WorldConfig = DEFAULT):
-    """``(per_frame, steps)``: the centroids ``[(y, x), ...]`` of the asked objects (color and
-    shape) found in each frame, and for each frame-to-frame step the matched displacements
-    (each object of the earlier frame to the nearest one of the next, greedily)."""
+    """``(per_frame, shapes, steps)``: the centroids ``[(y, x), ...]`` of the objects of the
+    asked color found in each frame, whether each has the asked shape, and for each
+    frame-to-frame step the matched displacements (each object of the earlier frame to the
+    nearest one of the next, greedily)."""
     clip = np.asarray(clip, np.float32)
     dets = detect(clip, cfg)
     want_cls = cfg.class_names.index(spec.color)
     want_shape = cfg.shapes.index(spec.shape)
-    per_frame = []
+    per_frame, shapes = [], []
     for f in range(clip.shape[0]):
-        idx = [i for i in dets.of_image(f)
-               if dets.cls[i] == want_cls and dets.shape[i] == want_shape]
+        idx = [i for i in dets.of_image(f) if dets.cls[i] == want_cls]
         per_frame.append([(float(dets.cy[i]), float(dets.cx[i])) for i in idx])
+        shapes.append([bool(dets.shape[i] == want_shape) for i in idx])
     steps = []
     for a, b in zip(per_frame[:-1], per_frame[1:]):
         left, moves = list(b), []
@@ -204,15 +208,21 @@ def track(clip, spec: VideoSpec, cfg: WorldConfig = DEFAULT):
             q = left.pop(j)
             moves.append((q[0] - p[0], q[1] - p[1]))
         steps.append(moves)
-    return per_frame, steps
+    return per_frame, shapes, steps
+
+
+PARTS = ("count", "shape", "motion", "persistence")
 
 
 def score_parts(clip, prompt: str | VideoSpec, speed: float = 2.0,
                 cfg: WorldConfig = DEFAULT) -> dict[str, float]:
-    """The reward's three parts (module docstring) and their product, ``reward``."""
+    """The reward's four parts (module docstring), their mean ``reward`` and their product
+    ``exact`` (1 only for a clip that meets every part)."""
     spec = prompt if isinstance(prompt, VideoSpec) else parse_video(prompt, cfg)
-    per_frame, steps = track(clip, spec, cfg)
-    frames = float(np.mean([len(p) == spec.count for p in per_frame]))
+    per_frame, shapes, steps = track(clip, spec, cfg)
+    count = float(np.mean([len(p) == spec.count for p in per_frame]))
+    found = [s for frame in shapes for s in frame]
+    shape = float(np.mean(found)) if found else 0.0
     ok = [len(m) == spec.count and all(abs(d[0]) + abs(d[1]) <= 2 * speed + 1 for d in m)
           for m in steps]
     persistence = float(np.mean(ok)) if ok else 0.0
@@ -228,16 +238,18 @@ def score_parts(clip, prompt: str | VideoSpec, speed: float = 2.0,
             along = float(v @ u) / speed
             across = float(abs(v[0] * u[1] - v[1] * u[0])) / speed
             motion = float(np.clip(min(along, 2.0 - along), 0.0, 1.0)) * max(0.0, 1.0 - across)
-    return {"frames": frames, "motion": motion, "persistence": persistence,
-            "reward": frames * motion * persistence}
+    parts = {"count": count, "shape": shape, "motion": motion, "persistence": persistence}
+    return {**parts, "reward": float(np.mean(list(parts.values()))),
+            "exact": float(np.prod(list(parts.values())))}
 
 
 def motion_reward(clips, prompts: Sequence[str], speed: float = 2.0,
-                  cfg: WorldConfig = DEFAULT) -> np.ndarray:
-    """float32 ``[B]``: :func:`score_parts`' reward of each clip ``[B, F, H, W, 3]``."""
+                  cfg: WorldConfig = DEFAULT, part: str = "reward") -> np.ndarray:
+    """float32 ``[B]``: :func:`score_parts`' ``part`` (the graded ``reward``, the strict
+    ``exact`` or one of :data:`PARTS`) of each clip ``[B, F, H, W, 3]``."""
     clips = np.asarray(clips, np.float32)
     if clips.ndim != 5 or len(clips) != len(prompts):
         raise ValueError(f"clips must be [B, F, H, W, 3] with one prompt each; got "
                          f"{clips.shape} for {len(prompts)} prompts")
-    return np.array([score_parts(c, p, speed, cfg)["reward"] for c, p in zip(clips, prompts)],
+    return np.array([score_parts(c, p, speed, cfg)[part] for c, p in zip(clips, prompts)],
                     np.float32)

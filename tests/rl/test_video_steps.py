@@ -53,7 +53,7 @@ def test_video_rollout_shapes_block_noise_and_reward():
     per_frame = np.stack([np.asarray(block_project(clip[:, f], 2)) for f in range(3)], 1)
     np.testing.assert_allclose(np.asarray(block_project(clip, 2)), per_frame, atol=1e-6)
     assert np.abs(per_frame - clip).max() > 1e-3            # the projection is not identity
-    r = rewards.resolve("video_motion_mean")(np.asarray(out["images"]), prompts)
+    r = rewards.resolve("video_motion")(np.asarray(out["images"]), prompts)
     assert r.shape == (8,) and np.all((r >= 0) & (r <= 1))
     with pytest.raises(ValueError, match=r"clips \[batch, frames"):
         rewards.resolve("video_motion")(np.asarray(out["images"])[:, 0], prompts)
