@@ -217,7 +217,7 @@ def inputs(cfg, batch: int, seed: int = 0):
     import jax.numpy as jnp  # noqa: PLC0415
 
     ks = jax.random.split(jax.random.key(seed), 3)
-    x = jax.random.normal(ks[0], (batch, cfg.image_size, cfg.image_size, cfg.channels))
+    x = jax.random.normal(ks[0], (batch, *cfg.latent_shape))
     t = jax.random.uniform(ks[1], (batch,))
     if cfg.text_width:
         tokens = jax.random.randint(ks[2], (batch, cfg.text_len), 0, cfg.vocab_size)
@@ -264,7 +264,8 @@ def timed_train_step(velocity, trainable, x, t, repeats: int):
 
     def step(p, o, x, t, eps):
         def loss(p):
-            xt = (1 - t[:, None, None, None]) * x + t[:, None, None, None] * eps
+            tb = t.reshape((-1,) + (1,) * (x.ndim - 1))
+            xt = (1 - tb) * x + tb * eps
             return jnp.mean((velocity(p, xt, t) - (eps - x)) ** 2)
         value, grads = jax.value_and_grad(loss)(p)
         updates, o = opt.update(grads, o, p)

@@ -102,7 +102,7 @@ def time_rollouts(spec, graphdef, state, batches, sps, repeats, peak):
     from spotlight_jax.parallel import MeshConfig, make_mesh  # noqa: PLC0415
 
     cfg, cost, devices = spec.model, cost_of(spec), jax.devices()
-    shape = (cfg.image_size, cfg.image_size, cfg.channels)
+    shape = cfg.latent_shape
     rows, outputs = [], {}
     for sp in sorted({s for s in sps if s <= len(devices)}):
         if sp == 1:
@@ -165,7 +165,9 @@ def time_decode_and_reward(spec, rollout, repeats) -> tuple[dict, dict]:
     from spotlight_jax import rewards  # noqa: PLC0415
     from spotlight_jax.emulation import median_time  # noqa: PLC0415
 
-    latents = rollout["latents"][:, -1] if rollout["latents"].ndim == 5 else rollout["latents"]
+    # a trajectory [B, T+1, *latent] (its final latent), or final latents already
+    traj = rollout["latents"].ndim == len(spec.model.latent_shape) + 2
+    latents = rollout["latents"][:, -1] if traj else rollout["latents"]
     n = int(latents.shape[0])
     decoder = spec.image_decoder()
     if decoder is None:

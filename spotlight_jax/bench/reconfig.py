@@ -153,7 +153,7 @@ def nbytes(tree) -> int:
 
 def compile_cold(graphdef, mcfg, scfg, abstract_pure, mesh, batch: int):
     """Trace, lower and compile a fresh rollout program for ``mesh`` (what a cold path pays)."""
-    image_shape = (mcfg.image_size, mcfg.image_size, mcfg.channels)
+    image_shape = mcfg.latent_shape
     fn = rollout_fn(graphdef, image_shape, scfg, attention_for(mesh, mcfg.num_heads))
     args = abstract_rollout_args(abstract_pure, mcfg, mesh, batch)
     return jax.jit(fn, in_shardings=jax.tree.map(lambda a: a.sharding, args)).lower(*args).compile()

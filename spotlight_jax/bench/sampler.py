@@ -77,7 +77,7 @@ def main(argv):
                * 10)[:FLAGS.batch]
     tokens, mask = world.tokenize(prompts, mcfg.text_len)
     seeds = np.arange(FLAGS.batch, dtype=np.uint32)
-    shape = (FLAGS.batch, mcfg.image_size, mcfg.image_size, mcfg.channels)
+    shape = (FLAGS.batch, *mcfg.latent_shape)
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
     t = jnp.full((FLAGS.batch,), 0.5)
     # every row but --torch's data-parallel one runs on the first device
@@ -119,7 +119,7 @@ def _compare_with_torch(mcfg, graphdef, state, tokens, mask, seeds, steps, repea
     from spotlight_jax.parallel.mesh import make_mesh, replicated
 
     sc = SamplerConfig(num_steps=steps, noise_level=0.0, sde_type="ode")
-    sampler = Sampler(graphdef, (mcfg.image_size, mcfg.image_size, mcfg.channels), sc)
+    sampler = Sampler(graphdef, mcfg.latent_shape, sc)
     ref = TorchMMDiT(mcfg, nnx.to_pure_dict(state))
     x_t = torch.from_numpy(np.array(initial_noise(seeds, sampler.image_shape)))
     tok, msk = torch.from_numpy(np.array(tokens)), torch.from_numpy(np.array(mask))

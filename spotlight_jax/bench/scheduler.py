@@ -216,7 +216,7 @@ def part_c(model: str, n: int, steps: int, repeats: int, ks):
         from spotlight_jax.config import load_config, model_config
         config = load_config(model)
         mcfg = model_config(config)
-    shape = (mcfg.image_size, mcfg.image_size, mcfg.channels)
+    shape = mcfg.latent_shape
     graphdef, state = random_params(mcfg)
     cache = SamplerCache(graphdef, shape, SamplerConfig(num_steps=steps, shift=3.0))
     pool = DevicePool(PoolConfig(nodes=(("node", "on_demand", 1),)))
