@@ -72,7 +72,9 @@ def load_params(path: str, abstract_state, shardings=None):
     try:
         pure = _params_checkpointer().restore(os.path.join(path, "params"), target)
     except Exception as e:  # Orbax raises several types for shape/structure mismatches
-        raise ValueError(f"base checkpoint at {path} does not match the model config: {e}") from e
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise ValueError(f"base checkpoint at {path} does not match the model config ({first}); "
+                         "set --config.base_checkpoint to a checkpoint of this model") from e
     state = jax.tree.map(lambda x: x, abstract_state)
     nnx.replace_by_pure_dict(state, pure)
     return state

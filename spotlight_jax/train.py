@@ -23,7 +23,7 @@ from spotlight_jax.cluster.job import TrainerJob, broadcast_base, follow
 from spotlight_jax.config import RunSpec
 from spotlight_jax.dry_run import dry_run
 from spotlight_jax.models import MMDiTConfig
-from spotlight_jax.models.build import abstract_model, create_model
+from spotlight_jax.models.build import abstract_model, create_model, is_video
 from spotlight_jax.pretrain import pretrain
 from spotlight_jax.runner import build_and_run, run_compare
 
@@ -67,6 +67,22 @@ def shipped_base_dir(cfg: MMDiTConfig) -> str | None:
     return None
 
 
+def _check_base_kind(path: str, cfg) -> None:
+    """A one-line ValueError when the checkpoint at ``path`` records an image model and ``cfg``
+    is a video one, or the reverse (a video model's config has ``frames``)."""
+    meta = os.path.join(path, "meta.json")
+    if not os.path.exists(meta):
+        return
+    with open(meta) as f:
+        recorded = json.load(f).get("model") or {}
+    if recorded and ("frames" in recorded) != is_video(cfg):
+        have, want = ("video", "image") if "frames" in recorded else ("image", "video")
+        article = "a" if have == "video" else "an"
+        raise ValueError(f"config.base_checkpoint={path!r} holds {article} {have} model and this "
+                         f"run's model (model.family) draws {want}s; use a {want} base (e.g. "
+                         f"base_checkpoint='auto') or the {have} config")
+
+
 def load_or_pretrain_base(spec: RunSpec, workdir: str, *, progress: bool = True,
                           allow_pretrain: bool = True):
     """``(graphdef, base_state, source)`` of the run ``spec`` following the priority order in
@@ -91,6 +107,7 @@ def load_or_pretrain_base(spec: RunSpec, workdir: str, *, progress: bool = True,
     graphdef, abstract = abstract_model(cfg, spec.seed)
     for path in candidates:
         if os.path.isdir(os.path.join(path, "params")):
+            _check_base_kind(path, cfg)
             state = checkpoint.load_params(path, abstract)
             logging.info("base model: loaded %s", path)
             return graphdef, state, path

@@ -39,3 +39,13 @@ def test_video_config_mismatches_are_one_line_errors(config, overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
         RunSpec.from_config(load_config(config, overrides))
     assert "\n" not in str(e.value)
+
+
+def test_an_image_base_for_a_video_run_is_one_line(tmp_path):
+    from spotlight_jax import train  # noqa: PLC0415
+    shipped = train.ASSETS + "/base_tiny"
+    spec = RunSpec.from_config(load_config("tiny_video", {"base_checkpoint": shipped}))
+    with pytest.raises(ValueError, match=r"holds an image model and this run's model "
+                                         r"\(model.family\) draws videos") as e:
+        train.load_or_pretrain_base(spec, str(tmp_path), allow_pretrain=False)
+    assert "\n" not in str(e.value)
