@@ -33,7 +33,8 @@ __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain
 
 
 def _model_fingerprint(cfg: MMDiTConfig) -> dict:
-    return dataclasses.asdict(cfg)
+    """The model config as its meta.json records it (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
 def _world_fingerprint(cfg: MMDiTConfig) -> dict:
@@ -52,7 +53,7 @@ def shipped_base_dir(cfg: MMDiTConfig) -> str | None:
     want = _model_fingerprint(cfg)
     # fields added to MMDiTConfig after a checkpoint was recorded take their defaults (which
     # leave the recorded model unchanged, e.g. pixel_head=0)
-    defaults = dataclasses.asdict(type(cfg)())
+    defaults = _model_fingerprint(type(cfg)())
     want_world = _world_fingerprint(cfg)
     for name in sorted(os.listdir(ASSETS)):
         path = os.path.join(ASSETS, name)
