@@ -42,7 +42,6 @@ It is tested against the dot_general FLOPs of the real model's jaxpr
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from spotlight_jax.models.mmdit import MMDiTConfig
@@ -110,9 +109,9 @@ def forward_flops(cfg: MMDiTConfig, batch: int = 1, text_tokens: int | None = No
 
 def param_count(cfg: MMDiTConfig) -> int:
     """Exact parameter count of ``MMDiT(cfg)`` (weights, biases, QK-norm scales), or of the
-    Wan transformer (its abstract model's, no parameter allocated)."""
+    Wan transformer (:func:`wan_param_count`)."""
     if isinstance(cfg, WanConfig):
-        return _abstract_param_count(cfg)
+        return wan_param_count(cfg)
     d, p, c = cfg.width, cfg.patch_size, cfg.channels
     h = int(cfg.width * cfg.mlp_ratio)
     tdim = cfg.text_width or cfg.text_embed_dim
@@ -140,12 +139,29 @@ def param_count(cfg: MMDiTConfig) -> int:
     return total
 
 
-@functools.lru_cache(maxsize=16)
-def _abstract_param_count(cfg: WanConfig) -> int:
-    import jax  # noqa: PLC0415
+def wan_param_count(cfg: WanConfig) -> int:
+    """Exact parameter count of the Wan transformer: per block four attention projections
+    and a QK RMSNorm scale pair for each of its two attentions, the cross-attention's affine
+    norm, the MLP and the modulation table; around them the patch embedding, the time MLP and
+    its 6-way projection, the text projection, the output projection and table, and the
+    synthetic prompt encoder when there is one."""
+    d, f = cfg.dim, cfg.ffn_dim
+    patch = math.prod(cfg.patch_size)
 
-    from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
-    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_model(cfg)[1])))
+    def dense(i, o):
+        return i * o + o
+
+    attn = 4 * dense(d, d) + 2 * d
+    block = 2 * attn + (2 * d if cfg.cross_attn_norm else 0) + dense(d, f) + dense(f, d) + 6 * d
+    total = cfg.num_layers * block
+    total += dense(patch * cfg.in_channels, d) + dense(cfg.freq_dim, d) + dense(d, d)
+    total += dense(d, 6 * d) + dense(cfg.text_width or cfg.text_dim, d) + dense(d, d)
+    total += dense(d, patch * cfg.out_channels) + 2 * d
+    if cfg.text_width:
+        tw = cfg.text_width
+        total += cfg.vocab_size * tw + cfg.text_layers * (dense(tw, 3 * tw) + dense(tw, tw)
+                                                          + dense(tw, 4 * tw) + dense(4 * tw, tw))
+    return total
 
 
 def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
