@@ -15,6 +15,13 @@ modulated by a ``[2, dim]`` table plus the time embedding, then projected and un
 Attention goes through ``parallel.attention`` (its ``AttentionSpec``), so the video tokens are
 sequence-parallel over a mesh like the image models'; the cross-attention's text keys and values
 are short and stay whole. ``models.convert.wan`` loads a diffusers folder into it.
+
+As a run's model (``model.family='wan'``) the config also carries what the run samples
+(``frames`` x ``image_size`` x ``image_width`` latent cells, ``text_len``) and, for the synthetic
+video world, a prompt encoder over its words (``text_width > 0``, the MMDiT's
+``PromptEncoder``) in place of UMT5 states; ``encode`` / ``context`` split the prompt's
+timestep-independent part off as the MMDiT's do, so samplers and trainers call either model
+the same way.
 """
 from __future__ import annotations
 
