@@ -21,7 +21,7 @@ from spotlight_jax.config import RunSpec
 from spotlight_jax.config.build import base_shardings
 from spotlight_jax.diffusion import prompt, velocity
 from spotlight_jax.models import as_dtype
-from spotlight_jax.models.build import abstract_model
+from spotlight_jax.models.build import abstract_model, is_video
 from spotlight_jax.models.convert.transformer import host_peak_bytes
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_specs
@@ -100,7 +100,7 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows,
         model.cfg = dataclasses.replace(cfg, remat=False)
         plain, _ = nnx.split(model)
         per_row += (residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance)
-                    / (cfg.depth + getattr(cfg, "single_blocks", 0)))
+                    / (cfg.depth + cfg.single_blocks))
     merged = 0.0
     if rl_cfg.lora_rank:
         merged = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for path, a in
@@ -147,15 +147,14 @@ def dry_run(config, devices=None) -> str:
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
-    single = getattr(cfg, "single_blocks", 0)
     video = (f"{type(cfg).__name__} latent {'x'.join(map(str, cfg.latent_shape))} "
-             if len(cfg.latent_shape) == 4 else "")
+             if is_video(cfg) else "")
     lines = [
         f"model: {video}width={cfg.width} depth={cfg.depth}"
-        f"{f' (+{single} single-stream)' if single else ''} "
+        f"{f' (+{cfg.single_blocks} single-stream)' if cfg.single_blocks else ''} "
         f"heads={cfg.num_heads} "
         f"tokens={cfg.num_patches}+{cfg.text_len} dtype={cfg.dtype}/{cfg.param_dtype} "
-        f"remat={cfg.remat} scan={getattr(cfg, 'scan_blocks', False)}",
+        f"remat={cfg.remat} scan={cfg.scan_blocks}",
         f"mesh: {dict(mesh.shape)} over {mesh.devices.size} "
         f"{mesh.devices.flat[0].platform} devices",
         f"parameters: {total:,} ({total / 1e9:.2f}B)",

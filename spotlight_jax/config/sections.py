@@ -31,6 +31,7 @@ from spotlight_jax.emulation import (
 )
 from spotlight_jax.emulation.device_profile import load as load_profile
 from spotlight_jax.models import MMDiTConfig, WanConfig, convert
+from spotlight_jax.models.build import is_video
 from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.rewards import mix
@@ -226,7 +227,7 @@ def check_reward_sources(config) -> None:
                           "needs a reward server (e.g. --config.remote_reward.url=http://"
                           "127.0.0.1:18085 after python -m spotlight_jax.rewards.serve "
                           "--reward=geneval_lite --port=18085)")
-    video = len(model_config(config).latent_shape) == 4
+    video = is_video(model_config(config))
     for path, spec in (("rl.reward", train_reward(config)),
                        ("rl.eval_reward", eval_reward(config))):
         for name in _reward_names(spec):

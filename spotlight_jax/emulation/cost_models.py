@@ -38,6 +38,7 @@ from spotlight_jax.emulation.flops import (
     param_count,
     remat_recompute_fraction,
 )
+from spotlight_jax.models.build import is_video
 from spotlight_jax.models.mmdit import MMDiTConfig
 
 COST_MODELS = ("profile", "measured")
@@ -414,8 +415,7 @@ class ProfileCost(CostModel):
     def describe(self) -> list[Assumption]:
         c, d, m = self.cost, self.device, self.model
         lt, n = self.tokens
-        shape = m.latent_shape[:-1]
-        video = len(shape) == 3
+        shape, video = m.latent_shape[:-1], is_video(m)
         rows = [
             Assumption("cost_model", self.name, "", "config cost.model"),
             Assumption("device", c.device, "", d.label),

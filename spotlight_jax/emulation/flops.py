@@ -180,10 +180,9 @@ def remat_recompute_fraction(cfg: MMDiTConfig) -> float:
     """The share of a forward the backward recomputes under the model's remat policy: none
     without remat, all of it when nothing is kept, the attention's matmuls when the other
     matmul outputs are kept (``dots_no_batch``), none when every matmul output is kept."""
-    policy = getattr(cfg, "remat_policy", "nothing")     # the Wan transformer: nothing kept
-    if not cfg.remat or policy == "dots":
+    if not cfg.remat or cfg.remat_policy == "dots":
         return 0.0
-    if policy == "dots_no_batch":
+    if cfg.remat_policy == "dots_no_batch":
         parts = flops_breakdown(cfg)
         return parts["block_attention"] / sum(parts.values())
     return 1.0

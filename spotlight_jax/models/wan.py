@@ -113,9 +113,15 @@ class WanConfig:
         """Width of the precomputed text states fed without a prompt encoder (UMT5's)."""
         return 0 if self.text_width else self.text_dim
 
-    pooled = "none"                 # no pooled text conditioning (class constants, not fields)
+    # What the rest of the project reads off an MMDiTConfig, fixed for Wan (class constants, not
+    # fields): no pooled text conditioning, no guidance input, no single-stream blocks, blocks
+    # looped (not scanned), a rematerialised block keeps nothing.
+    pooled = "none"
     pooled_dim = 0
     guidance_embed = False
+    single_blocks = 0
+    scan_blocks = False
+    remat_policy = "nothing"
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:

@@ -8,6 +8,7 @@ the same palette, shapes and font back (`detect`), which the rewards in `spotlig
 build on. Everything is plain numpy; `WorldConfig` (`config`) holds every knob.
 """
 
+from spotlight_jax.world import video  # the video world (world.video)
 from spotlight_jax.world.config import (
     COMPACT_SHAPES,
     COUNT_WORDS,
@@ -32,7 +33,6 @@ from spotlight_jax.world.grammar import (
     val_prompts,
 )
 from spotlight_jax.world.render import data_stream, object_mask, render, sample_batch, shape_mask
-from spotlight_jax.world import video  # noqa: E402  (the video world: world.video)
 from spotlight_jax.world.tokenizer import (
     DEFAULT_MAX_LEN,
     PAD_ID,

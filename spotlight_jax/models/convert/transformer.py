@@ -165,7 +165,7 @@ def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> in
         indices = shardings(tuple(path), shape).addressable_devices_indices_map(shape)
         keys = {_index_key(ix, shape) for ix in indices.values()}
         local = sum(int(np.prod([b - a for a, b in k])) for k in keys) * item
-        per_part = int(np.prod(shape[1:] if getattr(cfg, "scan_blocks", False) and path[0] in (
+        per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] in (
             "blocks", "single_blocks") else shape))
         peak = max(peak, local + per_part * max(source_itemsize, item))
     return peak
