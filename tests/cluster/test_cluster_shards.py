@@ -135,10 +135,13 @@ def test_ray_hosts_compute_shards_and_a_killed_host_changes_nothing(cluster, tmp
         finally:
             type(victim).shard = submit
         counts = r.ray_shards.take_counts()
-        # Flow-GRPO: optimizer steps of 4 shards each, dealt in turn: the even ones to the victim
-        assert counts["update_shards"] % 4 == 0 and counts["update_shards"] > 0
-        assert counts["update_lost"] == counts["update_shards"] // 2
-        assert counts["update_shards_spot"] == counts["update_shards"] // 2
+        # Flow-GRPO: optimizer steps of 4 shards each, dealt in turn: the even ones to the victim.
+        # Every call made after the kill is lost; the one in flight when it was killed may
+        # still have been delivered (the kill races the actor's short computation).
+        n = counts["update_shards"]
+        assert n % 4 == 0 and n > 0
+        assert counts["update_lost"] in (n // 2 - 1, n // 2)
+        assert counts["update_shards_spot"] == n - counts["update_lost"]
         assert counts["update_dropped"] == 0
         for k in ("loss", "grad_norm"):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=k)
