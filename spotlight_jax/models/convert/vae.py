@@ -1,19 +1,18 @@
 """Load a diffusers VAE folder (``<model>/vae``) into the Flax VAE of its family, wrapped as a
 ``LatentVAE`` that speaks the DiT's latents (``decode``/``encode``).
 
-Families, by the config's ``_class_name``: ``AutoencoderKL`` (SD3/SD3.5; SD1/SDXL too) and
-``AutoencoderKLQwenImage`` (single frame). The conversion is by rule, not by a per-key table: the
+Families, by the config's ``_class_name``: ``AutoencoderKL`` (SD3/SD3.5; SD1/SDXL too),
+``AutoencoderKLWan`` (Wan 2.1's causal 3-D VAE, clips) and ``AutoencoderKLQwenImage`` (the same
+network, on single frames). The conversion is by rule, not by a per-key table: the
 Flax modules are named after diffusers' module tree, so each parameter's path gives its diffusers
 key (``kernel``/``scale`` -> ``weight``, plus the two ``nn.Sequential`` indices below), and the
 layout follows from the stored tensor's rank:
 
 - conv ``[out, in, kh, kw]`` -> ``[kh, kw, in, out]``; linear ``[out, in]`` -> ``[in, out]``;
-- Qwen-Image's causal 3-D conv ``[out, in, t, kh, kw]``: on a single frame its causal padding puts
-  ``t - 1`` zero frames before the frame, so only the last temporal tap ``[:, :, -1]`` is kept;
-- Qwen-Image's norm gains ``(C, 1, 1[, 1])`` -> ``(C,)``.
+- Wan's (Qwen-Image's) causal 3-D conv ``[out, in, t, kh, kw]`` -> ``[t, kh, kw, in, out]``;
+- Wan's norm gains ``(C, 1, 1[, 1])`` -> ``(C,)``.
 
-Every tensor in the folder must be used, except Qwen-Image's ``time_conv`` weights (temporal
-resampling, which a single frame skips): a missing, mis-shaped or unexpected tensor is a
+Every tensor in the folder must be used: a missing, mis-shaped or unexpected tensor is a
 ``CheckpointError`` naming it.
 """
 from __future__ import annotations
@@ -25,12 +24,14 @@ from flax import nnx
 from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
 from spotlight_jax.models.vae.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
 from spotlight_jax.models.vae.latent_vae import LatentVAE
-from spotlight_jax.models.vae.qwen_image import QwenImageVAE, QwenImageVAEConfig
+from spotlight_jax.models.vae.wan import WanVAE, WanVAEConfig
 
-SD_CLASS, QWEN_CLASS = "AutoencoderKL", "AutoencoderKLQwenImage"
+SD_CLASS, QWEN_CLASS, WAN_CLASS = "AutoencoderKL", "AutoencoderKLQwenImage", "AutoencoderKLWan"
+VIDEO_CLASSES = (WAN_CLASS,)
 
 # Our module names whose diffusers counterpart sits inside an nn.Sequential / ModuleList.
-_RENAMES = {SD_CLASS: {"to_out": "to_out.0"}, QWEN_CLASS: {"resample": "resample.1"}}
+_RENAMES = {SD_CLASS: {"to_out": "to_out.0"}, QWEN_CLASS: {"resample": "resample.1"},
+            WAN_CLASS: {"resample": "resample.1"}}
 # Pre-0.14 diffusers (and original LDM) names of the SD mid-block attention's projections.
 _LEGACY = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
 _LEAVES = {"kernel": "weight", "scale": "weight", "gamma": "gamma", "bias": "bias"}
@@ -39,7 +40,8 @@ _LEAVES = {"kernel": "weight", "scale": "weight", "gamma": "gamma", "bias": "bia
 def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
     """The VAE in ``checkpoint_dir`` (a diffusers ``vae`` folder), parameters and compute in
     ``dtype``, as a ``LatentVAE`` (``decode(latents [B, h, w, c]) -> images [B, H, W, 3]`` in
-    [0, 1], ``encode`` the inverse, with the family's latent normalisation inside)."""
+    [0, 1], or for Wan ``[B, t, h, w, c] -> [B, T, H, W, 3]``; ``encode`` the inverse; the
+    family's latent normalisation inside)."""
     config, tensors = read_component(checkpoint_dir)
     family = config.get("_class_name")
     if family == SD_CLASS:
@@ -52,19 +54,20 @@ def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
                                   f"(must be non-zero, e.g. 1.5305 for SD3)")
         norm = dict(latent_channels=cfg.latent_channels, latent_scale=1.0 / float(scaling),
                     latent_shift=float(shift))
-    elif family == QWEN_CLASS:
-        cfg = qwen_image_config(config, checkpoint_dir)
-        build = lambda: QwenImageVAE(cfg, rngs=None, dtype=dtype, param_dtype=dtype)
+    elif family in (QWEN_CLASS, WAN_CLASS):
+        cfg = wan_vae_config(config, checkpoint_dir)
+        build = lambda: WanVAE(cfg, rngs=None, dtype=dtype, param_dtype=dtype)
         norm = dict(latent_channels=cfg.z_dim,
                     latent_scale=_per_channel(config, "latents_std", cfg.z_dim, checkpoint_dir),
                     latent_shift=_per_channel(config, "latents_mean", cfg.z_dim, checkpoint_dir))
     else:
         raise CheckpointError(f"{checkpoint_dir}: _class_name={family!r} in config.json is not a "
-                              f"supported VAE (use a folder of {SD_CLASS} or {QWEN_CLASS})")
+                              f"supported VAE (use a folder of {SD_CLASS}, {QWEN_CLASS} or "
+                              f"{WAN_CLASS})")
     graphdef, abstract = nnx.split(build())  # shape-only parameters (rngs=None)
     state = load_state(abstract, tensors, family, checkpoint_dir, dtype)
     return LatentVAE(nnx.merge(graphdef, state), downsample_factor=cfg.downsample_factor,
-                     family=family, **norm)
+                     family=family, video=family in VIDEO_CLASSES, **norm)
 
 
 def autoencoder_kl_config(config: dict, where) -> AutoencoderKLConfig:
@@ -92,23 +95,32 @@ def autoencoder_kl_config(config: dict, where) -> AutoencoderKLConfig:
         mid_block_add_attention=bool(config.get("mid_block_add_attention", True)))
 
 
-def qwen_image_config(config: dict, where) -> QwenImageVAEConfig:
-    """The architecture of a diffusers ``AutoencoderKLQwenImage`` config.json."""
+def wan_vae_config(config: dict, where) -> WanVAEConfig:
+    """The architecture of a diffusers ``AutoencoderKLWan`` (2.1) or ``AutoencoderKLQwenImage``
+    config.json; Wan 2.2's residual VAE (``is_residual``, ``patch_size``) is refused."""
+    if config.get("is_residual") or config.get("patch_size") not in (None, 1):
+        raise CheckpointError(f"{where}: is_residual={config.get('is_residual')}, patch_size="
+                              f"{config.get('patch_size')}: Wan 2.2's residual VAE is not "
+                              f"supported yet (Wan 2.1's AutoencoderKLWan is)")
+    if config.get("decoder_base_dim") not in (None, config.get("base_dim", 96)):
+        raise CheckpointError(f"{where}: decoder_base_dim={config['decoder_base_dim']}: only a "
+                              f"decoder as wide as the encoder (base_dim) is supported")
     if config.get("attn_scales"):
         raise CheckpointError(f"{where}: attn_scales={config['attn_scales']}: encoder attention "
-                              f"blocks are not supported (Qwen-Image's VAE has attn_scales=[])")
-    if config.get("input_channels", 3) != 3:
-        raise CheckpointError(f"{where}: input_channels={config['input_channels']}: only RGB "
-                              f"(3) is supported")
+                              f"blocks are not supported (Wan's and Qwen-Image's VAEs have "
+                              f"attn_scales=[])")
+    for key in ("input_channels", "in_channels", "out_channels"):
+        if config.get(key, 3) != 3:
+            raise CheckpointError(f"{where}: {key}={config[key]}: only RGB (3) is supported")
     mult = tuple(int(m) for m in config.get("dim_mult", (1, 2, 4, 4)))
     temporal = tuple(bool(t) for t in config.get("temperal_downsample", (False, True, True)))
     if len(temporal) != len(mult) - 1:
         raise CheckpointError(f"{where}: temperal_downsample={list(temporal)}: needs "
                               f"len(dim_mult) - 1 = {len(mult) - 1} entries")
-    return QwenImageVAEConfig(base_dim=int(config.get("base_dim", 96)),
-                              z_dim=int(config.get("z_dim", 16)), dim_mult=mult,
-                              num_res_blocks=int(config.get("num_res_blocks", 2)),
-                              temperal_downsample=temporal)
+    return WanVAEConfig(base_dim=int(config.get("base_dim", 96)),
+                        z_dim=int(config.get("z_dim", 16)), dim_mult=mult,
+                        num_res_blocks=int(config.get("num_res_blocks", 2)),
+                        temperal_downsample=temporal)
 
 
 def _per_channel(config: dict, name: str, channels: int, where) -> np.ndarray:
@@ -128,12 +140,12 @@ def diffusers_key(path: tuple, family: str) -> str:
 
 def to_flax(a: np.ndarray, target_ndim: int) -> np.ndarray:
     """One stored tensor in our layout (see the module docstring)."""
-    if a.ndim == 5:  # causal 3-D conv on one frame: the last temporal tap only
-        a = a[:, :, -1]
     if target_ndim == 1:
         return a.reshape(-1) if a.ndim > 1 and a.size == a.shape[0] else a
     if target_ndim == 2 and a.ndim == 4 and a.shape[2:] == (1, 1):  # a 1x1 conv as a linear
         a = a[:, :, 0, 0]
+    if a.ndim == 5:
+        return a.transpose(2, 3, 4, 1, 0)
     if a.ndim == 4:
         return a.transpose(2, 3, 1, 0)
     if a.ndim == 2:
@@ -162,8 +174,7 @@ def load_state(abstract: nnx.State, tensors: dict, family: str, where, dtype) ->
                                   f"our layout (does config.json match the weights?)")
         used.add(name)
         flat.append((path, var.replace(jnp.asarray(a, dtype=dtype))))
-    ignored = {k for k in tensors if family == QWEN_CLASS and ".time_conv." in k}
-    extra = sorted(set(tensors) - used - ignored)
+    extra = sorted(set(tensors) - used)
     if extra:
         raise CheckpointError(f"{where}: {len(extra)} unexpected tensors, e.g. {extra[:3]} (the "
                               f"config.json does not describe them; is it this folder's config?)")

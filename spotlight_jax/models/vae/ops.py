@@ -6,7 +6,8 @@ converter (``models.convert.vae``) maps a parameter's path to its diffusers key 
 than by a hand-written table. Parameters are ``nnx.Param`` with logical axes all ``None``
 (replicated on any mesh): a VAE is small and frozen, so nothing is gained by sharding it.
 Parameters are stored in ``param_dtype``; convolutions and matmuls run in ``dtype``;
-normalisation statistics and the softmax are computed in float32.
+normalisation statistics and the softmax are computed in float32 (or wider: float64 inputs stay
+float64, so a float64 run checks a port's structure free of rounding).
 """
 from __future__ import annotations
 
@@ -84,12 +85,18 @@ class GroupNorm(nnx.Module):
 
     def __call__(self, x):
         b, h, w, c = x.shape
-        g = x.astype(jnp.float32).reshape(b, h, w, self.groups, c // self.groups)
+        f = stats_dtype(x)
+        g = x.astype(f).reshape(b, h, w, self.groups, c // self.groups)
         mean = jnp.mean(g, axis=(1, 2, 4), keepdims=True)
         var = jnp.mean(jnp.square(g - mean), axis=(1, 2, 4), keepdims=True)
         y = ((g - mean) * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c)
-        y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        y = y * self.scale[...].astype(f) + self.bias[...].astype(f)
         return y.astype(x.dtype)
+
+
+def stats_dtype(x):
+    """Normalisation statistics' dtype: float32, or the input's when wider (float64)."""
+    return jnp.promote_types(x.dtype, jnp.float32)
 
 
 class ChannelRMSNorm(nnx.Module):
@@ -101,9 +108,10 @@ class ChannelRMSNorm(nnx.Module):
         self.scale = math.sqrt(channels)
 
     def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        norm = jnp.sqrt(jnp.sum(jnp.square(x32), axis=-1, keepdims=True))
-        y = x32 / jnp.maximum(norm, 1e-12) * self.scale * self.gamma[...].astype(jnp.float32)
+        f = stats_dtype(x)
+        xf = x.astype(f)
+        norm = jnp.sqrt(jnp.sum(jnp.square(xf), axis=-1, keepdims=True))
+        y = xf / jnp.maximum(norm, 1e-12) * self.scale * self.gamma[...].astype(f)
         return y.astype(x.dtype)
 
 
@@ -111,7 +119,11 @@ def single_head_attention(q, k, v):
     """Softmax attention of one head over all pixels: q, k, v ``[B, N, C]`` -> ``[B, N, C]``,
     scale ``1/sqrt(C)`` (both families' mid-block attention has one head as wide as the
     block). Through ``jax.nn.dot_product_attention`` so an accelerator may use its fused
-    kernel; the logits are float32 for float32 inputs."""
+    kernel; the logits are float32 for float32 inputs. Float64 inputs (a port's structure
+    checked free of rounding) take the plain softmax, which keeps float64 throughout."""
+    if q.dtype == jnp.float64:
+        logits = jnp.einsum("bqc,bkc->bqk", q, k) / math.sqrt(q.shape[-1])
+        return jnp.einsum("bqk,bkc->bqc", jax.nn.softmax(logits, axis=-1), v)
     return jax.nn.dot_product_attention(q[:, :, None, :], k[:, :, None, :],
                                         v[:, :, None, :])[:, :, 0, :]
 
