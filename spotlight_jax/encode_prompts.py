@@ -27,16 +27,19 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The tool's flags (defined only when it is the program, so importing it adds none)."""
     fv = {"flag_values": flag_values}
     flags.DEFINE_string("pipeline", None, "A diffusers pipeline folder (model_index.json): "
-                        "StableDiffusion3Pipeline (SD3, SD3.5), QwenImagePipeline or "
-                        "FluxPipeline.", **fv)
+                        "StableDiffusion3Pipeline (SD3, SD3.5), QwenImagePipeline, "
+                        "FluxPipeline or WanPipeline (Wan 2.1/2.2 text-to-video).", **fv)
     flags.DEFINE_string("output", None, "The prompt-embedding file to write (.safetensors).", **fv)
     flags.DEFINE_string("prompts", None, "Training prompts: a text file, one per line.", **fv)
     flags.DEFINE_string("val_prompts", None, "Held-out prompts: a text file, one per line.", **fv)
     flags.DEFINE_bool("world", False, "Encode the synthetic world's train and val prompts.", **fv)
+    flags.DEFINE_bool("video_world", False, "--world: the video world's prompts ('a red "
+                      "square moving left') instead of the image world's.", **fv)
     flags.DEFINE_integer("world_image_size", 32, "--world: the world's image size (its prompts "
                          "depend on it).", **fv)
     flags.DEFINE_integer("max_sequence_length", None, "Text tokens per prompt (SD3: T5's, "
-                         "default 256; Qwen-Image: at most, default 1024).", **fv)
+                         "default 256; Qwen-Image: at most, default 1024; Flux, Wan: "
+                         "default 512).", **fv)
     flags.DEFINE_integer("batch_size", 16, "Prompts per encoder call.", **fv)
     flags.DEFINE_string("device", "cpu", "torch device of the text encoders (cpu, cuda, ...).",
                         **fv)
@@ -54,15 +57,22 @@ def read_prompt_lines(path) -> list[str]:
                               if line.strip()))
 
 
-def prompt_lists(prompts_file=None, val_file=None, world_image_size=None):
-    """``(prompts, splits)`` from the prompt files, or the world's (``world_image_size`` set)."""
+def prompt_lists(prompts_file=None, val_file=None, world_image_size=None, video=False):
+    """``(prompts, splits)`` from the prompt files, or the world's (``world_image_size`` set;
+    ``video``: the video world's)."""
     if world_image_size is not None:
         if prompts_file or val_file:
             raise ValueError("--world: encodes the world's prompts; drop --prompts and "
                              "--val_prompts (or drop --world)")
         from spotlight_jax import world  # noqa: PLC0415
         cfg = world.WorldConfig(image_size=world_image_size)
-        train, val = world.train_prompts(cfg), world.val_prompts(cfg)
+        if video:
+            train, val = world.video.video_train_prompts(cfg), world.video.video_val_prompts(cfg)
+        else:
+            train, val = world.train_prompts(cfg), world.val_prompts(cfg)
+    elif video:
+        raise ValueError("--video_world: chooses the world's prompts; add --world (or drop "
+                         "--video_world)")
     elif prompts_file:
         train = read_prompt_lines(prompts_file)
         val = read_prompt_lines(val_file) if val_file else []
@@ -82,7 +92,7 @@ def main(argv):
     from spotlight_jax.prompt_embeddings import encoders, read  # noqa: PLC0415
     try:
         prompts, splits = prompt_lists(f.prompts, f.val_prompts,
-                                       f.world_image_size if f.world else None)
+                                       f.world_image_size if f.world else None, f.video_world)
         encoders.pipeline_family(f.pipeline)
         pipe = encoders.load_pipeline(f.pipeline, device=f.device, dtype=f.dtype)
         encoders.encode_to_file(pipe, f.output, prompts, splits,

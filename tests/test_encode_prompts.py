@@ -1,6 +1,6 @@
 """``python -m spotlight_jax.encode_prompts`` writes what the pipeline's own ``encode_prompt``
-returns: tiny random SD3 (CLIP-L, CLIP-G, T5), Flux (CLIP-L, T5) and Qwen-Image (Qwen2.5-VL)
-text encoders built
+returns: tiny random SD3 (CLIP-L, CLIP-G, T5), Flux (CLIP-L, T5), Qwen-Image (Qwen2.5-VL) and
+Wan (UMT5) text encoders built
 from configs, with tokenizers built in code (no downloads), saved as diffusers pipelines; the
 tool encodes prompts with them in a fresh process and the file's rows equal ``encode_prompt`` of
 the same batches. Needs torch, transformers and diffusers (the ``[encode]`` extra)."""
@@ -235,3 +235,43 @@ def test_the_tool_reports_a_bad_pipeline_folder_in_one_line(tmp_path):
     assert out.stderr.strip().splitlines() == [
         f"error: pipeline={str(tmp_path)!r}: no model_index.json there; pass a diffusers "
         "pipeline folder (e.g. the SD3.5 or Qwen-Image snapshot)"]
+
+
+def wan_pipeline():
+    tok = t5_tokenizer()
+    torch.manual_seed(6)
+    encoder = transformers.UMT5EncoderModel(transformers.UMT5Config(
+        vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
+        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+    return diffusers.WanPipeline(tokenizer=tok, text_encoder=encoder, vae=None,
+                                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+                                 transformer=None)
+
+
+def test_wan_file_equals_the_pipelines_encode_prompt(tmp_path):
+    """UMT5 states of the video world's prompts, zero rows after each prompt's tokens (Wan
+    attends to them all), through the command line."""
+    pipe = wan_pipeline()
+    pipe.save_pretrained(tmp_path / "wan")
+    path = tmp_path / "wan.safetensors"
+    out = run_tool(f"--pipeline={tmp_path / 'wan'}", f"--output={path}", "--world",
+                   "--video_world", "--world_image_size=24", "--max_sequence_length=40",
+                   "--batch_size=64")
+    assert "--config.model.text_embed_dim=32 --config.model.text_len=40" in out.stdout
+    f = pe.read(path)
+    train = world.video.video_train_prompts(world.WorldConfig(image_size=24))
+    val = world.video.video_val_prompts(world.WorldConfig(image_size=24))
+    assert f.family == "wan" and f.pooled is None and "UMT5EncoderModel" in f.encoder
+    assert f.prompts("train") == train and f.prompts("val") == val
+
+    def encode(batch):
+        e, _ = pipe.encode_prompt(batch, do_classifier_free_guidance=False,
+                                  max_sequence_length=40)
+        return e, None, None
+
+    embeds, _, _ = reference(encode, ["", *train, *val], 64, f.text_len)
+    assert f.mask.all() and embeds.shape == (1 + len(train) + len(val), 40, 32)
+    np.testing.assert_allclose(f.embeds, embeds, **TOL)
+    n = len(pipe.tokenizer(train[0]).input_ids)             # the prompt's tokens, then zeros
+    assert (np.abs(f.embeds[1, :n]).max(axis=-1) > 0).all() and not f.embeds[1, n:].any()
+    assert np.abs(f.embeds[1] - f.embeds[2]).max() > 1e-3

@@ -15,7 +15,10 @@ own ``encode_prompt``:
   of a batch padded to the batch's longest; no pooled embedding);
 * ``flux`` (``FluxPipeline``, FLUX.1 [dev] and [schnell]): T5's last hidden state padded to
   ``max_sequence_length`` (512), ``[512, 4096]``, every token real (Flux attends to all of them),
-  and CLIP-L's pooled output ``[768]``.
+  and CLIP-L's pooled output ``[768]``;
+* ``wan`` (``WanPipeline``, Wan 2.1 / 2.2 text-to-video): UMT5's last hidden state of the
+  prompt's tokens, zero rows after them up to ``max_sequence_length`` (512), ``[512, 4096]``,
+  every row attended (Wan's cross-attention takes the zero rows too; no pooled embedding).
 """
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ from spotlight_jax.prompt_embeddings.file import PromptEmbeddingError, pad_rows,
 # diffusers pipeline class -> family, and each family's default max_sequence_length (the
 # pipelines' own defaults)
 FAMILIES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image",
-            "FluxPipeline": "flux"}
-MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024, "flux": 512}
+            "FluxPipeline": "flux", "WanPipeline": "wan"}
+MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024, "flux": 512, "wan": 512}
 DTYPES = ("float32", "bfloat16", "float16")
 _INSTALL = 'pip install -e ".[encode]"'
 
@@ -101,6 +104,10 @@ def encode_batch(pipe, prompts: list[str], max_sequence_length: int):
             embeds, pooled, _ = pipe.encode_prompt(prompt=prompts, prompt_2=None,
                                                    max_sequence_length=max_sequence_length)
             mask = torch.ones(embeds.shape[:2], dtype=torch.bool)
+        elif family == "wan":
+            embeds, _ = pipe.encode_prompt(prompt=prompts, do_classifier_free_guidance=False,
+                                           max_sequence_length=max_sequence_length)
+            mask, pooled = torch.ones(embeds.shape[:2], dtype=torch.bool), None
         else:
             embeds, mask = pipe.encode_prompt(prompt=prompts,
                                               max_sequence_length=max_sequence_length)
