@@ -122,17 +122,20 @@ def fake_encode(prompts, dim):
     return rows
 
 
-def world_prompt_file(path, dim, image_size, pooled_dim=0):
-    """A prompt-embedding file of every world prompt (at ``image_size``) with its world split,
-    plus the empty prompt, fake-encoded at width ``dim`` (and, with ``pooled_dim``, a pooled
-    embedding: the mean of the prompt's word vectors' first ``pooled_dim`` entries); returns
-    ``(prompts, embeds, mask)``."""
+def world_prompt_file(path, dim, image_size, pooled_dim=0, video=False):
+    """A prompt-embedding file of every world prompt (at ``image_size``; ``video``: the video
+    world's) with its world split, plus the empty prompt, fake-encoded at width ``dim`` (and,
+    with ``pooled_dim``, a pooled embedding: the mean of the prompt's word vectors' first
+    ``pooled_dim`` entries); returns ``(prompts, embeds, mask)``."""
     import numpy as np
 
     from spotlight_jax import prompt_embeddings as pe
     from spotlight_jax import world
     wc = world.WorldConfig(image_size=image_size)
-    train, val = world.train_prompts(wc), world.val_prompts(wc)
+    if video:
+        train, val = world.video.video_train_prompts(wc), world.video.video_val_prompts(wc)
+    else:
+        train, val = world.train_prompts(wc), world.val_prompts(wc)
     prompts = ["", *train, *val]
     rows = fake_encode(prompts, dim)
     embeds, mask = pe.pad_rows(rows)
@@ -176,6 +179,20 @@ def flux_fixture_config(tmp_path, objective, iterations=1, **overrides):
         "model.text_width": 0, "model.text_embed_dim": QWEN_DIM,
         "prompts.embeddings_file": str(path), "rl.objective": objective, "rl.eval_prompts": 2,
         "sampler.guidance": 3.5, "sampler.eval_guidance": 3.5, **overrides})
+
+
+WAN_PIPE = QWEN_PIPE.parent / "pipeline_wan"     # text_dim 24 (QWEN_DIM), 16 latent channels
+
+
+def wan_fixture_overrides(tmp_path) -> dict:
+    """The overrides that put a video run on the tiny random Wan pipeline fixture (transformer +
+    Wan VAE): 2 latent frames of 4 x 4 cells (5 frames of 32 x 32 pixels), the video world's
+    prompts from an embedding file written into ``tmp_path``."""
+    path = Path(tmp_path) / "wan_prompts.safetensors"
+    if not path.exists():
+        world_prompt_file(path, QWEN_DIM, image_size=32, video=True)
+    return {"base_checkpoint": str(WAN_PIPE), "model.frames": 2, "model.image_size": 4,
+            "model.text_len": 12, "model.text_width": 0, "prompts.embeddings_file": str(path)}
 
 
 def qwen_fixture_config(tmp_path, objective, iterations=1, **overrides):

@@ -20,13 +20,13 @@ from spotlight_jax import rewards, world
 from spotlight_jax.config.loading import ConfigError, build_section, qualify, section_paths
 from spotlight_jax.config.sections import (
     REMOTE_REWARD,
-    RUN_MODEL_FIELDS,
     cost_config,
     deployment_config,
     diffusers_base,
     mesh_config,
     model_config,
     rl_config,
+    run_model_fields,
     sampler_config,
     trace_config,
     workload,
@@ -69,8 +69,8 @@ def transformer_of(base: str, cfg: MMDiTConfig, mesh: Mesh | None = None):
     ``cfg`` (its architecture read from there, with the run's fields), each parameter streamed
     straight onto its sharding on ``mesh`` (:func:`base_shardings`; None: the default
     device)."""
-    overrides = {f: getattr(cfg, f) for f in RUN_MODEL_FIELDS if f not in ("dtype",
-                                                                            "param_dtype")}
+    overrides = {f: getattr(cfg, f) for f in run_model_fields(type(cfg))
+                 if f not in ("dtype", "param_dtype")}
     shardings = None if mesh is None else base_shardings(cfg, mesh)
     model, _ = build_section({}, lambda: convert.from_diffusers(
         os.path.join(base, "transformer"), dtype=as_dtype(cfg.param_dtype),
@@ -104,6 +104,10 @@ def decoder_of(base: str | None, cfg: MMDiTConfig):
         raise ConfigError(f"base_checkpoint={base!r}: no vae/config.json next to transformer/ "
                           "(a latent model needs its VAE to turn samples into images)")
     vae = build_section({}, lambda: convert.vae_from_diffusers(vae_dir))
+    if vae.video != is_video(cfg):
+        raise ConfigError(f"base_checkpoint={base!r}: its VAE ({vae.family}) decodes "
+                          f"{'clips' if vae.video else 'images'}, the transformer draws "
+                          f"{'clips' if is_video(cfg) else 'images'}")
     if vae.latent_channels != cfg.channels:
         raise ConfigError(f"base_checkpoint={base!r}: the VAE has {vae.latent_channels} latent "
                           f"channels, the transformer {cfg.channels}")

@@ -70,30 +70,42 @@ def model_config(config) -> MMDiTConfig | WanConfig:
     if family not in MODEL_FAMILIES:
         raise ConfigError(f"model.family={family!r}: unknown; choose one of {MODEL_FAMILIES} "
                           "(mmdit: images, wan: video)")
-    if family == "wan":
-        if diffusers_base(config) is not None:
-            raise ConfigError(f"base_checkpoint={config.base_checkpoint!r}: a diffusers Wan "
-                              "base is not a run's base yet (models.convert.from_diffusers "
-                              "loads it); train the tiny video world's model instead")
-        return build_section(section_paths("model", WanConfig),
-                             lambda: pick_fields(WanConfig, config.model).validate())
+    cls = WanConfig if family == "wan" else MMDiTConfig
     base = diffusers_base(config)
     if base is not None:
         folder = os.path.join(base, "transformer")
         stamp = os.path.getmtime(os.path.join(folder, "config.json"))
-        overrides = tuple((f, config.model.get(f, getattr(MMDiTConfig(), f)))
-                          for f in RUN_MODEL_FIELDS)
-        return build_section(section_paths("model", MMDiTConfig),
-                      lambda: _diffusers_architecture(folder, stamp, overrides))
-    return build_section(section_paths("model", MMDiTConfig),
-                  lambda: pick_fields(MMDiTConfig, config.model).validate())
+        overrides = tuple((f, config.model.get(f, getattr(cls(), f)))
+                          for f in run_model_fields(cls))
+        return build_section(section_paths("model", cls),
+                             lambda: _diffusers_architecture(folder, stamp, overrides, family))
+    return build_section(section_paths("model", cls),
+                         lambda: pick_fields(cls, config.model).validate())
+
+
+def run_model_fields(cls) -> tuple[str, ...]:
+    """The model fields a run chooses over a diffusers base's architecture (the
+    :data:`RUN_MODEL_FIELDS` of an image model; a video model's also its latent frames and
+    columns, and no block scan or remat policy, which the Wan transformer does not have)."""
+    if cls is WanConfig:
+        return ("frames", "image_size", "image_width", "text_len", "dtype", "param_dtype",
+                "remat")
+    return RUN_MODEL_FIELDS
 
 
 @functools.lru_cache(maxsize=16)
-def _diffusers_architecture(folder: str, stamp: float, overrides: tuple) -> MMDiTConfig:
+def _diffusers_architecture(folder: str, stamp: float, overrides: tuple,
+                            family: str = "mmdit") -> MMDiTConfig | WanConfig:
     """A diffusers transformer's config, read once per folder, file version (``stamp``: its
-    config.json's mtime) and run fields."""
-    return convert.config_from_diffusers(folder, **dict(overrides))
+    config.json's mtime) and run fields; a Wan folder under ``model.family='wan'`` only (and
+    the reverse), so a run's family is never decided by its checkpoint alone."""
+    cfg = convert.config_from_diffusers(folder, **dict(overrides))
+    if isinstance(cfg, WanConfig) != (family == "wan"):
+        kind = "a Wan (video)" if isinstance(cfg, WanConfig) else "an image"
+        raise ConfigError(f"base_checkpoint: {folder} holds {kind} transformer, but "
+                          f"model.family={family!r}; set model.family="
+                          f"{'wan' if isinstance(cfg, WanConfig) else 'mmdit'!r}")
+    return cfg
 
 
 def mesh_config(config) -> MeshConfig:

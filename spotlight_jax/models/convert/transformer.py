@@ -44,9 +44,12 @@ def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
 
 def config_from_diffusers(checkpoint_dir, **overrides) -> MMDiTConfig:
     """Our config of a diffusers transformer folder without converting its weights (the
-    tensors are only memory-mapped, for the families whose options the stored shapes decide);
-    ``overrides`` replace fields as in :func:`from_diffusers`."""
+    tensors are only memory-mapped, for the families whose options the stored shapes decide;
+    a Wan folder gives its ``WanConfig``); ``overrides`` replace fields as in
+    :func:`from_diffusers`."""
     config, tensors = read_component(checkpoint_dir)
+    if config.get("_class_name") == wan.CLASS_NAME:          # the video transformer
+        return wan.wan_config(config, **overrides)
     family = FAMILIES.get(config.get("_class_name"))
     if family is None:
         raise CheckpointError(f"{checkpoint_dir}: _class_name={config.get('_class_name')!r} is "
