@@ -6,8 +6,9 @@ a study or benchmark's flags parse and its positional words are commands it has.
 
 What a reader supplies is put in place first (``tests/doc_commands.py``): the docs'
 placeholders, ``$SPOTLIGHT_TRACES`` (stand-in trace files of the SkyPilot format where the real
-traces are absent), and for a real model the tiny random Qwen-Image pipeline fixture as
-``/models/Qwen-Image`` with a prompt-embedding file of the config's widths.
+traces are absent), and for a real model the tiny random Qwen-Image (Wan) pipeline fixture as
+``/models/Qwen-Image`` (``/models/Wan2.1-T2V-14B-Diffusers``) with a prompt-embedding file of
+the config's widths.
 """
 import importlib
 import json
@@ -21,12 +22,12 @@ from pathlib import Path
 import pytest
 from absl import flags
 from doc_commands import ROOT, documented_commands
-from helpers import QWEN_PIPE, world_prompt_file
+from helpers import QWEN_PIPE, WAN_PIPE, world_prompt_file
 
 from spotlight_jax.config import RunSpec, model_config
 from spotlight_jax.emulation.traces import default_trace_dir
 
-REAL_MODEL_FOLDERS = {"/models/Qwen-Image": QWEN_PIPE}
+REAL_MODEL_FOLDERS = {"/models/Qwen-Image": QWEN_PIPE, "/models/Wan2.1-T2V-14B-Diffusers": WAN_PIPE}
 
 
 def _real_model_stand_in(arg: str) -> str:
@@ -97,7 +98,8 @@ def _stand_in_prompts(config, tmp_path: Path) -> None:
     m = model_config(config)
     path = tmp_path / "prompts.safetensors"
     world_prompt_file(path, m.text_embed_dim, image_size=32,
-                      pooled_dim=m.pooled_dim if m.pooled == "input" else 0)
+                      pooled_dim=m.pooled_dim if m.pooled == "input" else 0,
+                      video=config.model.get("family", "mmdit") == "wan")
     p.embeddings_file = str(path)
 
 
