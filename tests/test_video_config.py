@@ -22,11 +22,18 @@ def test_tiny_video_spec_is_a_wan_run_over_the_video_world():
     assert tokens.shape == (len(source.val_prompts), 8) and mask.any(axis=1).all()
 
 
+def test_image_rewards_that_score_any_frame_mix_into_a_video_run():
+    spec = RunSpec.from_config(load_config("tiny_video", {
+        "rl.reward": "video_motion:1.0,jpeg_compressibility:0.1"}))
+    assert spec.settings.reward == "video_motion:1.0,jpeg_compressibility:0.1"
+
+
 @pytest.mark.parametrize("config, overrides, match", [
     ("tiny_video", {"rl.eval_reward": "geneval_lite"},
-     r"rl.eval_reward='geneval_lite': 'geneval_lite' scores images.*use video_motion"),
-    ("tiny_video", {"rl.reward": "video_motion:1.0,jpeg_compressibility:0.1"},
-     r"rl.reward=.*'jpeg_compressibility' scores images"),
+     r"rl.eval_reward='geneval_lite': 'geneval_lite' reads the image world's prompts.*use "
+     r"video_motion, or a learned image reward scored per frame"),
+    ("tiny_video", {"rl.reward": "video_motion:1.0,ocr_lite:0.1"},
+     r"rl.reward=.*'ocr_lite' reads the image world's prompts"),
     ("tiny", {"rl.reward": "video_motion"},
      r"rl.reward='video_motion': 'video_motion' scores video clips.*use geneval_lite"),
     ("tiny_video", {"model.family": "dit"}, r"model.family='dit': unknown; choose one of"),

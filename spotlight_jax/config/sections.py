@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import os
 
-from spotlight_jax import registry
+from spotlight_jax import registry, rewards
 from spotlight_jax.config.loading import (
     ConfigError,
     build_section,
@@ -36,7 +36,6 @@ from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.rewards import mix
 from spotlight_jax.rewards.learned import NEEDS as LEARNED_NEEDS
-from spotlight_jax.rewards.motion import VIDEO_REWARDS
 from spotlight_jax.rewards.remote import RemoteRewardConfig
 from spotlight_jax.rl import GRPOConfig, NFTConfig, work_of
 
@@ -240,16 +239,21 @@ def check_reward_sources(config) -> None:
                           "127.0.0.1:18085 after python -m spotlight_jax.rewards.serve "
                           "--reward=geneval_lite --port=18085)")
     video = is_video(model_config(config))
+    family = config.model.get("family", "mmdit")
     for path, spec in (("rl.reward", train_reward(config)),
                        ("rl.eval_reward", eval_reward(config))):
         for name in _reward_names(spec):
-            if video != (name in VIDEO_REWARDS):
+            if rewards.is_video_reward(name) and not video:
                 raise ConfigError(
-                    f"{path}={spec!r}: {name!r} scores "
-                    f"{'video clips' if name in VIDEO_REWARDS else 'images'}, and this run's "
-                    f"model (model.family={config.model.get('family', 'mmdit')!r}) draws "
-                    f"{'video' if video else 'images'}; use "
-                    f"{'video_motion' if video else 'geneval_lite'} (or set model.family)")
+                    f"{path}={spec!r}: {name!r} scores video clips, and this run's model "
+                    f"(model.family={family!r}) draws images; use geneval_lite (or set "
+                    f"model.family='wan')")
+            if video and name in rewards.IMAGE_WORLD_REWARDS:
+                raise ConfigError(
+                    f"{path}={spec!r}: {name!r} reads the image world's prompts, and this run's "
+                    f"model (model.family={family!r}) draws video; use video_motion, or a "
+                    f"learned image reward scored per frame (e.g. 'video_motion:1.0,"
+                    f"aesthetic:0.1'), or set model.family='mmdit'")
     cfg = learned_rewards_config(config)
     for name in sorted(named & set(LEARNED_NEEDS)):
         for field in LEARNED_NEEDS[name]:

@@ -9,6 +9,11 @@ advantage several layers down. A reward that is the mean of parts can register t
 (`register(name, fn, components=parts_fn)`); the resolved reward's `parts` returns them as
 `[B, K]` (NaN where a part does not apply) for GRPO's decoupled advantages.
 
+Clips: a reward registered for clips (`register(..., video=True)`) takes `[B, F, H, W, 3]`. An
+image reward given clips scores every frame with the clip's prompt and returns the frames'
+mean (a learned preference reward on a video run: `rl.reward='video_motion:1.0,aesthetic:0.1'`);
+a clip reward given images is an error.
+
 Wherever a reward name is taken, a weighted mix of registered rewards is too
 (``'geneval_lite:1.0,jpeg_compressibility:0.5'``, `rewards.mix`). A run resolves each name
 once, `resolve(name)`, into one :class:`Reward` that every caller receives: its checked
@@ -65,14 +70,19 @@ _REGISTRY: dict[str, RewardFn] = {}
 # A reward's parts, for rewards that are the mean of several (GRPO's decoupled advantages):
 # `(images, prompts) -> {part: float32 [B]}`, NaN where a part does not apply to a prompt.
 _COMPONENTS: dict[str, Callable] = {}
+_VIDEO: set[str] = set()          # the rewards registered for clips [B, F, H, W, 3]
+IMAGE_WORLD_REWARDS = ("geneval_lite", "geneval_lite_shaped", "geneval_lite_aspect", "ocr_lite")
+"""The rewards that read the image world's prompts (counts, positions, text): no reward of a
+video prompt's frames."""
 
 
 def register(name: str, fn: RewardFn, *, overwrite: bool = False,
-             components: Callable | None = None) -> None:
+             components: Callable | None = None, video: bool = False) -> None:
     """Register `fn` under `name`; a taken name raises ValueError unless `overwrite=True`.
 
     `components`, if given, returns the parts `fn` averages (`{part: [B]}`, NaN where a part
-    does not apply); a resolved :class:`Reward` hands it out as ``parts``."""
+    does not apply); a resolved :class:`Reward` hands it out as ``parts``. ``video``: `fn`
+    scores clips ``[B, F, H, W, 3]`` (otherwise images; given clips, it scores each frame)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"reward name must be a non-empty str, got {name!r}")
     if not callable(fn):
@@ -85,8 +95,11 @@ def register(name: str, fn: RewardFn, *, overwrite: bool = False,
         raise ValueError(f"components of reward {name!r} must be callable")
     _REGISTRY[name] = fn
     _COMPONENTS.pop(name, None)
+    _VIDEO.discard(name)
     if components is not None:
         _COMPONENTS[name] = components
+    if video:
+        _VIDEO.add(name)
 
 
 def unregister(name: str) -> None:
@@ -95,11 +108,28 @@ def unregister(name: str) -> None:
         raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(names())}")
     del _REGISTRY[name]
     _COMPONENTS.pop(name, None)
+    _VIDEO.discard(name)
 
 
 def names() -> list[str]:
     """Registered reward names, sorted."""
     return sorted(_REGISTRY)
+
+
+def is_video_reward(name: str) -> bool:
+    """Whether the registered reward ``name`` scores clips (not images)."""
+    return name in _VIDEO
+
+
+def frame_mean(fn: RewardFn, clips, prompts: Sequence[str]) -> np.ndarray:
+    """The image reward ``fn`` of every frame of ``clips`` ``[B, F, H, W, 3]`` (each frame with
+    its clip's prompt), averaged over the frames: ``float32 [B]``."""
+    b, f = np.shape(clips)[:2]
+    frames = np.reshape(np.asarray(clips), (b * f, *np.shape(clips)[2:]))
+    r = np.asarray(fn(frames, [p for p in prompts for _ in range(f)]), np.float32)
+    if r.shape != (b * f,):
+        raise ValueError(f"returned shape {r.shape} for {b * f} frames, expected ({b * f},)")
+    return r.reshape(b, f).mean(axis=1)
 
 
 def _unknown(name: str) -> ValueError:
@@ -123,7 +153,17 @@ def _checked(name: str, fn: Callable) -> RewardFn:
         n = len(prompts)
         if np.shape(images)[0] != n:
             raise ValueError(f"reward {name!r}: {np.shape(images)[0]} images but {n} prompts")
-        r = np.asarray(fn(images, list(prompts)), dtype=np.float32)
+        video, clips = name in _VIDEO, np.ndim(images) == 5
+        if video and not clips:
+            raise ValueError(f"reward {name!r} scores clips [B, F, H, W, 3], got "
+                             f"{np.shape(images)}")
+        if clips and not video:        # an image reward of a clip: its frames' mean
+            try:
+                r = frame_mean(fn, images, list(prompts))
+            except ValueError as e:
+                raise ValueError(f"reward {name!r} per frame: {e}") from None
+        else:
+            r = np.asarray(fn(images, list(prompts)), dtype=np.float32)
         if r.shape != (n,):
             raise ValueError(f"reward {name!r} returned shape {r.shape}, expected ({n},)")
         if not np.isfinite(r).all():
@@ -224,11 +264,14 @@ register("geneval_lite_shaped", geneval_lite_shaped, components=shaped_breakdown
 register("geneval_lite_aspect", geneval_lite_aspect, components=aspect_breakdown)
 register("ocr_lite", ocr_lite)
 register("jpeg_compressibility", jpeg_compressibility)
-register("video_motion", video_motion, components=video_motion_parts)
-register("video_motion_exact", video_motion_exact)
+register("video_motion", video_motion, components=video_motion_parts, video=True)
+register("video_motion_exact", video_motion_exact, video=True)
 
 __all__ = [
+    "IMAGE_WORLD_REWARDS",
     "RewardFn",
+    "frame_mean",
+    "is_video_reward",
     "constraint_breakdown",
     "missing_credit",
     "edit_distance",

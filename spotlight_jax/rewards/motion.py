@@ -15,7 +15,6 @@ import numpy as np
 from spotlight_jax.world.config import DEFAULT
 from spotlight_jax.world.video import PARTS, score_parts
 
-VIDEO_REWARDS = ("video_motion", "video_motion_exact")   # the registered rewards of clips
 
 
 def _scores(clips, prompts: Sequence[str]) -> list[dict[str, float]]:

@@ -376,3 +376,34 @@ def test_reward_components_average_to_the_reward(renders):
         R.unregister("test_parts")
     with pytest.raises(ValueError, match="unknown reward"):
         R.resolve("test_parts").components()
+
+
+def test_an_image_reward_of_clips_is_its_frames_mean():
+    """Each frame scored with its clip's prompt (checked against a loop over frames), a mix of
+    a clip reward and a per-frame image reward, and a clip reward refusing images."""
+    rng = np.random.default_rng(0)
+    clips = rng.uniform(0, 1, (3, 5, 24, 24, 3)).astype(np.float32)
+    prompts = ["a red square moving left", "two blue bars falling", "a green column rising"]
+    seen = []
+
+    def brightness(images, ps):
+        seen.append(list(ps))
+        return np.asarray(images).mean(axis=(1, 2, 3)) + np.asarray([len(p) for p in ps])
+
+    R.register("test_brightness", brightness)
+    try:
+        got = R.get("test_brightness")(clips, prompts)
+        want = [np.mean([clips[i, f].mean() + len(prompts[i]) for f in range(5)])
+                for i in range(3)]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert seen[-1] == [p for p in prompts for _ in range(5)]   # frame-major per clip
+        mixed = R.resolve("video_motion:1.0,test_brightness:0.5")
+        total, terms = mixed.scored(clips, prompts)
+        np.testing.assert_allclose(terms["test_brightness"], want, rtol=1e-6)
+        np.testing.assert_allclose(
+            total, R.get("video_motion")(clips, prompts) + 0.5 * np.asarray(want), rtol=1e-6)
+        assert R.is_video_reward("video_motion") and not R.is_video_reward("test_brightness")
+    finally:
+        R.unregister("test_brightness")
+    with pytest.raises(ValueError, match=r"reward 'video_motion' scores clips \[B, F, H, W, 3\]"):
+        R.get("video_motion")(clips[:, 0], prompts)
