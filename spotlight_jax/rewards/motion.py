@@ -16,7 +16,6 @@ from spotlight_jax.world.config import DEFAULT
 from spotlight_jax.world.video import PARTS, score_parts
 
 
-
 def _scores(clips, prompts: Sequence[str]) -> list[dict[str, float]]:
     clips = np.asarray(clips, np.float32)
     if clips.ndim != 5 or clips.shape[-1] != 3:
