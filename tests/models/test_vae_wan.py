@@ -78,14 +78,12 @@ def test_float32_contract_matches_the_truth(ref):
 def test_chunks_agree_and_the_decode_is_causal(ours64):
     """One latent frame per chunk (the default) and all at once: the same clip; the first two
     latent frames decode to the clip's first 5 frames (nothing later leaks into them), as the
-    first 5 frames encode to the first two latent frames; an image is a clip's first frame."""
+    first 5 frames encode to the first two latent frames."""
     vae, z, x, decoded, encoded = ours64
     with jax.enable_x64(True):
         np.testing.assert_allclose(_raw(vae, "decode", z, chunk=None), decoded, atol=1e-12,
                                    rtol=0)
         np.testing.assert_allclose(_raw(vae, "decode", z[:, :2]), decoded[:, :5], atol=1e-12,
-                                   rtol=0)
-        np.testing.assert_allclose(_raw(vae, "decode", z[:, 0]), decoded[:, 0], atol=1e-12,
                                    rtol=0)
         np.testing.assert_allclose(_raw(vae, "encode", x[:, :5]), encoded[:, :2], atol=1e-12,
                                    rtol=0)

@@ -55,7 +55,7 @@ def test_video_rollout_shapes_block_noise_and_reward():
     assert np.abs(per_frame - clip).max() > 1e-3            # the projection is not identity
     r = rewards.resolve("video_motion")(np.asarray(out["images"]), prompts)
     assert r.shape == (8,) and np.all((r >= 0) & (r <= 1))
-    with pytest.raises(ValueError, match=r"clips \[batch, frames"):
+    with pytest.raises(ValueError, match=r"'video_motion' scores clips \[B, F, H, W, 3\]"):
         rewards.resolve("video_motion")(np.asarray(out["images"])[:, 0], prompts)
 
 
