@@ -4,7 +4,8 @@ The estimate (``dry_run.activation_bytes``) is computed from the rows the object
 pushes per gradient step and the residuals its backward keeps, traced abstractly; XLA's
 ``memory_analysis()`` of the trainer's real update program (lowered for a full batch of the
 config and compiled, never run) says how many bytes of temporaries it needs beyond its
-arguments and outputs. They must agree within 1.5x either way for the tiny and small configs.
+arguments and outputs. They must agree within 1.5x either way for the tiny and small configs
+and the tiny video one (the Wan transformer on clips).
 """
 import jax
 import numpy as np
@@ -19,8 +20,7 @@ def _batch(config, mcfg, trainer):
     """A zero batch of the config's shape with the fields the trainer's update reads."""
     n = config.rl.prompts_per_iter * config.rl.group_size
     steps = trainer.sampler.num_steps
-    s = mcfg.image_size
-    return {"latents": np.zeros((n, steps + 1, s, s, mcfg.channels), np.float32),
+    return {"latents": np.zeros((n, steps + 1, *mcfg.latent_shape), np.float32),
             "log_probs": np.zeros((n, steps), np.float32),
             "tokens": np.zeros((n, mcfg.text_len), np.int32),
             "mask": np.ones((n, mcfg.text_len), bool),
@@ -32,7 +32,8 @@ def _batch(config, mcfg, trainer):
 # for its time, docs/performance.md has the numbers). Each compiles a full update of its config
 # (15-45 s on 2 shared cores): they run with the end-to-end checks (-m e2e, in .ci/run).
 @pytest.mark.e2e
-@pytest.mark.parametrize("name,objective", [("tiny", "flow_grpo"), ("small", "nft")])
+@pytest.mark.parametrize("name,objective", [("tiny", "flow_grpo"), ("small", "nft"),
+                                            ("tiny_video", "nft")])
 def test_activation_estimate_is_within_1_5x_of_the_compiled_update(name, objective):
     config = conf.load_config(name, {"rl.objective": objective})
     mcfg = conf.model_config(config)
