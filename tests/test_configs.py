@@ -36,10 +36,11 @@ def test_config_builds_and_documents_its_command(path):
     assert "python -m spotlight_jax.main" in doc, f"{path.name} docstring lacks its command"
 
 
-# sd35_medium's dry run (~20-27 s: its 24 blocks' residuals traced) and wan21_14b's (~90 s: 40
-# unscanned blocks, with and without remat) among the longer checks
+# sd35_medium's dry run (~20-27 s: its 24 blocks' residuals traced), wan21_14b's (~90 s: 40
+# unscanned blocks, with and without remat) and wan22_ti2v_5b's among the longer checks
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.e2e)
-                                  if p.stem in ("sd35_medium", "wan21_14b") else p
+                                  if p.stem in ("sd35_medium", "wan21_14b", "wan22_ti2v_5b")
+                                  else p
                                   for p in CONFIGS],
                          ids=lambda p: p.stem)
 def test_dry_run_every_config(path):
@@ -71,6 +72,15 @@ def test_wan21_14b_config_has_wan_14bs_parameters():
     cfg = model_config(load(ROOT / "configs" / "wan21_14b.py"))
     assert flops.param_count(cfg) == 14_288_491_584     # the abstract model's, no allocation
     assert cfg.latent_shape == (21, 60, 104, 16) and cfg.num_patches == 32_760
+
+
+def test_wan22_ti2v_5b_config_has_wan_5bs_parameters():
+    """diffusers' ``WanTransformer3DModel`` with Wan 2.2 TI2V 5B's config (24 heads of 128, FFN
+    14336, 30 layers, 48 latent channels) has 4,999,787,712 parameters (torch's meta device,
+    diffusers 0.42.1); 704 x 1280 x 121 frames through the 4 x 16 x 16 VAE make 27,280 tokens."""
+    cfg = model_config(load(ROOT / "configs" / "wan22_ti2v_5b.py"))
+    assert flops.param_count(cfg) == 4_999_787_712
+    assert cfg.latent_shape == (31, 44, 80, 48) and cfg.num_patches == 27_280
 
 
 def test_tiny_config_size():
