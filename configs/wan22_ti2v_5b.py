@@ -4,8 +4,8 @@ latent, 27,280 video tokens with its (1, 2, 2) patches; UMT5 prompts of 512 toke
 
 Dry run (memory per device of the update on 8 devices, Ulysses over the video tokens):
   python -m spotlight_jax.main --config=configs/wan22_ti2v_5b.py --workdir=/tmp/x --dry_run
-The Wan 2.2 VAE is not ported yet (docs/video.md): a run from a Wan 2.2 pipeline folder is
-refused at its VAE with one line; the transformer converts.
+From a diffusers Wan 2.2 TI2V 5B folder, its transformer converts and its VAE (residual levels,
+2 x 2 pixels folded into channels) decodes the clips (docs/video.md).
 """
 import pathlib
 import runpy

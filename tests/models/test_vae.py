@@ -195,7 +195,7 @@ def test_live_regeneration_matches_diffusers(tmp_path):
                                                   FIXTURES / "make_vae_fixtures.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    for family in ("sd3", "qwen_image", "wan"):
+    for family in ("sd3", "qwen_image", "wan", "wan22"):
         torch_vae = gen.build(family, seed=7)
         torch_vae.save_pretrained(tmp_path / family, safe_serialization=True)
         ref = gen.references(torch_vae, family, seed=7)

@@ -1,6 +1,7 @@
-"""Wan 2.1's causal 3-D VAE (``AutoencoderKLWan``) against diffusers, on a tiny random model with
-Wan's structure (three spatial halvings, the last two temporal: 9 frames <-> 3 latent frames,
-non-square), from tests/fixtures/diffusers/vae/wan (no torch needed here).
+"""Wan's causal 3-D VAEs (``AutoencoderKLWan``) against diffusers, on tiny random models with their
+structure (three spatial halvings, the last two temporal: 9 frames <-> 3 latent frames,
+non-square): Wan 2.1's (tests/fixtures/diffusers/vae/wan) and Wan 2.2's (``wan22``: residual
+levels, 2 x 2 pixels folded into channels, a wider decoder); no torch needed here.
 
 Two references: diffusers in float32 (what users run) and in float64 (the truth both float32
 runs round). Ours in float64 equals the float64 decode to ~1e-6, the residual being diffusers'
@@ -28,10 +29,17 @@ FOLDER = FIXTURES / "wan"
 ATOL = 1e-5
 
 
+FAMILIES = ["wan", "wan22"]
+
+
+def _reference(family):
+    return {k: np.array(v) for k, v in
+            safetensors_io.load(FIXTURES / f"{family}.reference.safetensors").items()}
+
+
 @pytest.fixture(scope="module")
 def ref():
-    return {k: np.array(v) for k, v in
-            safetensors_io.load(FIXTURES / "wan.reference.safetensors").items()}
+    return _reference("wan")
 
 
 def _raw(vae, fn, x, **kw):
@@ -40,29 +48,27 @@ def _raw(vae, fn, x, **kw):
         vae.state, x))
 
 
-@pytest.fixture(scope="module")
-def ours64(ref):
-    """Ours in float64: the module, the raw decode of the fixture's latents (one latent frame
-    per chunk) and the encode of its clips (all at once)."""
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float64_structure_equals_diffusers(family):
+    ref = _reference(family)
     with jax.enable_x64(True):
-        vae = vae_from_diffusers(FOLDER, dtype=jnp.float64)
+        vae = vae_from_diffusers(FIXTURES / family, dtype=jnp.float64)
         z = ref["latents"].astype(np.float64) * vae.latent_scale + vae.latent_shift
-        x = ref["images"].astype(np.float64) * 2.0 - 1.0
-        return vae, z, x, _raw(vae, "decode", z), _raw(vae, "encode", x)
-
-
-def test_float64_structure_equals_diffusers(ref, ours64):
-    _, _, _, decoded, encoded = ours64
-    assert decoded.dtype == np.float64 and decoded.shape == (2, 9, 16, 24, 3)
+        decoded = _raw(vae, "decode", z)
+        encoded = _raw(vae, "encode", ref["images"].astype(np.float64) * 2.0 - 1.0)
+    assert decoded.dtype == np.float64 and decoded.shape == ref["images"].shape
     np.testing.assert_allclose(decoded, ref["decoded_raw_f64"], atol=ATOL, rtol=0)
     np.testing.assert_allclose(encoded, ref["encoded_raw_f64"], atol=1e-9, rtol=0)
 
 
-def test_float32_contract_matches_the_truth(ref):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float32_contract_matches_the_truth(family):
     """``LatentVAE`` as a run uses it: DiT latents ``[B, t, h, w, c]`` -> clips in [0, 1], clips
     -> normalised latents."""
-    vae = vae_from_diffusers(FOLDER)
+    ref = _reference(family)
+    vae = vae_from_diffusers(FIXTURES / family)
     assert vae.video and vae.family == "AutoencoderKLWan"
+    assert vae.downsample_factor == {"wan": 8, "wan22": 16}[family]
     with jax.default_matmul_precision("highest"):
         clips = np.asarray(vae.decode(ref["latents"]))
         latents = np.asarray(vae.encode(ref["images"]))
@@ -73,6 +79,17 @@ def test_float32_contract_matches_the_truth(ref):
     truth = (ref["encoded_raw_f64"] - vae.latent_shift) / vae.latent_scale
     np.testing.assert_allclose(latents, truth, atol=ATOL, rtol=0)
     np.testing.assert_allclose(latents, ref["latents_encoded"], atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def ours64(ref):
+    """Ours in float64 (Wan 2.1's fixture): the module, the fixture's raw latents and clips, the
+    decode (one latent frame per chunk) and the encode (all at once)."""
+    with jax.enable_x64(True):
+        vae = vae_from_diffusers(FOLDER, dtype=jnp.float64)
+        z = ref["latents"].astype(np.float64) * vae.latent_scale + vae.latent_shift
+        x = ref["images"].astype(np.float64) * 2.0 - 1.0
+        return vae, z, x, _raw(vae, "decode", z), _raw(vae, "encode", x)
 
 
 def test_chunks_agree_and_the_decode_is_causal(ours64):
@@ -128,12 +145,13 @@ def test_latent_rank_is_checked():
         vae.encode(np.zeros((1, 16, 24, 3), np.float32))
 
 
-def test_wan_2_2_vae_is_refused_in_one_line(tmp_path):
+def test_a_config_that_does_not_match_the_weights_is_one_line(tmp_path):
+    """Wan 2.1's weights under a Wan 2.2 config: a tensor of another shape is named."""
     folder = tmp_path / "vae"
     shutil.copytree(FOLDER, folder)
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "is_residual": True,
-                                                    "patch_size": 2}))
-    with pytest.raises(CheckpointError, match="Wan 2.2's residual VAE") as e:
+    (folder / "config.json").write_text(json.dumps({**cfg, "is_residual": True, "patch_size": 2,
+                                                    "in_channels": 12, "out_channels": 12}))
+    with pytest.raises(CheckpointError, match=r"tensor '[a-z_.0-9]+' has shape .*does config.json") as e:
         vae_from_diffusers(folder)
     assert "\n" not in str(e.value)

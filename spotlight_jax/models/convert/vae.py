@@ -2,8 +2,9 @@
 ``LatentVAE`` that speaks the DiT's latents (``decode``/``encode``).
 
 Families, by the config's ``_class_name``: ``AutoencoderKL`` (SD3/SD3.5; SD1/SDXL too),
-``AutoencoderKLWan`` (Wan 2.1's causal 3-D VAE, clips) and ``AutoencoderKLQwenImage`` (the same
-network, on single frames). The conversion is by rule, not by a per-key table: the
+``AutoencoderKLWan`` (the causal 3-D VAE of Wan 2.1, and of Wan 2.2 with its residual levels and
+2 x 2 pixel folding: clips) and ``AutoencoderKLQwenImage`` (Wan 2.1's network, on single
+frames). The conversion is by rule, not by a per-key table: the
 Flax modules are named after diffusers' module tree, so each parameter's path gives its diffusers
 key (``kernel``/``scale`` -> ``weight``, plus the two ``nn.Sequential`` indices below), and the
 layout follows from the stored tensor's rank:
@@ -96,22 +97,19 @@ def autoencoder_kl_config(config: dict, where) -> AutoencoderKLConfig:
 
 
 def wan_vae_config(config: dict, where) -> WanVAEConfig:
-    """The architecture of a diffusers ``AutoencoderKLWan`` (2.1) or ``AutoencoderKLQwenImage``
-    config.json; Wan 2.2's residual VAE (``is_residual``, ``patch_size``) is refused."""
-    if config.get("is_residual") or config.get("patch_size") not in (None, 1):
-        raise CheckpointError(f"{where}: is_residual={config.get('is_residual')}, patch_size="
-                              f"{config.get('patch_size')}: Wan 2.2's residual VAE is not "
-                              f"supported yet (Wan 2.1's AutoencoderKLWan is)")
-    if config.get("decoder_base_dim") not in (None, config.get("base_dim", 96)):
-        raise CheckpointError(f"{where}: decoder_base_dim={config['decoder_base_dim']}: only a "
-                              f"decoder as wide as the encoder (base_dim) is supported")
+    """The architecture of a diffusers ``AutoencoderKLWan`` (Wan 2.1, or 2.2's residual VAE
+    with its 2 x 2 pixel folding) or ``AutoencoderKLQwenImage`` config.json."""
     if config.get("attn_scales"):
         raise CheckpointError(f"{where}: attn_scales={config['attn_scales']}: encoder attention "
                               f"blocks are not supported (Wan's and Qwen-Image's VAEs have "
                               f"attn_scales=[])")
+    patch = int(config.get("patch_size") or 1)
+    rgb = 3 * patch * patch
     for key in ("input_channels", "in_channels", "out_channels"):
-        if config.get(key, 3) != 3:
-            raise CheckpointError(f"{where}: {key}={config[key]}: only RGB (3) is supported")
+        if config.get(key, rgb) != rgb:
+            raise CheckpointError(f"{where}: {key}={config[key]} with patch_size={patch}: only "
+                                  f"RGB is supported ({rgb} channels after folding "
+                                  f"{patch} x {patch} pixels)")
     mult = tuple(int(m) for m in config.get("dim_mult", (1, 2, 4, 4)))
     temporal = tuple(bool(t) for t in config.get("temperal_downsample", (False, True, True)))
     if len(temporal) != len(mult) - 1:
@@ -120,7 +118,9 @@ def wan_vae_config(config: dict, where) -> WanVAEConfig:
     return WanVAEConfig(base_dim=int(config.get("base_dim", 96)),
                         z_dim=int(config.get("z_dim", 16)), dim_mult=mult,
                         num_res_blocks=int(config.get("num_res_blocks", 2)),
-                        temperal_downsample=temporal)
+                        temperal_downsample=temporal, input_channels=rgb,
+                        decoder_base_dim=int(config.get("decoder_base_dim") or 0),
+                        is_residual=bool(config.get("is_residual", False)), patch_size=patch)
 
 
 def _per_channel(config: dict, name: str, channels: int, where) -> np.ndarray:

@@ -47,19 +47,24 @@ from spotlight_jax.models.vae.ops import (
 
 @dataclasses.dataclass(frozen=True)
 class WanVAEConfig:
-    """The architecture fields of a diffusers ``AutoencoderKLWan`` (2.1) or
-    ``AutoencoderKLQwenImage`` config."""
+    """The architecture fields of a diffusers ``AutoencoderKLWan`` (2.1, or 2.2 with
+    ``is_residual``) or ``AutoencoderKLQwenImage`` config. ``input_channels`` is what the
+    encoder's first conv takes: RGB times ``patch_size ** 2`` (Wan 2.2 folds 2 x 2 pixels into
+    12 channels before the encoder and unfolds them after the decoder)."""
     base_dim: int = 96
     z_dim: int = 16
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)
     num_res_blocks: int = 2
     temperal_downsample: tuple[bool, ...] = (False, True, True)
     input_channels: int = 3
+    decoder_base_dim: int = 0     # 0: base_dim
+    is_residual: bool = False     # Wan 2.2: averaged / duplicated shortcuts around each level
+    patch_size: int = 1
 
     @property
     def downsample_factor(self) -> int:
         """Pixels per latent cell along H and W."""
-        return 2 ** (len(self.dim_mult) - 1)
+        return 2 ** (len(self.dim_mult) - 1) * self.patch_size
 
     @property
     def temporal_factor(self) -> int:
@@ -186,13 +191,16 @@ class AttentionBlock(nnx.Module):
 
 
 class Resample(nnx.Module):
-    """``mode`` in ``upsample2d|upsample3d|downsample2d|downsample3d`` (see the module doc)."""
+    """``mode`` in ``upsample2d|upsample3d|downsample2d|downsample3d`` (see the module doc);
+    an upsampler's conv gives ``up_channels`` (Wan 2.1: half its input; 2.2: all of it)."""
 
-    def __init__(self, channels: int, mode: str, *, rngs: nnx.Rngs | None, dtype, param_dtype):
+    def __init__(self, channels: int, mode: str, *, rngs: nnx.Rngs | None, dtype, param_dtype,
+                 up_channels: int | None = None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.mode = mode
         if mode.startswith("upsample"):
-            self.resample = Conv2d(channels, channels // 2, 3, **kw)
+            up = channels // 2 if up_channels is None else up_channels
+            self.resample = Conv2d(channels, up, 3, **kw)
         else:
             self.resample = Conv2d(channels, channels, 3, stride=2, padding=DOWNSAMPLE_PADDING,
                                    **kw)
@@ -250,6 +258,78 @@ class UpBlock(nnx.Module):
         return x
 
 
+def avg_down(x, cout: int, factor_t: int, factor_s: int):
+    """Wan 2.2's encoder shortcut: ``[B, T, H, W, C]`` -> ``[B, T / ft, H / fs, W / fs, cout]``,
+    each output channel the mean of a group of the input's (channel, time, row, column)
+    sub-cells; ``T`` zero-padded in front to a multiple of ``ft`` (one frame: ``(0 + x) / 2``)."""
+    pad = -x.shape[1] % factor_t
+    if pad:
+        x = jnp.concatenate([jnp.zeros((x.shape[0], pad, *x.shape[2:]), x.dtype), x], axis=1)
+    b, t, h, w, c = x.shape
+    x = x.reshape(b, t // factor_t, factor_t, h // factor_s, factor_s, w // factor_s, factor_s, c)
+    # torch's channel-first flattening: (channel, time, row, column) sub-cell, channel slowest
+    x = x.transpose(0, 1, 3, 5, 7, 2, 4, 6).reshape(b, t // factor_t, h // factor_s,
+                                                    w // factor_s, -1)
+    return x.reshape(*x.shape[:-1], cout, -1).mean(axis=-1)
+
+
+def dup_up(x, cout: int, factor_t: int, factor_s: int, first: bool):
+    """Wan 2.2's decoder shortcut, :func:`avg_down`'s transpose: each channel repeated into a
+    group of (channel, time, row, column) sub-cells; on the first chunk only the last of its
+    ``ft`` frames is kept (one frame in, one out)."""
+    b, t, h, w, c = x.shape
+    factor = factor_t * factor_s * factor_s
+    x = jnp.repeat(x, cout * factor // c, axis=-1)
+    x = x.reshape(b, t, h, w, cout, factor_t, factor_s, factor_s)
+    x = x.transpose(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, t * factor_t, h * factor_s,
+                                                    w * factor_s, cout)
+    return x[:, factor_t - 1:] if first else x
+
+
+class ResidualDownBlock(nnx.Module):
+    """Wan 2.2's encoder level: residual blocks, the downsampler, plus :func:`avg_down` of the
+    level's input."""
+
+    def __init__(self, cin: int, cout: int, num_res_blocks: int, temporal: bool, down: bool, *,
+                 rngs: nnx.Rngs | None, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.cout, self.factor_t, self.factor_s = cout, 2 if temporal else 1, 2 if down else 1
+        self.resnets = nnx.List([ResidualBlock(cin if i == 0 else cout, cout, **kw)
+                                 for i in range(num_res_blocks)])
+        mode = ("downsample3d" if temporal else "downsample2d") if down else None
+        self.downsampler = Resample(cout, mode, **kw) if mode else None
+
+    def __call__(self, x, history: History, first: bool):
+        skip = avg_down(x, self.cout, self.factor_t, self.factor_s)
+        for r in self.resnets:
+            x = r(x, history)
+        if self.downsampler is not None:
+            x = self.downsampler(x, history, first)
+        return x + skip.astype(x.dtype)
+
+
+class ResidualUpBlock(nnx.Module):
+    """Wan 2.2's decoder level: residual blocks, the upsampler (keeping its channels), plus
+    :func:`dup_up` of the level's input."""
+
+    def __init__(self, cin: int, cout: int, num_res_blocks: int, temporal: bool, up: bool, *,
+                 rngs: nnx.Rngs | None, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.cout, self.factor_t, self.up = cout, 2 if temporal else 1, up
+        self.resnets = nnx.List([ResidualBlock(cin if i == 0 else cout, cout, **kw)
+                                 for i in range(num_res_blocks + 1)])
+        mode = ("upsample3d" if temporal else "upsample2d") if up else None
+        self.upsampler = Resample(cout, mode, up_channels=cout, **kw) if mode else None
+
+    def __call__(self, x, history: History, first: bool):
+        skip = dup_up(x, self.cout, self.factor_t, 2, first) if self.up else None
+        for r in self.resnets:
+            x = r(x, history)
+        if self.upsampler is not None:
+            x = self.upsampler(x, history, first)
+        return x if skip is None else x + skip.astype(x.dtype)
+
+
 class Encoder(nnx.Module):
     """Clips ``[B, T, H, W, 3]`` -> (mean, logvar) ``[B, t, h, w, 2 z]`` (before quant_conv).
     ``down_blocks`` is one flat list of residual blocks and resamplers, as in diffusers."""
@@ -258,12 +338,17 @@ class Encoder(nnx.Module):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         self.conv_in = CausalConv3d(cfg.input_channels, dims[0], 3, **kw)
-        layers = []
+        layers, last = [], len(cfg.dim_mult) - 1
         for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            if cfg.is_residual:
+                layers.append(ResidualDownBlock(
+                    cin, cout, cfg.num_res_blocks, i != last and cfg.temperal_downsample[i],
+                    i != last, **kw))
+                continue
             for _ in range(cfg.num_res_blocks):
                 layers.append(ResidualBlock(cin, cout, **kw))
                 cin = cout
-            if i != len(cfg.dim_mult) - 1:
+            if i != last:
                 mode = "downsample3d" if cfg.temperal_downsample[i] else "downsample2d"
                 layers.append(Resample(cout, mode, **kw))
         self.down_blocks = nnx.List(layers)
@@ -274,7 +359,8 @@ class Encoder(nnx.Module):
     def __call__(self, x, history: History, first: bool):
         x = self.conv_in(x, history)
         for layer in self.down_blocks:
-            x = layer(x, history, first) if isinstance(layer, Resample) else layer(x, history)
+            x = (layer(x, history) if isinstance(layer, ResidualBlock)
+                 else layer(x, history, first))
         x = self.mid_block(x, history)
         return self.conv_out(jax.nn.silu(self.norm_out(x)), history)
 
@@ -285,15 +371,20 @@ class Decoder(nnx.Module):
     def __init__(self, cfg: WanVAEConfig, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         mult = cfg.dim_mult
-        dims = [cfg.base_dim * m for m in (mult[-1], *mult[::-1])]
+        base = cfg.decoder_base_dim or cfg.base_dim
+        dims = [base * m for m in (mult[-1], *mult[::-1])]
         temperal_upsample = cfg.temperal_downsample[::-1]
         self.conv_in = CausalConv3d(cfg.z_dim, dims[0], 3, **kw)
         self.mid_block = MidBlock(dims[0], **kw)
-        blocks = []
+        blocks, last = [], len(mult) - 1
         for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            if cfg.is_residual:
+                blocks.append(ResidualUpBlock(cin, cout, cfg.num_res_blocks,
+                                              i != last and temperal_upsample[i], i != last, **kw))
+                continue
             cin = cin // 2 if i > 0 else cin  # the previous block's upsampler halved it
             mode = None
-            if i != len(mult) - 1:
+            if i != last:
                 mode = "upsample3d" if temperal_upsample[i] else "upsample2d"
             blocks.append(UpBlock(cin, cout, cfg.num_res_blocks, mode, **kw))
         self.up_blocks = nnx.List(blocks)
@@ -305,6 +396,26 @@ class Decoder(nnx.Module):
         for block in self.up_blocks:
             x = block(x, history, first)
         return self.conv_out(jax.nn.silu(self.norm_out(x)), history)
+
+
+def fold_pixels(x, p: int):
+    """Wan 2.2's patchify: ``p x p`` pixels into channels, ``[B, T, H, W, C]`` ->
+    ``[B, T, H / p, W / p, C p p]``, channel order (channel, column offset, row offset) as
+    diffusers'."""
+    if p == 1:
+        return x
+    b, t, h, w, c = x.shape
+    x = x.reshape(b, t, h // p, p, w // p, p, c)             # ..., hh, ph, ww, pw, c
+    return x.transpose(0, 1, 2, 4, 6, 5, 3).reshape(b, t, h // p, w // p, c * p * p)
+
+
+def unfold_pixels(x, p: int):
+    """:func:`fold_pixels`' inverse."""
+    if p == 1:
+        return x
+    b, t, h, w, cpp = x.shape
+    x = x.reshape(b, t, h, w, cpp // (p * p), p, p)            # ..., c, pw, ph
+    return x.transpose(0, 1, 2, 6, 3, 5, 4).reshape(b, t, h * p, w * p, cpp // (p * p))
 
 
 def _in_chunks(step, x, chunk: int | None):
@@ -369,7 +480,7 @@ class WanVAE(nnx.Module):
         if chunk is not None and (chunk < 1 or chunk % f):
             raise ValueError(f"chunk={chunk}: encodes a multiple of {f} frames per chunk after "
                              f"the first (e.g. {f}; None all at once)")
-        h = _in_chunks(self.encoder, x, chunk)
+        h = _in_chunks(self.encoder, fold_pixels(x, self.config.patch_size), chunk)
         return self.quant_conv(h)[..., :self.config.z_dim]
 
     def decode(self, z, chunk: int | None = 1):
@@ -380,4 +491,4 @@ class WanVAE(nnx.Module):
         if z.ndim == 4:
             return self.decode(z[:, None], chunk)[:, 0]
         x = _in_chunks(self.decoder, self.post_quant_conv(z), chunk)
-        return jnp.clip(x, -1.0, 1.0)
+        return jnp.clip(unfold_pixels(x, self.config.patch_size), -1.0, 1.0)
