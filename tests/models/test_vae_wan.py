@@ -152,6 +152,7 @@ def test_a_config_that_does_not_match_the_weights_is_one_line(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "is_residual": True, "patch_size": 2,
                                                     "in_channels": 12, "out_channels": 12}))
-    with pytest.raises(CheckpointError, match=r"tensor '[a-z_.0-9]+' has shape .*does config.json") as e:
+    with pytest.raises(CheckpointError,
+                       match=r"tensor '[a-z_.0-9]+' has shape .*does config.json") as e:
         vae_from_diffusers(folder)
     assert "\n" not in str(e.value)
