@@ -36,12 +36,12 @@ def test_config_builds_and_documents_its_command(path):
     assert "python -m spotlight_jax.main" in doc, f"{path.name} docstring lacks its command"
 
 
-# sd35_medium's dry run (~20-27 s: its 24 blocks' residuals traced), wan21_14b's (~90 s: 40
-# unscanned blocks, with and without remat) and wan22_ti2v_5b's among the longer checks
+# sd35_medium's dry run (~20-27 s: its 24 blocks' residuals traced) and wan21_14b's (~90 s: 40
+# unscanned blocks, with and without remat) among the longer checks; wan22_ti2v_5b's (~80 s) is
+# the same path as wan21_14b's at other sizes: its config's parameters are checked below instead
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.e2e)
-                                  if p.stem in ("sd35_medium", "wan21_14b", "wan22_ti2v_5b")
-                                  else p
-                                  for p in CONFIGS],
+                                  if p.stem in ("sd35_medium", "wan21_14b") else p
+                                  for p in CONFIGS if p.stem != "wan22_ti2v_5b"],
                          ids=lambda p: p.stem)
 def test_dry_run_every_config(path):
     text = report(path)
