@@ -40,7 +40,7 @@ def get_config():
     c.rl.eval_reward = "video_motion"
     c.rl.prompts_per_iter = 4
     c.rl.group_size = 8
-    c.rl.nft.minibatches = 128       # nft: one row (image x flow time) per accumulated chunk
+    c.rl.nft.minibatches = 32        # nft: one clip (x rl.nft.times rows) per accumulated chunk
     c.sampler.num_steps = 20
     c.sampler.noise_patch = 1
     c.sampler.guidance = 5.0

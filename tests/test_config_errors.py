@@ -92,6 +92,18 @@ def test_negative_learning_rate_is_rejected_with_the_fix():
         validate(load_config("tiny", {"rl.lr": -1.0}))
 
 
+@pytest.mark.parametrize("overrides, match", [
+    ({"rl.nft.minibatches": 7}, r"^rl\.nft\.minibatches=7: the batch of 64 samples .* does not "
+                                r"split into it; choose a divisor of 64 \(e\.g\. 4\)$"),
+    ({"rl.objective": "flow_grpo", "rl.minibatches": 128},
+     r"^rl\.minibatches=128: the batch of 64 samples .*\(e\.g\. 64\)$"),
+])
+def test_a_batch_that_does_not_split_into_the_minibatches_is_named(overrides, match):
+    """The update would fail at its first step; the config boundary says so first."""
+    with pytest.raises(ConfigError, match=match):
+        validate(load_config("tiny", overrides))
+
+
 def test_more_trainer_devices_than_present_names_the_device_count():
     config = load_config("tiny", {"trainer_devices": 64})
     validate(config)                    # nothing wrong without the devices

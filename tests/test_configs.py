@@ -37,11 +37,12 @@ def test_config_builds_and_documents_its_command(path):
 
 
 # sd35_medium's dry run (~20-27 s: its 24 blocks' residuals traced) and wan21_14b's (~90 s: 40
-# unscanned blocks, with and without remat) among the longer checks; wan22_ti2v_5b's (~80 s) is
-# the same path as wan21_14b's at other sizes: its config's parameters are checked below instead
+# unscanned blocks, with and without remat) among the longer checks; the other Wan configs' (~80
+# s each) are the same path as wan21_14b's at other sizes: their parameters are checked below
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.e2e)
                                   if p.stem in ("sd35_medium", "wan21_14b") else p
-                                  for p in CONFIGS if p.stem != "wan22_ti2v_5b"],
+                                  for p in CONFIGS
+                                  if p.stem not in ("wan22_ti2v_5b", "wan21_1_3b")],
                          ids=lambda p: p.stem)
 def test_dry_run_every_config(path):
     text = report(path)
@@ -71,6 +72,14 @@ def test_wan21_14b_config_has_wan_14bs_parameters():
     exactly as many, and 480 x 832 x 81 frames make 32,760 video tokens."""
     cfg = model_config(load(ROOT / "configs" / "wan21_14b.py"))
     assert flops.param_count(cfg) == 14_288_491_584     # the abstract model's, no allocation
+    assert cfg.latent_shape == (21, 60, 104, 16) and cfg.num_patches == 32_760
+
+
+def test_wan21_1_3b_config_has_wan_1_3bs_parameters():
+    """diffusers' ``WanTransformer3DModel`` with Wan 2.1 T2V 1.3B's config (12 heads of 128, FFN
+    8960, 30 layers) has 1,418,996,800 parameters (torch's meta device, diffusers 0.42.1)."""
+    cfg = model_config(load(ROOT / "configs" / "wan21_1_3b.py"))
+    assert flops.param_count(cfg) == 1_418_996_800
     assert cfg.latent_shape == (21, 60, 104, 16) and cfg.num_patches == 32_760
 
 

@@ -142,6 +142,7 @@ def validate(config, devices=None) -> None:
     sampler_config(config, evaluation=True)
     _grpo_config(config)              # both objectives' fields: a typo in either is caught
     _nft_config(config)
+    _check_minibatches(config)
     pretrain_config(config)
     remote_reward_config(config)
     learned_rewards_config(config)
@@ -158,6 +159,21 @@ def validate(config, devices=None) -> None:
     workload(config)
     if devices is not None:
         check_devices(config, devices)
+
+
+def _check_minibatches(config) -> None:
+    """A ConfigError when an iteration's batch (``rl.prompts_per_iter x rl.group_size``) does
+    not split into the training objective's minibatches (its update would fail at the first
+    step)."""
+    nft = objective(config) == "nft"
+    path = "rl.nft.minibatches" if nft else "rl.minibatches"
+    mb = int(config.rl.nft.minibatches if nft else config.rl.minibatches)
+    n = int(config.rl.prompts_per_iter) * int(config.rl.group_size)
+    if mb < 1 or n % mb:
+        fits = max(d for d in range(1, n + 1) if n % d == 0 and d <= max(mb, 1))
+        raise ConfigError(f"{path}={mb}: the batch of {n} samples (rl.prompts_per_iter x "
+                          f"rl.group_size) does not split into it; choose a divisor of {n} "
+                          f"(e.g. {fits})")
 
 
 def check_devices(config, devices) -> None:
