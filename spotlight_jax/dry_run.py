@@ -27,7 +27,7 @@ from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl import work_of
-from spotlight_jax.rl.policy import merged_model
+from spotlight_jax.rl.policy import policy_model
 from spotlight_jax.rl.work import UpdateRows
 
 
@@ -70,7 +70,7 @@ def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> in
 
     def backward(trainable, base, x, t, tokens, mask):
         def loss(p):
-            model = merged_model(graphdef, rl_cfg, p, base)
+            model = policy_model(graphdef, rl_cfg, p, base)
             return velocity(model, x, t, tokens, mask, guidance=guidance).sum()
         return jax.vjp(loss, trainable)[1]
 

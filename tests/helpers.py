@@ -5,6 +5,7 @@ import socket
 from pathlib import Path
 
 import jax
+import numpy as np
 from flax import nnx
 
 from spotlight_jax.models import MMDiT, MMDiTConfig
@@ -17,11 +18,13 @@ MICRO = MMDiTConfig(image_size=16, patch_size=4, width=32, depth=2, num_heads=4,
 def micro_model(seed=0, **overrides):
     import dataclasses
     cfg = dataclasses.replace(MICRO, **overrides)
-    model = MMDiT(cfg, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model)
+    # built and perturbed in one compiled program each (eagerly, every parameter shape would
+    # compile its own initializer: seconds per test process)
+    graphdef, state = nnx.split(nnx.jit(lambda: MMDiT(cfg, rngs=nnx.Rngs(seed)))())
     # adaLN-Zero makes a fresh model output exactly 0; perturb so tests see real numerics.
-    state = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(seed + 1),
-                                                                x.shape, x.dtype), state)
+    rng = np.random.default_rng(seed + 1)
+    state = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype),
+                         state)
     return cfg, graphdef, state
 
 

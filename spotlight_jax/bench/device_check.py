@@ -286,15 +286,14 @@ def check_lora(cfg, graphdef, state, batch: int, repeats: int, rank: int = LORA_
     """The train step with LoRA adapters of ``rank`` on the blocks' attention projections
     (``rl.lora``), AdamW on the adapters only, the base frozen."""
     import jax  # noqa: PLC0415
-    from flax import nnx  # noqa: PLC0415
 
     from spotlight_jax.rl import lora as lora_lib  # noqa: PLC0415
 
     x, t, tokens, mask = inputs(cfg, batch)
     lora = lora_lib.init_lora(state, rank, jax.random.key(2))
 
-    def velocity(adapters, x, t):
-        return nnx.merge(graphdef, lora_lib.merge(state, adapters, 2.0))(x, t, tokens, mask)
+    def velocity(adapters, x, t):   # applied factored, as the objectives' train steps do
+        return lora_lib.adapted_model(graphdef, state, adapters, 2.0)(x, t, tokens, mask)
 
     *_, step_s = timed_train_step(velocity, lora, x, t, repeats)
     return {"rank": rank, "adapter_params": sum(a.size for a in jax.tree.leaves(lora)),

@@ -32,10 +32,28 @@ class Dense(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x):
-        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        x = x.astype(self.dtype)
+        y = jnp.einsum("...i,io->...o", x, self.kernel[...].astype(self.dtype))
+        if getattr(self, "lora_a", None) is not None:
+            xa = jnp.einsum("...i,ir->...r", x, self.lora_a[...].astype(self.dtype))
+            y = y + self.lora_scale * jnp.einsum("...r,ro->...o", xa,
+                                                 self.lora_b[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
+
+    def adapt(self, a, b, scale: float):
+        """Adds ``scale * (x @ a) @ b`` to this layer's output: LoRA applied factored, so a
+        gradient reaches ``a`` and ``b`` through rank-sized products and the frozen kernel's
+        own weight gradient (an input-by-output matrix per step) is never formed. The factors
+        live on this module object only (a training forward's), never in the model's saved
+        state."""
+        self.lora_a, self.lora_b, self.lora_scale = LoRAFactor(a), LoRAFactor(b), float(scale)
+
+
+class LoRAFactor(nnx.Variable):
+    """A LoRA factor attached by :meth:`Dense.adapt` (not an ``nnx.Param``: the model's
+    parameters stay the base's)."""
 
 
 class RMSNorm(nnx.Module):

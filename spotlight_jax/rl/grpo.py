@@ -26,7 +26,7 @@ from spotlight_jax.rl.policy import (
     PolicyTrainer,
     check_policy_fields,
     make_optimizer,
-    merged_model,
+    policy_model,
 )
 from spotlight_jax.rl.work import UpdateRows
 
@@ -431,7 +431,7 @@ def _program_config(cfg: GRPOConfig) -> GRPOConfig:
 
 
 def _policy(graphdef, cfg: GRPOConfig, trainable, base):
-    return merged_model(graphdef, cfg, trainable, base)
+    return policy_model(graphdef, cfg, trainable, base)
 
 
 def _shard_rows(sub: dict, start: int, stop: int) -> dict:

@@ -1,16 +1,24 @@
 """LoRA on the attention projections (qkv, out) of every MMDiT block (dual-stream, and Flux's
 single-stream ones, whose ``out`` projects [attention; MLP]).
 
-Functional: the adapters are a separate pytree ``{path: {"a": [in, r], "b": [r, out]}}`` and
-``merge(base, lora, scale)`` returns the base state with ``W + scale * a @ b`` on the adapted
-kernels. The reference policy is the base (LoRA off) for free, and the optimizer only sees the
-adapters. ``b`` starts at zero, so the initial policy equals the base model exactly.
+Functional: the adapters are a separate pytree ``{path: {"a": [in, r], "b": [r, out]}}``.
+Two ways to apply them, equal up to rounding:
+- ``merge(base, lora, scale)``: the base state with ``W + scale * a @ b`` on the adapted kernels,
+  for sampling (one merge per set of weights, then forwards at the base's cost);
+- ``adapted_model(graphdef, base, lora, scale)``: the base model with each adapted layer computing
+  ``x @ W + scale * (x @ a) @ b``, for the train step: the gradient reaches the factors through
+  rank-sized products, and the frozen kernels' weight gradients (as large as a full fine-tuning
+  step's for those layers) are never formed.
+The reference policy is the base (LoRA off) for free, and the optimizer only sees the adapters.
+``b`` starts at zero, so the initial policy equals the base model exactly.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from spotlight_jax.models.layers import Dense
 
 # the MMDiT's fused qkv and out projections; the Wan transformer's to_q/to_k/to_v/to_out (of
 # its self- and cross-attention)
@@ -52,3 +60,21 @@ def merge(base_state, lora, scale: float):
     state = jax.tree.map(lambda x: x, base_state)
     nnx.replace_by_pure_dict(state, merged)
     return state
+
+
+def adapted_model(graphdef, base_state, lora, scale: float):
+    """The NNX model of ``base_state`` with ``lora`` applied factored (``Dense.adapt``); the
+    model to differentiate with respect to ``lora``. Stacked (scanned) blocks take stacked
+    factors, which the scan slices with the kernels."""
+    model = nnx.merge(graphdef, base_state)
+    layers = {}
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, Dense):
+            keys = tuple(jax.tree_util.DictKey(k) for k in (*path, "kernel"))
+            layers[jax.tree_util.keystr(keys)] = node
+    for key, ad in lora.items():
+        if key not in layers:
+            raise ValueError(f"LoRA adapter {key} names no dense layer of this model (adapters "
+                             "of another model?)")
+        layers[key].adapt(ad["a"], ad["b"], scale)
+    return model

@@ -40,7 +40,7 @@ from spotlight_jax.rl.policy import (
     PolicyTrainer,
     check_policy_fields,
     make_optimizer,
-    merged_model,
+    policy_model,
 )
 from spotlight_jax.rl.work import UpdateRows
 
@@ -357,8 +357,8 @@ def _nft_programs(graphdef, cfg: NFTConfig, grid: tuple[float, ...], attn=Attent
         x0r = jnp.repeat(x0, kk, axis=0)
         tb = t.reshape((-1,) + (1,) * (x0r.ndim - 1))
         x_t = (1.0 - tb) * x0r + tb * eps.reshape(x0r.shape)
-        model = merged_model(graphdef, cfg, trainable, base)
-        old_model = merged_model(graphdef, cfg, old, base)
+        model = policy_model(graphdef, cfg, trainable, base)
+        old_model = policy_model(graphdef, cfg, old, base)
 
         def rep(ctx):   # one prompt encoding per image, repeated for its K rows
             return jax.tree.map(lambda a: jnp.repeat(a, kk, axis=0), ctx)

@@ -114,10 +114,12 @@ def make_optimizer(cfg):
                        optax.adamw(cfg.lr, b1=0.9, b2=0.999, weight_decay=cfg.weight_decay))
 
 
-def merged_model(graphdef, cfg, trainable, base):
-    """The NNX model of ``trainable`` (LoRA factors merged into ``base`` when ``cfg.lora_rank``)."""
+def policy_model(graphdef, cfg, trainable, base):
+    """The NNX model of ``trainable`` for a train step: the full weights, or under
+    ``cfg.lora_rank`` the frozen ``base`` with the LoRA factors applied factored
+    (``lora.adapted_model``: no weight gradient of the base is formed)."""
     if cfg.lora_rank:
-        trainable = lora_lib.merge(base, trainable, cfg.lora_alpha / cfg.lora_rank)
+        return lora_lib.adapted_model(graphdef, base, trainable, cfg.lora_alpha / cfg.lora_rank)
     return nnx.merge(graphdef, trainable)
 
 
