@@ -6,6 +6,7 @@ Every parameter is an ``nnx.Param`` with a ``logical_axes`` metadata tuple; the 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -33,27 +34,34 @@ class Dense(nnx.Module):
 
     def __call__(self, x):
         x = x.astype(self.dtype)
-        y = jnp.einsum("...i,io->...o", x, self.kernel[...].astype(self.dtype))
-        if getattr(self, "lora_a", None) is not None:
-            xa = jnp.einsum("...i,ir->...r", x, self.lora_a[...].astype(self.dtype))
-            y = y + self.lora_scale * jnp.einsum("...r,ro->...o", xa,
-                                                 self.lora_b[...].astype(self.dtype))
+        w = self.kernel.get_value()
+        if isinstance(w, LoRAKernel):
+            y = w.apply(x, self.dtype)
+        else:
+            y = jnp.einsum("...i,io->...o", x, w.astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
 
-    def adapt(self, a, b, scale: float):
-        """Adds ``scale * (x @ a) @ b`` to this layer's output: LoRA applied factored, so a
-        gradient reaches ``a`` and ``b`` through rank-sized products and the frozen kernel's
-        own weight gradient (an input-by-output matrix per step) is never formed. The factors
-        live on this module object only (a training forward's), never in the model's saved
-        state."""
-        self.lora_a, self.lora_b, self.lora_scale = LoRAFactor(a), LoRAFactor(b), float(scale)
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoRAKernel:
+    """A frozen kernel with a low-rank update, in a ``Dense``'s kernel slot: the layer computes
+    ``x @ w + scale * (x @ a) @ b`` (LoRA applied factored), so a gradient reaches ``a`` and
+    ``b`` through rank-sized products and the kernel's own weight gradient (an input-by-output
+    matrix per step) is never formed. Placed in a state before ``nnx.merge`` (never by
+    mutating a built model, which ``nnx.remat`` refuses); stacked blocks carry stacked
+    ``w``, ``a`` and ``b``, which their scan slices together."""
+    w: jax.Array
+    a: jax.Array
+    b: jax.Array
+    scale: float = dataclasses.field(metadata={"static": True})
 
-class LoRAFactor(nnx.Variable):
-    """A LoRA factor attached by :meth:`Dense.adapt` (not an ``nnx.Param``: the model's
-    parameters stay the base's)."""
+    def apply(self, x, dtype):
+        y = jnp.einsum("...i,io->...o", x, self.w.astype(dtype))
+        xa = jnp.einsum("...i,ir->...r", x, self.a.astype(dtype))
+        return y + self.scale * jnp.einsum("...r,ro->...o", xa, self.b.astype(dtype))
 
 
 class RMSNorm(nnx.Module):

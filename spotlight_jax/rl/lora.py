@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from spotlight_jax.models.layers import Dense
+from spotlight_jax.models.layers import LoRAKernel
 
 # the MMDiT's fused qkv and out projections; the Wan transformer's to_q/to_k/to_v/to_out (of
 # its self- and cross-attention)
@@ -63,18 +63,21 @@ def merge(base_state, lora, scale: float):
 
 
 def adapted_model(graphdef, base_state, lora, scale: float):
-    """The NNX model of ``base_state`` with ``lora`` applied factored (``Dense.adapt``); the
-    model to differentiate with respect to ``lora``. Stacked (scanned) blocks take stacked
-    factors, which the scan slices with the kernels."""
-    model = nnx.merge(graphdef, base_state)
-    layers = {}
-    for path, node in nnx.iter_graph(model):
-        if isinstance(node, Dense):
-            keys = tuple(jax.tree_util.DictKey(k) for k in (*path, "kernel"))
-            layers[jax.tree_util.keystr(keys)] = node
-    for key, ad in lora.items():
-        if key not in layers:
-            raise ValueError(f"LoRA adapter {key} names no dense layer of this model (adapters "
-                             "of another model?)")
-        layers[key].adapt(ad["a"], ad["b"], scale)
-    return model
+    """The NNX model of ``base_state`` with ``lora`` applied factored: each adapted kernel's
+    slot holds a ``LoRAKernel`` (the frozen kernel and its factors); the model to differentiate
+    with respect to ``lora``."""
+    pure = nnx.to_pure_dict(base_state)
+    kernels = {jax.tree_util.keystr(path) for path, _ in
+               jax.tree_util.tree_leaves_with_path(pure) if is_target(path)}
+    for key in lora:
+        if key not in kernels:
+            raise ValueError(f"LoRA adapter {key} names no adapted kernel of this model "
+                             "(adapters of another model?)")
+
+    def adapt(path, w):
+        ad = lora.get(jax.tree_util.keystr(path))
+        return w if ad is None else LoRAKernel(w, ad["a"], ad["b"], float(scale))
+
+    state = jax.tree.map(lambda x: x, base_state)
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(adapt, pure))
+    return nnx.merge(graphdef, state)

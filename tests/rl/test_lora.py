@@ -66,8 +66,8 @@ def _assert_same(graphdef, state, lora, inputs):
 SINGLE_STREAM = {"single_blocks": 1, "pos_embed": "rope3d", "rope_axes": (2, 2, 4)}
 
 
-@pytest.mark.parametrize("overrides", [{}, {"scan_blocks": True}, SINGLE_STREAM],
-                         ids=["looped", "scanned", "single_stream"])
+@pytest.mark.parametrize("overrides", [{}, {"scan_blocks": True, "remat": True}, SINGLE_STREAM],
+                         ids=["looped", "scanned_remat", "single_stream"])
 def test_factored_lora_equals_merged_on_the_mmdit(overrides):
     cfg, graphdef, state = micro_model(**overrides)
     _assert_same(graphdef, state, _random_lora(state), _mmdit_inputs(cfg))
@@ -118,5 +118,5 @@ def _eqns(jaxpr):
 def test_adapters_of_another_model_are_refused():
     _, graphdef, state = micro_model()
     lora = {"['nowhere']['qkv']['kernel']": {"a": jnp.zeros((4, 2)), "b": jnp.zeros((2, 4))}}
-    with pytest.raises(ValueError, match=r"\['nowhere'\]\['qkv'\]\['kernel'\] names no dense"):
+    with pytest.raises(ValueError, match=r"\['nowhere'\]\['qkv'\]\['kernel'\] names no adapted"):
         lora_lib.adapted_model(graphdef, state, lora, SCALE)
