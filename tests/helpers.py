@@ -1,5 +1,4 @@
 """Shared test fixtures: a micro model that compiles in seconds, configs and subprocess helpers."""
-import math
 import os
 import socket
 from pathlib import Path
@@ -8,6 +7,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from spotlight_jax.emulation.flops import jaxpr_flops as dot_flops  # noqa: F401 - shared
 from spotlight_jax.models import MMDiT, MMDiTConfig
 
 MICRO = MMDiTConfig(image_size=16, patch_size=4, width=32, depth=2, num_heads=4, mlp_ratio=2.0,
@@ -202,37 +202,6 @@ def qwen_fixture_config(tmp_path, objective, iterations=1, **overrides):
     """The micro run on the tiny random Qwen-Image pipeline fixture (``qwen_fixture_overrides``)."""
     return micro_config(iterations, **{**qwen_fixture_overrides(tmp_path, objective),
                                        **overrides})
-
-
-def dot_flops(jaxpr, mult=1):
-    """Independent reference: FLOPs of every dot_general / conv in a jaxpr (recursing into
-    sub-jaxprs; scans multiply by their length)."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in ("while", "cond"):
-            raise AssertionError(f"unexpected {name} in the model's jaxpr")
-        if name == "dot_general":
-            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-            a, b = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-            batch = math.prod(a[i] for i in lb)
-            contract = math.prod(a[i] for i in lc)
-            m = math.prod(a[i] for i in range(len(a)) if i not in lc and i not in lb)
-            n = math.prod(b[i] for i in range(len(b)) if i not in rc and i not in rb)
-            total += 2 * batch * m * n * contract * mult
-        elif name == "conv_general_dilated":
-            rhs = eqn.invars[1].aval.shape
-            cout = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
-            out = eqn.outvars[0].aval.shape
-            total += 2 * math.prod(out) * (math.prod(rhs) // cout) * mult
-        inner = mult * (eqn.params["length"] if name == "scan" else 1)
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                if hasattr(sub, "eqns"):
-                    total += dot_flops(sub, inner)
-                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
-                    total += dot_flops(sub.jaxpr, inner)
-    return total
 
 
 def wandb_history(workdir) -> list[dict]:

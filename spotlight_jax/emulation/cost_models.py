@@ -37,9 +37,11 @@ from spotlight_jax.emulation.flops import (
     lora_param_count,
     param_count,
     remat_recompute_fraction,
+    vae_decode_flops,
 )
 from spotlight_jax.models.build import is_video
 from spotlight_jax.models.mmdit import MMDiTConfig
+from spotlight_jax.models.vae.wan import released_vae
 
 COST_MODELS = ("profile", "measured")
 REGROUP_KINDS = ("shrink", "grow", "cold")
@@ -365,15 +367,26 @@ class ProfileCost(CostModel):
         return self.train_flops_per_sample() / (num_devices * self.peak * self.update_mfu)
 
     @property
+    def clip_decode_s(self) -> float:
+        """A video model's clip decode, from its released Wan VAE's FLOPs
+        (``emulation.flops.vae_decode_flops``) at the assumed MFU; 0 for an image model, whose
+        decode ``cost.reward_s_per_image`` includes (an image's decode is a small share)."""
+        if not is_video(self.model):
+            return 0.0
+        vae = released_vae(self.model.latent_shape[-1])
+        flops = vae_decode_flops(vae, tuple(self.model.latent_shape))
+        return flops / (self.peak * self.cost.mfu)
+
+    @property
     def reward_s_per_image(self) -> float:
-        """Decoding and scoring one image: the profile's measured decode plus its measured
-        reward (or ``cost.reward_s_per_image`` where it timed none), else the assumption."""
+        """Decoding and scoring one sample: the profile's measured decode, else a clip's
+        derived decode (:attr:`clip_decode_s`), plus the profile's measured reward, else
+        ``cost.reward_s_per_image``."""
         p = self.profile
-        if p is None or (p.decode_s_per_image is None and p.reward_s_per_image is None):
-            return self.cost.reward_s_per_image
-        reward = self.cost.reward_s_per_image if p.reward_s_per_image is None \
-            else p.reward_s_per_image
-        return (p.decode_s_per_image or 0.0) + reward
+        decode = p.decode_s_per_image if p is not None else None
+        reward = p.reward_s_per_image if p is not None else None
+        return ((self.clip_decode_s if decode is None else decode)
+                + (self.cost.reward_s_per_image if reward is None else reward))
 
     def reward(self, num_images: int) -> float:
         if not isinstance(num_images, int) or num_images < 0:
@@ -450,8 +463,15 @@ class ProfileCost(CostModel):
                        "1 fwd + backward (2x full / 1x LoRA, Kaplan et al. 2020) + the share "
                        "of a fwd remat recomputes (model.remat_policy) "
                        "+ KL reference fwd (beta > 0) + old-log-prob re-score fwd (rl.rescore)"),
+            *([Assumption("clip_decode", self.clip_decode_s, "s",
+                          "derived: the released Wan VAE's decode FLOPs "
+                          "(emulation.flops.vae_decode_flops) at the assumed MFU")]
+              if video and (self.profile is None or self.profile.decode_s_per_image is None)
+              else []),
             Assumption("reward_per_image", self.reward_s_per_image, "s",
                        "assumption" if self.reward_s_per_image == c.reward_s_per_image
+                       else "derived: clip decode + cost.reward_s_per_image "
+                       f"({c.reward_s_per_image} s)" if self.profile is None
                        else f"measured: decode + reward, {self.profile.path}"),
             Assumption("network", c.network_gbit_s, "Gbit/s", "assumption: cloud NIC tier"),
             Assumption("broadcast_bytes", self.broadcast_bytes(), "bytes",

@@ -39,9 +39,15 @@ text_dim), L = text_len:
 
 It is tested against the dot_general FLOPs of the real model's jaxpr
 (tests/emulation/test_clock_cost.py, tests/emulation/test_flops_wan.py).
+
+A video clip's VAE decode (``vae_decode_flops``) is counted from the jaxpr of this project's
+own decoder traced on abstract parameters (its first frame and causal chunks make a closed
+form long): the convolutions' and matmuls' FLOPs (``jaxpr_flops``), checked against XLA's own
+count of the compiled decode (tests/emulation/test_vae_flops.py).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from spotlight_jax.models.mmdit import MMDiTConfig
@@ -186,3 +192,50 @@ def remat_recompute_fraction(cfg: MMDiTConfig) -> float:
         parts = flops_breakdown(cfg)
         return parts["block_attention"] / sum(parts.values())
     return 1.0
+
+
+def jaxpr_flops(jaxpr, mult: int = 1) -> int:
+    """FLOPs of every ``dot_general`` and convolution of a jaxpr (2 per multiply-add), into
+    its sub-jaxprs (a scan's body times its length)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("while", "cond"):
+            raise ValueError(f"jaxpr_flops: a {name} has no static trip count")
+        if name == "dot_general":
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            a, b = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+            batch = math.prod(a[i] for i in lb)
+            contract = math.prod(a[i] for i in lc)
+            m = math.prod(a[i] for i in range(len(a)) if i not in lc and i not in lb)
+            n = math.prod(b[i] for i in range(len(b)) if i not in rc and i not in rb)
+            total += 2 * batch * m * n * contract * mult
+        elif name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            cout = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+            out = eqn.outvars[0].aval.shape
+            total += 2 * math.prod(out) * (math.prod(rhs) // cout) * mult
+        inner = mult * (eqn.params["length"] if name == "scan" else 1)
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                if hasattr(sub, "eqns"):
+                    total += jaxpr_flops(sub, inner)
+                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                    total += jaxpr_flops(sub.jaxpr, inner)
+    return total
+
+
+@functools.lru_cache(maxsize=16)
+def vae_decode_flops(vae_cfg, latent_shape: tuple[int, ...]) -> int:
+    """FLOPs of decoding one sample's latents ``latent_shape`` (``[t, h, w, z]`` or
+    ``[h, w, z]``) with the Wan VAE of ``vae_cfg`` (``models.vae.WanVAEConfig``), one latent
+    frame per chunk as the decoder runs; traced, never run."""
+    import jax  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+
+    from spotlight_jax.models.vae.wan import WanVAE  # noqa: PLC0415
+
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: WanVAE(vae_cfg, rngs=nnx.Rngs(0))))
+    z = jax.ShapeDtypeStruct((1, *latent_shape), jax.numpy.float32)
+    jaxpr = jax.make_jaxpr(lambda s, z: nnx.merge(graphdef, s).decode(z))(state, z).jaxpr
+    return jaxpr_flops(jaxpr)

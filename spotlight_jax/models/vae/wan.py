@@ -72,6 +72,22 @@ class WanVAEConfig:
         return 2 ** sum(bool(t) for t in self.temperal_downsample)
 
 
+# The released VAEs (diffusers' config.json fields): Wan 2.1's, 16 latent channels (also Wan
+# 2.2 A14B's and Qwen-Image's), and Wan 2.2 TI2V 5B's, 48 channels at 16x spatial compression.
+WAN21_VAE = WanVAEConfig()
+WAN22_VAE = WanVAEConfig(base_dim=160, z_dim=48, decoder_base_dim=256, is_residual=True,
+                         patch_size=2, input_channels=12)
+
+
+def released_vae(latent_channels: int) -> WanVAEConfig:
+    """The released Wan VAE whose latents have ``latent_channels`` channels."""
+    for cfg in (WAN21_VAE, WAN22_VAE):
+        if cfg.z_dim == latent_channels:
+            return cfg
+    raise ValueError(f"latent channels={latent_channels}: no released Wan VAE has them (16: "
+                     "Wan 2.1, 48: Wan 2.2 TI2V)")
+
+
 class History:
     """The causal convs' input histories for one chunk, in call order: ``previous`` is the list
     the last chunk wrote (``None`` on the first chunk: zeros everywhere), ``written`` the list
