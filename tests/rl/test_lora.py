@@ -63,13 +63,11 @@ def _assert_same(graphdef, state, lora, inputs):
                                    err_msg=jax.tree_util.keystr(path))
 
 
-SINGLE_STREAM = {"single_blocks": 1, "pos_embed": "rope3d", "rope_axes": (2, 2, 4)}
-
-
-@pytest.mark.parametrize("overrides", [{}, {"scan_blocks": True, "remat": True}, SINGLE_STREAM],
-                         ids=["looped", "scanned_remat", "single_stream"])
-def test_factored_lora_equals_merged_on_the_mmdit(overrides):
-    cfg, graphdef, state = micro_model(**overrides)
+def test_factored_lora_equals_merged_on_the_mmdit():
+    # scanned, rematerialised blocks (the factors are sliced by the scan; nnx.remat refuses a
+    # built model's mutation) and Flux's single-stream blocks, whose out projects [attn; MLP]
+    cfg, graphdef, state = micro_model(scan_blocks=True, remat=True, single_blocks=1,
+                                       pos_embed="rope3d", rope_axes=(2, 2, 4))
     _assert_same(graphdef, state, _random_lora(state), _mmdit_inputs(cfg))
 
 
