@@ -131,7 +131,9 @@ def test_spot_fleet_scores_like_the_trainer_and_regroups_on_trace_events(tmp_pat
     row = {}
     r.mode.sync(r, row)
     assert row["fleet_regroups"] == 1 and row["fleet_compiles"] == 0
-    assert row["fleet_bytes_copied"] > 0 and row["fleet_regroup_s"] < 1.0
+    # (its time is recorded; how long a regroup takes is bench.reconfig's to measure, not a
+    # wall-clock bound on a shared machine)
+    assert row["fleet_bytes_copied"] > 0 and row["fleet_regroup_s"] > 0
     assert snode.groups
     got = [jax.device_get(x) for x in jax.tree.leaves(snode.group_params(0))]
     for a, b in zip(got, jax.tree.leaves(params)):
