@@ -85,15 +85,15 @@ def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> in
     return total
 
 
-def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows,
-                     mesh) -> tuple[float, float]:
-    """``(per device, of which merged LoRA weights)``: the activation memory of one gradient
-    step of the update, from what it runs (``rows``: the trainer's ``update_rows``).
+def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) -> float:
+    """The activation memory per device of one gradient step of the update, from what it runs
+    (``rows``: the trainer's ``update_rows``).
 
     The rows' residuals (:func:`residual_bytes`) split over the batch axes ``data x fsdp`` and
     the sequence axis ``sp``; with ``remat``, plus one block's full residuals for its recompute.
-    Under LoRA the merged attention kernels are new arrays the backward keeps (split over
-    ``fsdp``). Forwards without gradient (v_old, v_ref) hold one layer at a time: left out."""
+    LoRA is applied factored in the train step (``rl.lora.adapted_model``): no merged kernel
+    exists, and the rank-sized products it keeps are rows' residuals. Forwards without
+    gradient (v_old, v_ref) hold one layer at a time: left out."""
     per_row = residual_bytes(cfg, graphdef, abstract, rl_cfg, rows.guidance)
     if cfg.remat:   # the same graph with remat off (``cfg.remat`` is read per call)
         model = nnx.merge(graphdef, abstract)
@@ -101,13 +101,7 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows,
         plain, _ = nnx.split(model)
         per_row += (residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance)
                     / (cfg.depth + cfg.single_blocks))
-    merged = 0.0
-    if rl_cfg.lora_rank:
-        merged = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for path, a in
-                     jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract))
-                     if lora_lib.is_target(path)) / mesh.shape["fsdp"]
-    act = rows.grad * per_row / (mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["sp"])
-    return act + merged, merged
+    return rows.grad * per_row / (mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["sp"])
 
 
 def dry_run(config, devices=None) -> str:
@@ -143,7 +137,7 @@ def dry_run(config, devices=None) -> str:
         opt_name = "AdamW state"
     batch = run.settings.prompts_per_iter * run.settings.group_size
     rows = work_of(rl_cfg, run.sampler).update_rows(batch)
-    act, fixed = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
+    act = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
@@ -162,8 +156,7 @@ def dry_run(config, devices=None) -> str:
         f"activations {act / gib:.3f} GiB = {(per_device + opt + act) / gib:.3f} GiB",
         f"activations: the backward's residuals of {rows.grad} rows per gradient step"
         f"{' at CFG ' + format(rows.guidance, 'g') if cfg.passes(rows.guidance) == 2 else ''} "
-        f"(+{rows.forward} rows forward only)"
-        + (f", {fixed / gib:.3f} GiB of them merged LoRA weights" if fixed else ""),
+        f"(+{rows.forward} rows forward only)",
         f"loading the base from a diffusers folder (streamed onto these shardings): host "
         f"peak {load_peak / gib:.3f} GiB per process (its largest parameter's local shards + "
         f"one source tensor); a spot host holding it whole on its devices: "

@@ -46,9 +46,8 @@ def test_activation_estimate_is_within_1_5x_of_the_compiled_update(name, objecti
     mesh = conf.build_mesh(config, jax.devices()[:1])
     rows = trainer.update_rows(trainer.cfg, trainer.sampler, len(batch["advantages"]))
     _, abstract = abstract_model(mcfg)
-    estimate, merged = activation_bytes(mcfg, graphdef, abstract, trainer.cfg, rows, mesh)
+    estimate = activation_bytes(mcfg, graphdef, abstract, trainer.cfg, rows, mesh)
     assert rows.grad >= len(batch["advantages"])   # several rows per image or trajectory
-    assert 0 < merged < estimate
     ratio = estimate / measured
     assert 1 / 1.5 <= ratio <= 1.5, (f"{name}/{objective}: estimate {estimate / 2**20:.0f} MiB, "
                                      f"XLA {measured / 2**20:.0f} MiB")
