@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec
 from spotlight_jax.config import RunSpec
 from spotlight_jax.config.build import base_shardings
 from spotlight_jax.diffusion import prompt, velocity
-from spotlight_jax.models import as_dtype
+from spotlight_jax.models import AttentionSpec, as_dtype
 from spotlight_jax.models.build import abstract_model, is_video
 from spotlight_jax.models.convert.transformer import host_peak_bytes
-from spotlight_jax.parallel import make_mesh
+from spotlight_jax.parallel import kernels, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl import work_of
@@ -52,12 +52,14 @@ def _prompts(cfg, rows: int):
     return tokens, mask
 
 
-def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> int:
+def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0,
+                   attn: AttentionSpec = AttentionSpec()) -> int:
     """Bytes per row that the backward pass of the model's velocity keeps from its forward:
     the residuals of ``jax.vjp`` with respect to what the update trains (the LoRA factors, or
     every parameter), traced once for a symbolic row count (``jax.eval_shape``: nothing is
     allocated). Residuals without a row dimension (parameters the backward reads) are not
-    counted here. With ``remat`` these are the blocks' inputs."""
+    counted here. With ``remat`` these are the blocks' inputs. ``attn``: how attention runs
+    (``kernels.RECOMPUTE`` counts a fused kernel's residuals: no score matrix)."""
     rows, = jax.export.symbolic_shape("rows")
     x = jax.ShapeDtypeStruct((rows, *cfg.latent_shape), np.float32)
     t = jax.ShapeDtypeStruct((rows,), np.float32)
@@ -71,7 +73,7 @@ def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> in
     def backward(trainable, base, x, t, tokens, mask):
         def loss(p):
             model = policy_model(graphdef, rl_cfg, p, base)
-            return velocity(model, x, t, tokens, mask, guidance=guidance).sum()
+            return velocity(model, x, t, tokens, mask, guidance=guidance, attn=attn).sum()
         return jax.vjp(loss, trainable)[1]
 
     total = 0
@@ -85,7 +87,8 @@ def residual_bytes(cfg, graphdef, abstract, rl_cfg, guidance: float = 1.0) -> in
     return total
 
 
-def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) -> float:
+def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows, mesh,
+                     fused_attention: bool = False) -> float:
     """The activation memory per device of one gradient step of the update, from what it runs
     (``rows``: the trainer's ``update_rows``).
 
@@ -93,13 +96,16 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows, mesh) ->
     the sequence axis ``sp``; with ``remat``, plus one block's full residuals for its recompute.
     LoRA is applied factored in the train step (``rl.lora.adapted_model``): no merged kernel
     exists, and the rank-sized products it keeps are rows' residuals. Forwards without
-    gradient (v_old, v_ref) hold one layer at a time: left out."""
-    per_row = residual_bytes(cfg, graphdef, abstract, rl_cfg, rows.guidance)
+    gradient (v_old, v_ref) hold one layer at a time: left out. ``fused_attention``: count
+    attention as a fused (flash) kernel keeps it, O(sequence) per row, instead of XLA's
+    attention, whose backward keeps each head's score matrix."""
+    attn = AttentionSpec(impl=kernels.RECOMPUTE) if fused_attention else AttentionSpec()
+    per_row = residual_bytes(cfg, graphdef, abstract, rl_cfg, rows.guidance, attn)
     if cfg.remat:   # the same graph with remat off (``cfg.remat`` is read per call)
         model = nnx.merge(graphdef, abstract)
         model.cfg = dataclasses.replace(cfg, remat=False)
         plain, _ = nnx.split(model)
-        per_row += (residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance)
+        per_row += (residual_bytes(cfg, plain, abstract, rl_cfg, rows.guidance, attn)
                     / (cfg.depth + cfg.single_blocks))
     return rows.grad * per_row / (mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["sp"])
 
@@ -138,6 +144,7 @@ def dry_run(config, devices=None) -> str:
     batch = run.settings.prompts_per_iter * run.settings.group_size
     rows = work_of(rl_cfg, run.sampler).update_rows(batch)
     act = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
+    fused = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh, fused_attention=True)
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
@@ -156,7 +163,10 @@ def dry_run(config, devices=None) -> str:
         f"activations {act / gib:.3f} GiB = {(per_device + opt + act) / gib:.3f} GiB",
         f"activations: the backward's residuals of {rows.grad} rows per gradient step"
         f"{' at CFG ' + format(rows.guidance, 'g') if cfg.passes(rows.guidance) == 2 else ''} "
-        f"(+{rows.forward} rows forward only)",
+        f"(+{rows.forward} rows forward only), XLA's attention (its backward keeps every "
+        f"head's scores); with a fused attention kernel (cuDNN flash attention, what "
+        f"attention_impl='auto' runs on NVIDIA GPUs in bf16): {fused / gib:.3f} GiB, "
+        f"{(per_device + opt + fused) / gib:.3f} GiB per device in all",
         f"loading the base from a diffusers folder (streamed onto these shardings): host "
         f"peak {load_peak / gib:.3f} GiB per process (its largest parameter's local shards + "
         f"one source tensor); a spot host holding it whole on its devices: "

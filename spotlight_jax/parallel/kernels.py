@@ -38,6 +38,10 @@ class Kernel:
 
 XLA = Kernel()
 CUDNN = Kernel("cudnn", by_lengths=True)
+# XLA's arithmetic with a fused kernel's memory: the backward keeps q, k, v, the output and each
+# row's log-sum-exp and recomputes the probabilities (:func:`attend_recomputed`). What the dry
+# run traces to count a flash kernel's residuals on a machine without one; not a user setting.
+RECOMPUTE = Kernel("recompute")
 
 
 def cudnn_refusal(dtype, head_dim: int, devices=None) -> str | None:
@@ -91,6 +95,8 @@ def wants_valid_keys_first(kernel: Kernel) -> bool:
 def attend(kernel: Kernel, q, k, v, mask=None):
     """``[b, q, h, d]`` attention of ``q`` over ``k``/``v`` (``[b, s, h, d]``) with the bool
     ``mask`` ``[b, s]`` (True = valid key) or None; rows without a valid key are zeros."""
+    if kernel.impl == "recompute":
+        return attend_recomputed(q, k, v, mask)
     if mask is None:
         return jax.nn.dot_product_attention(q, k, v, implementation=kernel.impl).astype(q.dtype)
     mask = jnp.asarray(mask, bool)
@@ -114,8 +120,9 @@ def attend_with_lse(kernel: Kernel, q, k, v, mask=None):
     if kernel.impl == "cudnn":
         out, lse = _cudnn_with_stats(q, k, v, lengths)
     else:
+        impl = "xla" if kernel.impl == "recompute" else kernel.impl
         out, lse = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
-                                                implementation=kernel.impl,
+                                                implementation=impl,
                                                 return_residual=True)
         lse = lse.astype(jnp.float32).transpose(0, 2, 1)       # [b, q, h] -> [b, h, q]
     has_key = jnp.any(mask, axis=-1)[:, None, None]
@@ -151,3 +158,53 @@ def _cudnn_with_stats(q, k, v, lengths):
         q, k, v, q_seqlen=q_len, kv_seqlen=lengths, scale=q.shape[-1] ** -0.5,
         mask_type=cudnn.MaskType.PADDING, qkv_layout="BTNH", return_residual=True)
     return out, stats.astype(jnp.float32)
+
+
+def attend_recomputed(q, k, v, mask=None):
+    """:func:`attend` computed by XLA, differentiated as a flash kernel is: the residuals are
+    ``q``, ``k``, ``v``, the output and the float32 row log-sum-exp (O(sequence), not the
+    O(sequence^2) probabilities), which the backward recomputes."""
+    b, s = k.shape[:2]
+    valid = jnp.ones((b, s), bool) if mask is None else jnp.asarray(mask, bool)
+    bias = jnp.where(valid, 0.0, -jnp.inf).astype(jnp.float32)[:, None, None, :]
+    out = _recomputed(q, k, v, bias)
+    return jnp.where(jnp.any(valid, axis=-1)[:, None, None, None], out, 0).astype(q.dtype)
+
+
+def _probabilities(q, k, bias):
+    """``(p, lse)``: softmax probabilities ``[b, h, q, s]`` (float32) and the row log-sum-exp
+    ``[b, h, q]`` (0 for a row without a valid key, whose probabilities are then 0)."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = logits * (q.shape[-1] ** -0.5) + bias
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return jnp.exp(logits - lse[..., None]), lse
+
+
+@jax.custom_vjp
+def _recomputed(q, k, v, bias):
+    p, _ = _probabilities(q, k, bias)
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
+
+
+def _recomputed_fwd(q, k, v, bias):
+    p, lse = _probabilities(q, k, bias)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
+    return out, (q, k, v, bias, out, lse)
+
+
+def _recomputed_bwd(res, g):
+    q, k, v, bias, out, lse = res
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    p = jnp.exp(logits * (q.shape[-1] ** -0.5) + bias - lse[..., None])
+    g32 = g.astype(jnp.float32)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, g32)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", g32, v.astype(jnp.float32))
+    row = jnp.einsum("bqhd,bqhd->bhq", g32, out.astype(jnp.float32))
+    ds = p * (dp - row[..., None]) * (q.shape[-1] ** -0.5)
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k.astype(jnp.float32))
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(jnp.float32))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), jnp.zeros_like(bias))
+
+
+_recomputed.defvjp(_recomputed_fwd, _recomputed_bwd)
