@@ -144,7 +144,10 @@ def dry_run(config, devices=None) -> str:
     batch = run.settings.prompts_per_iter * run.settings.group_size
     rows = work_of(rl_cfg, run.sampler).update_rows(batch)
     act = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
-    fused = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh, fused_attention=True)
+    fused = None   # what a GPU run's cuDNN flash attention would keep, where it would run
+    if kernels.fused_on_gpus(run.process.attention_impl, as_dtype(cfg.dtype), cfg.head_dim):
+        fused = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh,
+                                 fused_attention=True)
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
     host_peak = host_peak_bytes(cfg, base_shardings(cfg, make_mesh(list(mesh.devices.flat))))
     gib = 1024**3
@@ -164,9 +167,11 @@ def dry_run(config, devices=None) -> str:
         f"activations: the backward's residuals of {rows.grad} rows per gradient step"
         f"{' at CFG ' + format(rows.guidance, 'g') if cfg.passes(rows.guidance) == 2 else ''} "
         f"(+{rows.forward} rows forward only), XLA's attention (its backward keeps every "
-        f"head's scores); with a fused attention kernel (cuDNN flash attention, what "
-        f"attention_impl='auto' runs on NVIDIA GPUs in bf16): {fused / gib:.3f} GiB, "
-        f"{(per_device + opt + fused) / gib:.3f} GiB per device in all",
+        f"head's scores)"
+        + ("" if fused is None else
+           f"; with the fused kernel a GPU run uses (cuDNN flash attention, attention_impl="
+           f"'{run.process.attention_impl}' in {cfg.dtype}): {fused / gib:.3f} GiB, "
+           f"{(per_device + opt + fused) / gib:.3f} GiB per device in all"),
         f"loading the base from a diffusers folder (streamed onto these shardings): host "
         f"peak {load_peak / gib:.3f} GiB per process (its largest parameter's local shards + "
         f"one source tensor); a spot host holding it whole on its devices: "

@@ -64,6 +64,14 @@ def cudnn_refusal(dtype, head_dim: int, devices=None) -> str | None:
     return None
 
 
+def fused_on_gpus(requested: str, dtype, head_dim: int) -> bool:
+    """Whether ``requested`` (``auto`` or ``cudnn``) runs cuDNN flash attention for ``dtype``
+    inputs of ``head_dim`` on NVIDIA Hopper GPUs: what a plan made elsewhere (the dry run on
+    CPU devices) should count for a GPU run."""
+    return (requested in ("auto", "cudnn") and jnp.dtype(dtype) in [jnp.dtype(t) for t in HALF]
+            and head_dim % 8 == 0 and head_dim <= 256)
+
+
 def resolve(requested: str, dtype, head_dim: int, devices=None) -> Kernel:
     """The kernel for ``requested`` (one of :data:`IMPLEMENTATIONS`, or a :class:`Kernel`,
     returned as is when ``dtype`` suits it); a forced ``cudnn`` that cannot run is a one-line

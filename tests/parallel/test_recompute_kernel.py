@@ -42,3 +42,12 @@ def test_recomputed_attention_keeps_no_score_matrix():
     scores = 3 * 2 * 7 * 11         # batch x heads x queries x keys (> k, v: 3 x 11 x 2 x 4)
     assert largest_residual(kernels.XLA) >= scores
     assert largest_residual(kernels.RECOMPUTE) < scores
+
+
+def test_fused_estimate_only_where_a_gpu_would_run_cudnn():
+    assert kernels.fused_on_gpus("auto", jnp.bfloat16, 128)
+    assert kernels.fused_on_gpus("cudnn", jnp.float16, 256)
+    assert not kernels.fused_on_gpus("xla", jnp.bfloat16, 128)        # forced XLA
+    assert not kernels.fused_on_gpus("auto", jnp.float32, 128)        # cuDNN takes half only
+    assert not kernels.fused_on_gpus("auto", jnp.bfloat16, 12)        # not a multiple of 8
+    assert not kernels.fused_on_gpus("auto", jnp.bfloat16, 512)
