@@ -36,8 +36,9 @@ def test_config_builds_and_documents_its_command(path):
     assert "python -m spotlight_jax.main" in doc, f"{path.name} docstring lacks its command"
 
 
-# sd35_medium's dry run (~20-27 s: its 24 blocks' residuals traced) and wan21_14b's (~90 s: 40
-# unscanned blocks, with and without remat) among the longer checks; the other Wan configs' (~80
+# sd35_medium's dry run (~40 s: its 24 blocks' residuals traced) and wan21_14b's (~110 s: 40
+# unscanned blocks, with and without remat; both bf16 configs trace XLA's attention and a fused
+# kernel's) among the longer checks; the other Wan configs' (~80
 # s each) are the same path as wan21_14b's at other sizes: their parameters are checked below
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.e2e)
                                   if p.stem in ("sd35_medium", "wan21_14b") else p
