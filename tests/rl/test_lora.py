@@ -66,7 +66,7 @@ def _assert_same(graphdef, state, lora, inputs):
 def test_factored_lora_equals_merged_on_the_mmdit():
     # scanned, rematerialised blocks (the factors are sliced by the scan; nnx.remat refuses a
     # built model's mutation) and Flux's single-stream blocks, whose out projects [attn; MLP]
-    cfg, graphdef, state = micro_model(scan_blocks=True, remat=True, single_blocks=1,
+    cfg, graphdef, state = micro_model(depth=1, scan_blocks=True, remat=True, single_blocks=1,
                                        pos_embed="rope3d", rope_axes=(2, 2, 4))
     _assert_same(graphdef, state, _random_lora(state), _mmdit_inputs(cfg))
 
