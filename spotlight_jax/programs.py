@@ -1,5 +1,5 @@
 """What the benchmarks, studies and cluster programs share: the emulated-device set-up, the
-repository's paths and the ``--config`` flag.
+repository's paths, the ``--config`` flag and printing a result (``emit``).
 
 A benchmark, study or cluster program is a program (``python -m spotlight_jax.bench.<name>``,
 ``python -m spotlight_jax.studies.<name>``, ``python -m spotlight_jax.cluster_programs.<name>``),
@@ -11,6 +11,7 @@ defined by its ``define_flags()``, which runs only when the module is the progra
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -50,3 +51,12 @@ def define_config_flag(flag_values):
     return config_flags.DEFINE_config_file(
         "config", TINY_CONFIG, "Config file (configs/*.py); --config.x=y overrides.",
         lock_config=True, flag_values=flag_values)
+
+
+def emit(result: dict, text: str, out: str | None) -> None:
+    """Print a program's ``text`` report and, when ``out`` names a file, write ``result`` there
+    as JSON."""
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)

@@ -24,7 +24,6 @@ Each phase keeps its FLOPs in the cost model's own count and its MFU against the
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from absl import app, flags
 
@@ -270,10 +269,7 @@ def main(argv):
     result = profile(FLAGS.config, FLAGS.depth, tuple(int(b) for b in FLAGS.batches),
                      tuple(int(s) for s in FLAGS.sp), tuple(FLAGS.objectives), FLAGS.steps,
                      FLAGS.repeats)
-    print(table(result))
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
+    programs.emit(result, table(result), FLAGS.out)
 
 
 if __name__ == "__main__":

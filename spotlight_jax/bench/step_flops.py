@@ -14,8 +14,6 @@ charges a step as ``1 + backward factor`` forwards (``cost.backward_factor_full`
 """
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
 from spotlight_jax import programs
@@ -109,10 +107,7 @@ def table(r: dict) -> str:
 def main(argv):
     del argv
     result = step_flops(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.rank)
-    print(table(result))
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
+    programs.emit(result, table(result), FLAGS.out)
 
 
 if __name__ == "__main__":
