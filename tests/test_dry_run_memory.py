@@ -74,16 +74,16 @@ def test_fused_attention_estimate_drops_the_score_matrices():
     # The tiny config's joint sequence (64 image + 12 text tokens, 4 heads): XLA's attention
     # keeps each head's scores per row for the backward, a fused kernel O(sequence); the
     # difference is at least one float32 score matrix per block and head.
-    config = conf.load_config("tiny")
-    mcfg = conf.model_config(config)
+    from spotlight_jax.config import RunSpec
+    from spotlight_jax.rl import work_of
+
+    run = RunSpec.of(conf.load_config("tiny"))     # shapes only: no model is built
+    mcfg = run.model
     graphdef, abstract = abstract_model(mcfg)
-    trainer = conf.make_trainer(config, *create_model(mcfg))
-    trainer_cfg = trainer.cfg
-    mesh = conf.build_mesh(config, jax.devices()[:1])
-    rows = trainer.update_rows(trainer_cfg, trainer.sampler, 4)
-    xla = activation_bytes(mcfg, graphdef, abstract, trainer_cfg, rows, mesh)
-    fused = activation_bytes(mcfg, graphdef, abstract, trainer_cfg, rows, mesh,
-                             fused_attention=True)
+    mesh = conf.build_mesh(conf.load_config("tiny"), jax.devices()[:1])
+    rows = work_of(run.rl, run.sampler).update_rows(4)
+    xla = activation_bytes(mcfg, graphdef, abstract, run.rl, rows, mesh)
+    fused = activation_bytes(mcfg, graphdef, abstract, run.rl, rows, mesh, fused_attention=True)
     seq = mcfg.num_patches + mcfg.text_len
     scores = rows.grad * mcfg.depth * mcfg.num_heads * seq * seq * 4
     assert 0 < fused < xla and xla - fused >= scores

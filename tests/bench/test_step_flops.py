@@ -2,6 +2,7 @@
 factored LoRA step saving at least the image stream's weight gradients (counted by hand from
 the adapted kernels' shapes) over the merged one."""
 import jax
+import pytest
 from flax import nnx
 from helpers import TINY
 
@@ -11,6 +12,7 @@ from spotlight_jax.models.build import abstract_model
 from spotlight_jax.rl import lora as lora_lib
 
 
+@pytest.mark.e2e       # four compiles (~13 s): with the longer checks
 def test_step_flops_orders_the_forms_and_counts_the_weight_gradients_saved():
     batch, latent, rank = 1, 8, 4
     r = step_flops.step_flops(TINY, depth=1, latent=latent, batch=batch, rank=rank)
