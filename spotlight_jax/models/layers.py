@@ -186,3 +186,29 @@ def apply_rope(x, cos, sin):
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     out = jnp.stack([xr * c - xi * s, xr * s + xi * c], axis=-1)
     return out.reshape(x.shape).astype(x.dtype)
+
+
+def stacked_blocks(make, n: int, rngs: nnx.Rngs):
+    """``n`` blocks ``make(rngs)`` with their parameters stacked on a leading axis (scanned)."""
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def build(r):
+        return make(r)
+
+    return build(rngs)
+
+
+def run_blocks(blocks, run, carry, scanned: bool):
+    """``carry`` through every block of ``blocks`` (``run(block, *carry)`` for a tuple carry,
+    ``run(block, carry)`` otherwise): a ``lax.scan`` over stacked blocks, else a loop."""
+    call = (lambda b, c: run(b, *c)) if isinstance(carry, tuple) else run
+    if scanned:
+        graphdef, stacked = nnx.split(blocks)
+
+        def body(c, block_state):
+            return call(nnx.merge(graphdef, block_state), c), None
+
+        return jax.lax.scan(body, carry, stacked)[0]
+    for block in blocks:
+        carry = call(block, carry)
+    return carry

@@ -55,9 +55,11 @@ from spotlight_jax.models.layers import (
     modulate,
     param,
     rope_angles,
+    run_blocks,
     sd3_sincos_crop,
     sincos_1d,
     sincos_2d,
+    stacked_blocks,
     timestep_embedding,
 )
 
@@ -550,12 +552,12 @@ class MMDiT(nnx.Module):
             self.g_fc1 = Dense(256, d, axes=("cond", "embed"), **kw)
             self.g_fc2 = Dense(d, d, axes=("embed", "cond"), **kw)
         if cfg.scan_blocks:
-            self.blocks = _stacked(lambda r: MMDiTBlock(cfg, rngs=r), cfg.depth, rngs)
+            self.blocks = stacked_blocks(lambda r: MMDiTBlock(cfg, rngs=r), cfg.depth, rngs)
         else:
             self.blocks = nnx.List([MMDiTBlock(cfg, rngs=rngs, index=i)
                                     for i in range(cfg.depth)])
         if cfg.single_blocks and cfg.scan_blocks:
-            self.single_blocks = _stacked(lambda r: SingleStreamBlock(cfg, rngs=r),
+            self.single_blocks = stacked_blocks(lambda r: SingleStreamBlock(cfg, rngs=r),
                                           cfg.single_blocks, rngs)
         elif cfg.single_blocks:
             self.single_blocks = nnx.List([SingleStreamBlock(cfg, rngs=rngs)
@@ -683,7 +685,7 @@ class MMDiT(nnx.Module):
 
         if cfg.remat:
             run_block = nnx.remat(run_block, policy=REMAT_POLICIES[cfg.remat_policy])
-        txt, img = _run_blocks(self.blocks, run_block, (txt, img), cfg.scan_blocks)
+        txt, img = run_blocks(self.blocks, run_block, (txt, img), cfg.scan_blocks)
         if cfg.single_blocks:       # Flux: one stream over [text; image] from here on
             joint_rope = None if rope is None else tuple(
                 attn.join(a[None], b[None])[0] for a, b in zip(*rope))
@@ -693,7 +695,7 @@ class MMDiT(nnx.Module):
 
             if cfg.remat:
                 run_single = nnx.remat(run_single, policy=REMAT_POLICIES[cfg.remat_policy])
-            joint = _run_blocks(self.single_blocks, run_single, attn.join(txt, img),
+            joint = run_blocks(self.single_blocks, run_single, attn.join(txt, img),
                                 cfg.scan_blocks)
             img = attn.split(joint, txt.shape[1])[1]
         shift, scale = jnp.split(self.final_mod(c), 2, axis=-1)
@@ -707,32 +709,6 @@ class MMDiT(nnx.Module):
             conv1, conv2, conv3 = self.pixel_convs
             out = out + conv3(jax.nn.gelu(conv2(jax.nn.gelu(conv1(z)))))
         return out.astype(jnp.float32)
-
-
-def _stacked(make, n: int, rngs: nnx.Rngs):
-    """``n`` blocks ``make(rngs)`` with their parameters stacked on a leading axis (scanned)."""
-    @nnx.split_rngs(splits=n)
-    @nnx.vmap(in_axes=0, out_axes=0)
-    def build(r):
-        return make(r)
-
-    return build(rngs)
-
-
-def _run_blocks(blocks, run, carry, scanned: bool):
-    """``carry`` through every block of ``blocks`` (``run(block, *carry)`` for a tuple carry,
-    ``run(block, carry)`` otherwise): a ``lax.scan`` over stacked blocks, else a loop."""
-    call = (lambda b, c: run(b, *c)) if isinstance(carry, tuple) else run
-    if scanned:
-        graphdef, stacked = nnx.split(blocks)
-
-        def body(c, block_state):
-            return call(nnx.merge(graphdef, block_state), c), None
-
-        return jax.lax.scan(body, carry, stacked)[0]
-    for block in blocks:
-        carry = call(block, carry)
-    return carry
 
 
 def count_params(state) -> int:

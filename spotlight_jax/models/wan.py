@@ -39,6 +39,8 @@ from spotlight_jax.models.layers import (
     apply_rope,
     layer_norm,
     param,
+    run_blocks,
+    stacked_blocks,
     timestep_embedding,
 )
 from spotlight_jax.models.mmdit import AttentionSpec, PromptEncoder, as_dtype
@@ -63,6 +65,9 @@ class WanConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block (its backward recomputes it)
+    # lax.scan over the blocks' parameters stacked on a leading axis: one block is traced and
+    # compiled whatever the depth (the looped blocks of a 40-layer model are compiled 40 times)
+    scan_blocks: bool = False
     # What a run chooses (not in diffusers' config.json): the latent it samples, frames x
     # image_size x image_size cells (Wan 2.1 at 480 x 832 x 81 frames: 21 x 60 x 104 with a
     # non-square canvas; here square), and the prompt length.
@@ -114,13 +119,12 @@ class WanConfig:
         return 0 if self.text_width else self.text_dim
 
     # What the rest of the project reads off an MMDiTConfig, fixed for Wan (class constants, not
-    # fields): no pooled text conditioning, no guidance input, no single-stream blocks, blocks
-    # looped (not scanned), a rematerialised block keeps nothing.
+    # fields): no pooled text conditioning, no guidance input, no single-stream blocks, a
+    # rematerialised block keeps nothing.
     pooled = "none"
     pooled_dim = 0
     guidance_embed = False
     single_blocks = 0
-    scan_blocks = False
     remat_policy = "nothing"
 
     @property
@@ -284,7 +288,10 @@ class WanTransformer(nnx.Module):
         text_in = cfg.text_width or cfg.text_dim
         self.text_1 = Dense(text_in, d, axes=("text", "embed"), **kw)
         self.text_2 = Dense(d, d, axes=("embed", "embed"), **kw)
-        self.blocks = nnx.List([WanBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.scan_blocks:
+            self.blocks = stacked_blocks(lambda r: WanBlock(cfg, rngs=r), cfg.num_layers, rngs)
+        else:
+            self.blocks = nnx.List([WanBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.norm_out = _Norm(d, cfg.eps, False, rngs=rngs, param_dtype=pdt)
         self.proj_out = Dense(d, cfg.out_channels * math.prod(cfg.patch_size),
                               axes=("embed", "patch"), **kw)
@@ -338,8 +345,7 @@ class WanTransformer(nnx.Module):
 
         if cfg.remat:
             run_block = nnx.remat(run_block)
-        for block in self.blocks:
-            tokens = run_block(block, tokens)
+        tokens = run_blocks(self.blocks, run_block, tokens, cfg.scan_blocks)
         mods = self.scale_shift_table[...].astype(jnp.float32) + temb[:, None].astype(
             jnp.float32)
         shift, scale = mods[:, 0][:, None], mods[:, 1][:, None]

@@ -38,8 +38,8 @@ _PATH = re.compile(r"^\['(blocks|single_blocks)'\](?:\[(\d+)\])?((?:\['\w+'\])*)
                    r"\['(qkv|out)'\]\['kernel'\]$")
 
 
-_WAN_PATH = re.compile(r"^\['blocks'\]\[(\d+)\]\['(attn1|attn2)'\]\['(to_q|to_k|to_v|to_out)'\]"
-                       r"\['kernel'\]$")
+_WAN_PATH = re.compile(r"^\['blocks'\](?:\[(\d+)\])?\['(attn1|attn2)'\]"
+                       r"\['(to_q|to_k|to_v|to_out)'\]\['kernel'\]$")
 
 
 def _parse(path: str):
@@ -48,7 +48,8 @@ def _parse(path: str):
     wan = _WAN_PATH.match(path)
     if wan is not None:         # (diffusers block list, index, stream, projection = module)
         attn, proj = wan.group(2), wan.group(3)
-        return "blocks", int(wan.group(1)), attn, proj + (".0" if proj == "to_out" else "")
+        return ("blocks", None if wan.group(1) is None else int(wan.group(1)), attn,
+                proj + (".0" if proj == "to_out" else ""))
     m = _PATH.match(path)
     if m is None:
         raise ValueError(f"LoRA adapter {path!r} is not on a block's qkv/out projection; "

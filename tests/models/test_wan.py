@@ -82,6 +82,32 @@ def test_each_parameter_lands_on_its_sharding():
     np.testing.assert_allclose(np.asarray(got), ref["odd_out"], atol=1e-5, rtol=1e-5)
 
 
+def test_scanned_blocks_load_stacked_onto_their_shardings_and_equal_diffusers():
+    """``scan_blocks=True``: each block parameter is stacked on a leading axis (the kernels'
+    rows here split over 2 devices, filled one block's tensor at a time), equal to the looped
+    model's blocks, and the scanned velocity equals diffusers'."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((2,), ("fsdp",), devices=jax.devices()[:2])
+
+    def shardings(path, shape):       # a stacked kernel's input rows split (the scan's axis,
+        split = path[0] == "blocks" and len(shape) == 3 and shape[1] % 2 == 0   # whole)
+        return NamedSharding(mesh, PartitionSpec(None, "fsdp") if split else PartitionSpec())
+
+    looped, _ = convert.from_diffusers(FIXTURE / "wan")
+    model, cfg = convert.from_diffusers(FIXTURE / "wan", shardings=shardings, scan_blocks=True)
+    assert cfg.scan_blocks
+    stacked = model.blocks.attn1.to_q.kernel[...]
+    assert stacked.shape[0] == 2 and stacked.sharding.spec == PartitionSpec(None, "fsdp")
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(stacked)[i],
+                                      np.asarray(looped.blocks[i].attn1.to_q.kernel[...]))
+    ref = np.load(FIXTURE / "wan.npz")
+    got = model(jnp.asarray(ref["odd_x"]), jnp.asarray(ref["odd_t"]), jnp.asarray(ref["odd_text"]))
+    np.testing.assert_allclose(np.asarray(got), ref["odd_out"], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("strategy", ["ulysses", "ring"])
 def test_sequence_parallel_over_the_video_tokens_equals_dense(wan, strategy):
     """The self-attention's video tokens split over 2 devices (the text keys of the
@@ -122,7 +148,8 @@ def test_sequence_parallel_over_8_devices_equals_dense_at_16k_video_tokens(wan):
 
 @pytest.mark.e2e          # two gradient programs (~20 s)
 def test_remat_gives_the_same_gradient(wan):
-    """``remat=True`` recomputes each block in the backward: the same gradient."""
+    """``remat=True`` recomputes each block in the backward: the same gradient; scanned
+    (``scan_blocks=True``) too, block by block."""
     import jax
     from flax import nnx
 
@@ -130,11 +157,22 @@ def test_remat_gives_the_same_gradient(wan):
     ref = np.load(FIXTURE / "wan.npz")
     config, tensors = checkpoint.read_component(FIXTURE / "wan")
     grads = []
-    for remat in (False, True):
-        model, _ = convert_wan.wan_model(config, tensors, remat=remat)
+    for remat, scan in ((False, False), (True, False), (True, True)):
+        model, _ = convert_wan.wan_model(config, tensors, remat=remat, scan_blocks=scan)
         graphdef, state = nnx.split(model)
         loss = jax.jit(jax.grad(lambda s, g=graphdef: jnp.sum(nnx.merge(g, s)(
             jnp.asarray(ref["one_frame_x"]), jnp.asarray(ref["one_frame_t"]),
             jnp.asarray(ref["one_frame_text"])) ** 2)))
-        grads.append(jax.tree.leaves(loss(state)))
-    assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+        grads.append(nnx.to_pure_dict(loss(state)))
+    for g in grads[1:-1]:
+        assert all(np.allclose(a, b, atol=1e-6)
+                   for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(g)))
+    # scanned: the same gradients, each block's stacked along the leading axis
+    scanned, looped = grads[-1], grads[0]
+    blocks = scanned.pop("blocks")
+    assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(
+        jax.tree.leaves({k: v for k, v in looped.items() if k != "blocks"}),
+        jax.tree.leaves(scanned)))
+    for i in range(2):
+        assert all(np.allclose(a[i], b, atol=1e-6) for a, b in zip(
+            jax.tree.leaves(blocks), jax.tree.leaves(looped["blocks"][i])))

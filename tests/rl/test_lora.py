@@ -71,8 +71,9 @@ def test_factored_lora_equals_merged_on_the_mmdit():
     _assert_same(graphdef, state, _random_lora(state), _mmdit_inputs(cfg))
 
 
-def test_factored_lora_equals_merged_on_the_wan_transformer():
-    model, _ = convert.from_diffusers(WAN)
+@pytest.mark.parametrize("scan", [False, True], ids=["looped", "scanned"])
+def test_factored_lora_equals_merged_on_the_wan_transformer(scan):
+    model, _ = convert.from_diffusers(WAN, scan_blocks=scan)
     graphdef, state = nnx.split(model)
     ref = np.load(WAN.with_suffix(".npz"))      # a small clip, its times and text states
     inputs = tuple(jnp.asarray(ref[k]) for k in ("odd_x", "odd_t", "odd_text"))

@@ -44,6 +44,17 @@ def test_wan_lora_exports_every_attention_projection(tmp_path):
                         - np.asarray(base["blocks"][i][attn][proj]["kernel"]))
                 np.testing.assert_allclose(delta, want, rtol=1e-5, atol=1e-6)
     assert len(back) == 2 * len(lora)
+    # the scanned model's adapters (each stacked over the blocks) export the same file
+    scanned, _ = convert.from_diffusers(FIXTURE / "wan", scan_blocks=True)
+    stacked_lora = lora_lib.init_lora(nnx.split(scanned)[1], 4, jax.random.key(0))
+    for path in stacked_lora:
+        per_block = [lora[path.replace("['blocks']", f"['blocks'][{i}]")]
+                     for i in range(cfg.num_layers)]
+        stacked_lora[path] = {k: jnp.stack([ad[k] for ad in per_block]) for k in ("a", "b")}
+    again = lora_export.to_diffusers(stacked_lora, scale)
+    assert again.keys() == back.keys()
+    for k in back:
+        np.testing.assert_array_equal(again[k], back[k])
 
 
 def test_wan_lora_in_diffusers_equals_our_merged_model(tmp_path):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax.models.convert import flux, layout, qwen_image, sd3, wan
+from spotlight_jax.models.convert import flux, layout, placement, qwen_image, sd3, wan
 from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
 from spotlight_jax.models.mmdit import MMDiT, MMDiTConfig
 
@@ -92,7 +92,7 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
         for key in path[:-1]:
             node = node[key]
         shape = tuple(node[path[-1]].shape)
-        node[path[-1]] = _assemble(parts, shape, host_dtype, place(path, shape))
+        node[path[-1]] = placement.assemble(parts, shape, host_dtype, place(path, shape))
     leftover = [p for p, v in jax.tree_util.tree_leaves_with_path(pure)
                 if isinstance(v, jax.ShapeDtypeStruct)]
     if leftover:
@@ -114,46 +114,6 @@ def _parameters(thunks: dict, cfg: MMDiTConfig) -> dict:
     return out
 
 
-def _assemble(parts: list, shape: tuple, dtype: np.dtype, sharding) -> jax.Array:
-    """One parameter on ``sharding`` from its converted parts (one part, or one per stacked
-    block along axis 0): each part is converted once and copied into the host buffers of the
-    distinct local shards only, then each shard goes to its devices. ``sharding`` None: one
-    uncommitted array on the default device (jit may still move it), as ``jnp.asarray``."""
-    if sharding is None:
-        buf = np.empty(shape, dtype)
-        for i, part in enumerate(parts):
-            if len(parts) > 1:
-                buf[i] = part()
-            else:
-                buf[...] = part()
-        return jnp.asarray(buf)
-    indices = sharding.addressable_devices_indices_map(shape)
-    buffers: dict = {}
-    for index in indices.values():
-        key = _index_key(index, shape)
-        if key not in buffers:
-            buffers[key] = np.empty(tuple(b - a for a, b in key), dtype)
-    stacked = len(parts) > 1
-    for i, part in enumerate(parts):
-        a = np.asarray(part())
-        for key, buf in buffers.items():
-            if stacked:
-                (lo, hi), rest = key[0], key[1:]
-                if lo <= i < hi:
-                    buf[i - lo] = a[tuple(slice(x, y) for x, y in rest)]
-            else:
-                buf[...] = a[tuple(slice(x, y) for x, y in key)]
-        del a
-    arrays = [jax.device_put(buffers[_index_key(index, shape)], d)
-              for d, index in indices.items()]
-    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
-
-
-def _index_key(index: tuple, shape: tuple) -> tuple:
-    """A device's index (a tuple of slices) as ``((start, stop), ...)`` per dimension."""
-    return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
-
-
 def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> int:
     """Host bytes :func:`from_diffusers` holds at most while loading ``cfg``'s transformer onto
     ``shardings`` (``(path, shape) -> Sharding``): the largest parameter's distinct local
@@ -166,7 +126,7 @@ def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> in
     for path, var in nnx.to_flat_state(abstract):
         shape = tuple(var.get_value().shape)
         indices = shardings(tuple(path), shape).addressable_devices_indices_map(shape)
-        keys = {_index_key(ix, shape) for ix in indices.values()}
+        keys = {placement.index_key(ix, shape) for ix in indices.values()}
         local = sum(int(np.prod([b - a for a, b in k])) for k in keys) * item
         per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] in (
             "blocks", "single_blocks") else shape))

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from spotlight_jax.models.convert import placement
 from spotlight_jax.models.convert.checkpoint import CheckpointError
 from spotlight_jax.models.wan import WanConfig, WanTransformer
 
@@ -89,13 +91,41 @@ def wan_model(config: dict, tensors: dict, dtype="float32", shardings=None, **ov
     place = shardings or (lambda path, shape: None)
 
     def cast(path, want, got):
-        if tuple(got.shape) != tuple(want.shape):
-            where = "/".join(str(getattr(k, "key", k)) for k in path)
-            raise CheckpointError(f"Wan transformer: {where} has shape {tuple(got.shape)}, the "
-                                  f"config gives {tuple(want.shape)}")
         keys = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
-        return jax.device_put(np.asarray(got).astype(name), place(keys, tuple(want.shape)))
+        return jax.device_put(_checked(path, want, got).astype(name),
+                              place(keys, tuple(want.shape)))
 
+    if cfg.scan_blocks:     # stacked blocks: each filled one block's tensor at a time
+        per_block = params.pop("blocks")
+        stacked = shapes.pop("blocks")
+
+        def stack(path, want):
+            keys = ("blocks",) + tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+            one = jax.ShapeDtypeStruct(tuple(want.shape[1:]), want.dtype)
+
+            def part(i):
+                got = per_block[i]
+                for k in keys[1:]:
+                    got = got[k]
+                return _checked(("blocks", i, *keys[1:]), one, got).astype(name)
+
+            return placement.assemble([lambda i=i: part(i) for i in range(cfg.num_layers)],
+                                      tuple(want.shape), jnp.dtype(name),
+                                      place(keys, tuple(want.shape)))
+
+        blocks = jax.tree_util.tree_map_with_path(stack, stacked)
     pure = jax.tree_util.tree_map_with_path(cast, shapes, params)
+    if cfg.scan_blocks:
+        pure["blocks"] = blocks
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(graphdef, state), cfg
+
+
+def _checked(path, want, got) -> np.ndarray:
+    """``got`` as a numpy array, or a one-line CheckpointError when its shape is not ``want``'s
+    (``path``: the parameter's key path, named in the error)."""
+    if tuple(got.shape) != tuple(want.shape):
+        where = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        raise CheckpointError(f"Wan transformer: {where} has shape {tuple(got.shape)}, the "
+                              f"config gives {tuple(want.shape)}")
+    return np.asarray(got)

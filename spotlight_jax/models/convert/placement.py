@@ -1,0 +1,52 @@
+"""Parameters placed onto their shardings as they are converted, one source tensor at a time.
+
+``assemble(parts, shape, dtype, sharding)`` builds one parameter from its converted parts (one,
+or one per stacked block along axis 0) straight into the host buffers of the shards this process
+holds, then onto the devices: loading a checkpoint never holds more than one parameter's local
+shards and one source tensor on the host.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def assemble(parts: list, shape: tuple, dtype: np.dtype, sharding) -> jax.Array:
+    """One parameter on ``sharding`` from its converted parts (one part, or one per stacked
+    block along axis 0): each part is converted once and copied into the host buffers of the
+    distinct local shards only, then each shard goes to its devices. ``sharding`` None: one
+    uncommitted array on the default device (jit may still move it), as ``jnp.asarray``."""
+    if sharding is None:
+        buf = np.empty(shape, dtype)
+        for i, part in enumerate(parts):
+            if len(parts) > 1:
+                buf[i] = part()
+            else:
+                buf[...] = part()
+        return jnp.asarray(buf)
+    indices = sharding.addressable_devices_indices_map(shape)
+    buffers: dict = {}
+    for index in indices.values():
+        key = index_key(index, shape)
+        if key not in buffers:
+            buffers[key] = np.empty(tuple(b - a for a, b in key), dtype)
+    stacked = len(parts) > 1
+    for i, part in enumerate(parts):
+        a = np.asarray(part())
+        for key, buf in buffers.items():
+            if stacked:
+                (lo, hi), rest = key[0], key[1:]
+                if lo <= i < hi:
+                    buf[i - lo] = a[tuple(slice(x, y) for x, y in rest)]
+            else:
+                buf[...] = a[tuple(slice(x, y) for x, y in key)]
+        del a
+    arrays = [jax.device_put(buffers[index_key(index, shape)], d)
+              for d, index in indices.items()]
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+def index_key(index: tuple, shape: tuple) -> tuple:
+    """A device's index (a tuple of slices) as ``((start, stop), ...)`` per dimension."""
+    return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
