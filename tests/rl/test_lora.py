@@ -71,7 +71,8 @@ def test_factored_lora_equals_merged_on_the_mmdit():
     _assert_same(graphdef, state, _random_lora(state), _mmdit_inputs(cfg))
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["looped", "scanned"])
+@pytest.mark.parametrize("scan", [False, pytest.param(True, marks=pytest.mark.e2e)],
+                         ids=["looped", "scanned"])
 def test_factored_lora_equals_merged_on_the_wan_transformer(scan):
     model, _ = convert.from_diffusers(WAN, scan_blocks=scan)
     graphdef, state = nnx.split(model)

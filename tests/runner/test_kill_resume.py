@@ -63,7 +63,9 @@ def _spawn(workdir, objective, mode):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode,objective", [("spotlight", "flow_grpo"), ("spotlight", "nft"),
+# each mode and each objective once (an objective's state parts and a mode's extra state are
+# restored independently of each other)
+@pytest.mark.parametrize("mode,objective", [("spotlight", "flow_grpo"),
                                             ("spotlight_pipelined", "nft")])
 def test_spotlight_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path, mode,
                                                                        objective):
