@@ -15,17 +15,22 @@ MICRO = MMDiTConfig(image_size=16, patch_size=4, width=32, depth=2, num_heads=4,
                     conv_stem=4, conv_head=True)
 
 
-def micro_model(seed=0, **overrides):
-    import dataclasses
-    cfg = dataclasses.replace(MICRO, **overrides)
-    # built and perturbed in one compiled program each (eagerly, every parameter shape would
-    # compile its own initializer: seconds per test process)
+def built_model(cfg, seed=0):
+    """``(graphdef, state)`` of an MMDiT of ``cfg``, its parameters perturbed by 0.05 N(0, 1)
+    (adaLN-Zero makes a fresh model output exactly 0; tests should see real numerics). Built in
+    one compiled program (eagerly, every parameter shape would compile its own initializer:
+    seconds per test process) and perturbed with numpy."""
     graphdef, state = nnx.split(nnx.jit(lambda: MMDiT(cfg, rngs=nnx.Rngs(seed)))())
-    # adaLN-Zero makes a fresh model output exactly 0; perturb so tests see real numerics.
     rng = np.random.default_rng(seed + 1)
     state = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype),
                          state)
-    return cfg, graphdef, state
+    return graphdef, state
+
+
+def micro_model(seed=0, **overrides):
+    import dataclasses
+    cfg = dataclasses.replace(MICRO, **overrides)
+    return (cfg, *built_model(cfg, seed))
 
 
 # A whole run of the tiny config shrunk to the micro model (seconds per iteration), as dotted

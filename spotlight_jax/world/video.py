@@ -33,6 +33,11 @@ from spotlight_jax.world.config import COUNT_WORDS, DEFAULT, PALETTE, WorldConfi
 from spotlight_jax.world.detect import detect
 from spotlight_jax.world.render import object_mask
 
+# Pixels an object moves per frame (every function's default speed). At 2 px on the 24 px
+# canvas a path spans a third of it: the tiny video base learned no motion word in 2,000 steps
+# (docs/video.md, `studies.word_conditioning`).
+SPEED = 2
+
 # direction word -> unit (dy, dx), y down
 DIRECTIONS = {"left": (0.0, -1.0), "right": (0.0, 1.0), "rising": (-1.0, 0.0),
               "falling": (1.0, 0.0), "still": (0.0, 0.0)}
@@ -53,6 +58,23 @@ class VideoSpec:
 def format_video_prompt(spec: VideoSpec) -> str:
     noun = spec.shape if spec.count == 1 else spec.shape + "s"
     return f"{COUNT_WORDS[spec.count]} {spec.color} {noun} {_PHRASES[spec.direction]}"
+
+
+WORDS = ("count", "color", "shape", "direction")    # the parts of a video prompt
+
+
+def vary(prompt: str, word: str, rng: np.random.Generator, cfg: WorldConfig = DEFAULT,
+         max_count: int = 2) -> str:
+    """``prompt`` with its ``word`` (one of :data:`WORDS`) replaced by another of the world's
+    values, drawn by ``rng``: "a red square moving left" -> "a red square falling"."""
+    if word not in WORDS:
+        raise ValueError(f"word={word!r}: a video prompt's words are {WORDS}")
+    spec = parse_video(prompt, cfg)
+    values = {"count": range(1, max_count + 1), "color": cfg.colors, "shape": cfg.shapes,
+              "direction": DIRECTIONS}[word]
+    others = [v for v in values if v != getattr(spec, word)]
+    new = others[int(rng.integers(len(others)))]
+    return format_video_prompt(dataclasses.replace(spec, **{word: new}))
 
 
 def video_prompts(cfg: WorldConfig = DEFAULT, max_count: int = 2) -> list[str]:
@@ -97,7 +119,7 @@ def is_video_prompt(prompt: str, cfg: WorldConfig = DEFAULT) -> bool:
 
 
 def video_stream(prompts: Sequence[str], batch_size: int, seed: int, frames: int,
-                 speed: int = 2, cfg: WorldConfig = DEFAULT):
+                 speed: int = SPEED, cfg: WorldConfig = DEFAULT):
     """Endless pretraining stream of ``(prompts [B], clips float32 [B, frames, H, W, 3])``, the
     prompts drawn uniformly; deterministic given ``seed``."""
     prompts = list(prompts)
@@ -138,7 +160,7 @@ def parse_video(prompt: str, cfg: WorldConfig = DEFAULT) -> VideoSpec:
 
 
 def render_video(prompt: str | VideoSpec, rng: np.random.Generator, frames: int = 5,
-                 speed: int = 2, cfg: WorldConfig = DEFAULT) -> np.ndarray:
+                 speed: int = SPEED, cfg: WorldConfig = DEFAULT) -> np.ndarray:
     """float32 ``[frames, H, W, 3]``: one random clip satisfying ``prompt``."""
     spec = prompt if isinstance(prompt, VideoSpec) else parse_video(prompt, cfg)
     dy, dx = DIRECTIONS[spec.direction]
@@ -214,7 +236,7 @@ def track(clip, spec: VideoSpec, cfg: WorldConfig = DEFAULT):
 PARTS = ("count", "shape", "motion", "persistence")
 
 
-def score_parts(clip, prompt: str | VideoSpec, speed: float = 2.0,
+def score_parts(clip, prompt: str | VideoSpec, speed: float = SPEED,
                 cfg: WorldConfig = DEFAULT) -> dict[str, float]:
     """The reward's four parts (module docstring), their mean ``reward`` and their product
     ``exact`` (1 only for a clip that meets every part)."""
@@ -243,7 +265,7 @@ def score_parts(clip, prompt: str | VideoSpec, speed: float = 2.0,
             "exact": float(np.prod(list(parts.values())))}
 
 
-def motion_reward(clips, prompts: Sequence[str], speed: float = 2.0,
+def motion_reward(clips, prompts: Sequence[str], speed: float = SPEED,
                   cfg: WorldConfig = DEFAULT, part: str = "reward") -> np.ndarray:
     """float32 ``[B]``: :func:`score_parts`' ``part`` (the graded ``reward``, the strict
     ``exact`` or one of :data:`PARTS`) of each clip ``[B, F, H, W, 3]``."""

@@ -317,29 +317,33 @@ def test_a_guidance_distilled_model_takes_the_scale_in_one_pass():
     3.5 is one model call with the scale as input, not a CFG pair; ``encode_prompt`` stacks no
     null prompt; the scale changes the velocity."""
     from flax import nnx
+    from helpers import built_model
 
     from spotlight_jax.diffusion.rollout import encode_prompt, velocity
-    from spotlight_jax.models import MMDiT, MMDiTConfig
+    from spotlight_jax.models import MMDiTConfig
     cfg = MMDiTConfig(image_size=8, channels=4, patch_size=2, width=32, depth=1, num_heads=2,
                       text_len=5, text_width=0, text_embed_dim=12, single_blocks=2,
                       guidance_embed=True, pooled="input", pooled_dim=6,
                       pos_embed="rope3d_flux", rope_axes=(4, 6, 6), use_text_mask=False)
-    graphdef, state = nnx.split(MMDiT(cfg, rngs=nnx.Rngs(0)))
-    # adaLN-Zero starts at zero: perturb so the output depends on the inputs
-    state = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
-                         state)
-    model = nnx.merge(graphdef, state)
+    graphdef, state = built_model(cfg)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 8, 8, 4)), jnp.float32)
     tokens = {"embeds": jnp.asarray(rng.normal(size=(2, 5, 12)), jnp.float32),
               "pooled": jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)}
     mask = jnp.ones((2, 5), bool)
-    ctx = encode_prompt(model, tokens, mask, guidance=3.5)
-    assert ctx[0].shape[0] == 2                          # no null prompt stacked
-    v = velocity(model, x, 0.5, tokens, mask, guidance=3.5, context=ctx)
-    direct = model(x, jnp.full((2,), 0.5), tokens["embeds"], mask, tokens["pooled"],
-                   jnp.full((2,), 3.5))
+
+    @jax.jit
+    def calls(state):       # one program (eager calls compile every op on its own)
+        model = nnx.merge(graphdef, state)
+        ctx = encode_prompt(model, tokens, mask, guidance=3.5)
+        v = velocity(model, x, 0.5, tokens, mask, guidance=3.5, context=ctx)
+        direct = model(x, jnp.full((2,), 0.5), tokens["embeds"], mask, tokens["pooled"],
+                       jnp.full((2,), 3.5))
+        other = velocity(model, x, 0.5, tokens, mask, guidance=1.0, context=ctx)
+        return ctx[0].shape[0], v, direct, other
+
+    rows, v, direct, other = calls(state)
+    assert rows == 2                                    # no null prompt stacked
     np.testing.assert_allclose(v, direct, rtol=1e-6, atol=1e-6)
-    other = velocity(model, x, 0.5, tokens, mask, guidance=1.0, context=ctx)
     assert float(jnp.abs(other - v).max()) > 1e-4
     assert cfg.passes(3.5) == 1 and dataclasses.replace(cfg, guidance_embed=False).passes(3.5) == 2

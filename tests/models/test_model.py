@@ -26,8 +26,8 @@ def inputs(cfg, b=4, seed=0):
 
 
 def test_fresh_model_outputs_zero_velocity_adaln_zero():
-    model = MMDiT(MICRO, rngs=nnx.Rngs(0))
-    v = model(*inputs(MICRO))
+    model = nnx.jit(lambda: MMDiT(MICRO, rngs=nnx.Rngs(0)))()   # compiled: eager ops compile
+    v = nnx.jit(lambda m, *a: m(*a))(model, *inputs(MICRO))      # one by one
     assert v.shape == (4, 16, 16, 3)
     np.testing.assert_array_equal(v, 0.0)
 
@@ -35,7 +35,7 @@ def test_fresh_model_outputs_zero_velocity_adaln_zero():
 def test_scan_over_blocks_equals_python_loop():
     cfg, graphdef, state = micro_model(seed=1)
     scfg = dataclasses.replace(cfg, scan_blocks=True, remat=True)
-    sgraph, sstate = nnx.split(MMDiT(scfg, rngs=nnx.Rngs(0)))
+    sgraph, sstate = nnx.split(nnx.eval_shape(lambda: MMDiT(scfg, rngs=nnx.Rngs(0))))
     # copy the loop model's per-block weights into the stacked layout
     loop = nnx.to_pure_dict(state)
     stacked = nnx.to_pure_dict(sstate)
@@ -46,8 +46,10 @@ def test_scan_over_blocks_equals_python_loop():
             stacked[k] = loop[k]
     nnx.replace_by_pure_dict(sstate, stacked)
     x = inputs(cfg)
-    a = nnx.merge(graphdef, state)(*x)
-    b = nnx.merge(sgraph, sstate)(*x)
+    def run(g):
+        return jax.jit(lambda st, *a: nnx.merge(g, st)(*a))
+    a = run(graphdef)(state, *x)
+    b = run(sgraph)(sstate, *x)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -12,7 +12,7 @@ def test_every_prompt_renders_a_clip_that_earns_the_whole_reward():
     rng = np.random.default_rng(0)
     prompts = video.video_prompts(DEFAULT, max_count=2)
     assert len(prompts) == 2 * len(DEFAULT.colors) * len(DEFAULT.shapes) * 5
-    clips = np.stack([video.render_video(p, rng, frames=5, speed=2) for p in prompts])
+    clips = np.stack([video.render_video(p, rng, frames=5) for p in prompts])
     assert clips.shape == (len(prompts), 5, 32, 32, 3)
     np.testing.assert_array_equal(video.motion_reward(clips, prompts), 1.0)
     np.testing.assert_array_equal(video.motion_reward(clips, prompts, part="exact"), 1.0)
@@ -21,7 +21,7 @@ def test_every_prompt_renders_a_clip_that_earns_the_whole_reward():
 
 
 def parts(clip, prompt):
-    return video.score_parts(clip, prompt, speed=2.0)
+    return video.score_parts(clip, prompt)
 
 
 def test_each_broken_clip_loses_the_part_that_reads_it():
@@ -41,7 +41,8 @@ def test_each_broken_clip_loses_the_part_that_reads_it():
     # frames out of order: some steps jump back
     shuffled = left[[0, 3, 1, 4, 2]]
     got = parts(shuffled, "a red square moving left")
-    # two of the four steps jump 6 px (more than twice the speed plus one): persistence 0.5;
+    # two of the four steps jump three times the speed (more than twice it plus one):
+    # persistence 0.5;
     # the other two go back right, so the followed motion is the wrong way
     assert got["persistence"] == 0.5 and got["motion"] == 0.0
     # another color: nothing of the asked kind in any frame
@@ -54,7 +55,7 @@ def test_each_broken_clip_loses_the_part_that_reads_it():
     got = parts(gone, "a red square moving left")
     assert got["count"] == pytest.approx(0.8) and got["persistence"] == pytest.approx(0.5)
     # twice the asked speed is not the asked motion either
-    fast = video.render_video("a red square moving left", rng, frames=3, speed=4)
+    fast = video.render_video("a red square moving left", rng, frames=3, speed=2 * video.SPEED)
     assert parts(fast, "a red square moving left")["motion"] == 0.0
 
 

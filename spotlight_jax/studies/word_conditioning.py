@@ -1,0 +1,114 @@
+"""Does the base model read every word of its prompts? Its loss with one word swapped.
+
+  python -m spotlight_jax.studies.word_conditioning --config=configs/tiny_video.py
+      [--clips 256] [--config.base_checkpoint=PATH] [--out F.json]
+
+Renders ``--clips`` clips of the video world's training prompts, noises them to several flow
+times t (the same noise for every prompt) and measures the base model's flow-matching loss
+with the true prompt and with one word replaced (``world.video.vary``: the count, the color, the
+shape or the direction). A word the model reads costs loss when it is wrong; a word it ignores
+costs nothing: RL can only select among clips that a word changes. Run it on a candidate base
+before a demo (docs/video.md).
+"""
+from __future__ import annotations
+
+import tempfile
+
+from absl import app, flags
+
+from spotlight_jax import programs
+
+FLAGS = flags.FLAGS
+TIMES = (0.95, 0.85, 0.7, 0.5, 0.3, 0.15)
+
+
+def word_loss_gaps(model, clips, prompts, tokenize, text_len: int, *, times=TIMES,
+                   words=None, seed: int = 0) -> dict[str, list[float]]:
+    """``{"loss": [per t], word: [per t], ...}``: the mean flow-matching loss of ``model`` on
+    ``clips [B, F, H, W, 3]`` in [0, 1] with their ``prompts`` at each flow time in ``times``,
+    and for each word of ``words`` (default every word of a video prompt) the mean increase of
+    that loss when the word is swapped for another value."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from spotlight_jax.diffusion import from_image, prompt
+    from spotlight_jax.world import video
+
+    words = video.WORDS if words is None else tuple(words)
+    rng = np.random.default_rng(seed)
+    x0 = from_image(jnp.asarray(clips, jnp.float32))
+    noise = jax.random.normal(jax.random.key(seed), x0.shape)
+
+    @jax.jit
+    def losses(t, tokens, mask):
+        xt = (1 - t) * x0 + t * noise
+        embeds, _ = prompt.model_inputs(tokens)
+        v = model(xt, jnp.full((x0.shape[0],), t), embeds, mask)
+        return jnp.mean((v - (noise - x0)) ** 2, axis=tuple(range(1, x0.ndim)))
+
+    true = tokenize(list(prompts), text_len)
+    swapped = {w: tokenize([video.vary(p, w, rng) for p in prompts], text_len) for w in words}
+    out = {"t": list(times), "loss": []}
+    for w in words:
+        out[w] = []
+    for t in times:
+        base = losses(jnp.float32(t), *true)
+        out["loss"].append(float(base.mean()))
+        for w in words:
+            out[w].append(float((losses(jnp.float32(t), *swapped[w]) - base).mean()))
+    return out
+
+
+def report(gaps: dict, source: str, n: int) -> str:
+    words = [k for k in gaps if k not in ("t", "loss")]
+    lines = [f"{n} clips of the training prompts, base: {source}",
+             "loss increase when one word is swapped (0 = the model ignores it)", "",
+             "| t | loss | " + " | ".join(words) + " |", "|---" * (len(words) + 2) + "|"]
+    for i, t in enumerate(gaps["t"]):
+        lines.append(f"| {t:.2f} | {gaps['loss'][i]:.4f} | "
+                     + " | ".join(f"{gaps[w][i]:+.4f}" for w in words) + " |")
+    return "\n".join(lines)
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """This study's flags (defined only when it runs as the program; see ``programs``)."""
+    fv = dict(flag_values=flag_values)
+    programs.define_config_flag(flag_values)
+    flags.DEFINE_integer("clips", 256, "Clips of training prompts to score.", **fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the prompts, clips, noise and swapped words.", **fv)
+    flags.DEFINE_string("out", None, "Write the gaps as JSON here.", **fv)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import numpy as np
+    from flax import nnx
+
+    from spotlight_jax import train, world
+    from spotlight_jax.config import RunSpec
+    from spotlight_jax.models.build import is_video
+    from spotlight_jax.world import video
+
+    spec = RunSpec.from_config(FLAGS.config)
+    if not is_video(spec.model):
+        raise app.UsageError(f"--config={FLAGS.config!r} is an image model's; this study reads "
+                             "the video world's prompts (e.g. --config=configs/tiny_video.py)")
+    with tempfile.TemporaryDirectory() as workdir:    # no run: only a shipped or named base
+        graphdef, state, source = train.load_or_pretrain_base(spec, workdir,
+                                                              allow_pretrain=False)
+    wcfg = world.WorldConfig(image_size=spec.model.image_size)
+    rng = np.random.default_rng(FLAGS.seed)
+    pool = video.video_train_prompts(wcfg)
+    prompts = [pool[i] for i in rng.integers(len(pool), size=FLAGS.clips)]
+    clips = np.stack([video.render_video(p, rng, spec.model.frames, cfg=wcfg) for p in prompts])
+    gaps = word_loss_gaps(nnx.merge(graphdef, state), clips, prompts,
+                          spec.prompt_source().tokenize, spec.model.text_len, seed=FLAGS.seed)
+    programs.emit({"base": source, "clips": FLAGS.clips, **gaps},
+                  report(gaps, source, FLAGS.clips), FLAGS.out)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
