@@ -26,6 +26,7 @@ from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.models.build import abstract_model, create_model, is_video
 from spotlight_jax.pretrain import pretrain
 from spotlight_jax.runner import build_and_run, run_compare
+from spotlight_jax.world import video
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain_base",
@@ -41,8 +42,10 @@ def _world_fingerprint(cfg: MMDiTConfig) -> dict:
     """The world a base model is pretrained on (the default world at the model's image size),
     with derived sizes resolved (a default that changes how the world is drawn changes it)."""
     w = world.WorldConfig(image_size=cfg.image_size)
-    return json.loads(json.dumps(dataclasses.asdict(
-        dataclasses.replace(w, text_scale=w.glyph_scale))))
+    fingerprint = dataclasses.asdict(dataclasses.replace(w, text_scale=w.glyph_scale))
+    if is_video(cfg):           # the video world's clips also depend on how fast objects move
+        fingerprint["video_speed"] = video.SPEED
+    return json.loads(json.dumps(fingerprint))
 
 
 def shipped_base_dir(cfg: MMDiTConfig) -> str | None:

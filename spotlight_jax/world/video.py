@@ -33,10 +33,11 @@ from spotlight_jax.world.config import COUNT_WORDS, DEFAULT, PALETTE, WorldConfi
 from spotlight_jax.world.detect import detect
 from spotlight_jax.world.render import object_mask
 
-# Pixels an object moves per frame (every function's default speed). At 2 px on the 24 px
-# canvas a path spans a third of it: the tiny video base learned no motion word in 2,000 steps
-# (docs/video.md, `studies.word_conditioning`).
-SPEED = 2
+# Pixels an object moves per frame (every function's default speed). At 3 px on the 24 px
+# canvas an object's path spans half of it, so the motion word decides where a clip's objects
+# start and end: visible at high noise, where a flow model learns what a word decides (at 2 px
+# the tiny video base read no motion word: docs/video.md, `studies.word_conditioning`).
+SPEED = 3
 
 # direction word -> unit (dy, dx), y down
 DIRECTIONS = {"left": (0.0, -1.0), "right": (0.0, 1.0), "rising": (-1.0, 0.0),
