@@ -26,7 +26,6 @@ from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.models.build import abstract_model, create_model, is_video
 from spotlight_jax.pretrain import pretrain
 from spotlight_jax.runner import build_and_run, run_compare
-from spotlight_jax.world import video
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 __all__ = ["train_and_evaluate", "run_trainer_job", "dry_run", "load_or_pretrain_base",
@@ -44,7 +43,7 @@ def _world_fingerprint(cfg: MMDiTConfig) -> dict:
     w = world.WorldConfig(image_size=cfg.image_size)
     fingerprint = dataclasses.asdict(dataclasses.replace(w, text_scale=w.glyph_scale))
     if is_video(cfg):           # the video world's clips also depend on how fast objects move
-        fingerprint["video_speed"] = video.SPEED
+        fingerprint["video_speed"] = world.video.SPEED
     return json.loads(json.dumps(fingerprint))
 
 
