@@ -237,9 +237,12 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
                 reports.ratio_cell(ratios[m][name], len(seed_dirs))
                 for name, _ in reports.RATIOS) + " |")
         lines.append("")
-    missing = [f"{t} seed {s}: {', '.join(m for m in all_modes if m not in by_mode)}"
+    # what a seed lacks of the modes the grid runs (those archived for some trace and seed)
+    grid_modes = [m for m in all_modes if any(m in by_mode for seeds in runs.values()
+                                              for by_mode in seeds.values())]
+    missing = [f"{t} seed {s}: {', '.join(m for m in grid_modes if m not in by_mode)}"
                for t, seeds in runs.items() for s, by_mode in seeds.items()
-               if len(by_mode) < len(all_modes)]
+               if any(m not in by_mode for m in grid_modes)]
     lines += ["## Runs not archived yet", ""] + ([f"- {x}" for x in missing] or ["none"]) + [""]
     histories = {t: {s: {m: _load(p)[0] for m, p in by_mode.items()}
                      for s, by_mode in seeds.items()} for t, seeds in runs.items()}

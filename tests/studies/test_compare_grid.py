@@ -97,7 +97,13 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
     text = open(compare_grid.write_grid(grid, target_gain=0.1)).read()
     assert "| spotlight | 2.25x [1.50, 3.00] (n=2/2) | 4.50x [3.00, 6.00] (n=2/2) | " \
            "2.25x [1.50, 3.00] (n=2/2) | 1.00x [1.00, 1.00] (n=2/2) |" in text
-    assert "aws seed 0: explore_sync, spot_rollout, spotlight_pipelined" in text
+    assert "## Runs not archived yet\n\nnone\n" in text     # only the modes the grid runs
+    # a seed that has the baseline but not a mode the grid runs elsewhere is listed
+    gcp = str(tmp_path / "run_gcp")
+    _fake_run(gcp, "spotlight", runs[1]["spotlight"])
+    compare_grid.archive(gcp, grid, "gcp", 1, 3)
+    text = open(compare_grid.write_grid(grid, target_gain=0.1)).read()
+    assert "## Runs not archived yet\n\n- gcp seed 0: spotlight\n\n" in text
     report = open(os.path.join(grid, "aws", "seed_1", "report.md")).read()
     assert "Target validation reward: **0.600**" in report
     # the shared update: its windows against the trainer alone, the mean split, where the
