@@ -12,6 +12,11 @@ Per trace, for each spot mode against ``baseline`` over the config seeds of a gr
   that uses the whole curve rather than one crossing);
 * **intervals by bootstrap over seeds** (seeds resampled with their baseline paired, the mean's
   2.5 and 97.5 percentiles);
+* **what bounds it**: at the top gain, each decided seed's time ratio is the product of its
+  iteration ratio (baseline's iterations to the target over the mode's, interpolated like the
+  seconds) and its per-iteration ratio (baseline's emulated seconds per iteration to the target
+  over the mode's); both are reported, with what either would need to be for a goal (3x) at the
+  other's measured value;
 * a seed whose baseline never reaches a target is **censored**: its ratio is at least
   baseline's whole run over the mode's time (a bound, shown apart, never averaged as a value);
   the mean over decided seeds and the mean with censored seeds at their bound (itself a lower
@@ -35,17 +40,23 @@ LEVELS = 20
 RESAMPLES = 10_000
 
 
-def _evals(history: list[dict]) -> list[tuple[float, float, float]]:
-    """``(val_reward, vtime_s, dollars)`` of every evaluation, in order."""
-    return [(float(h["val_reward"]), float(h.get("vtime_s", 0.0)), float(h.get("dollars", 0.0)))
+GOAL = 3.0
+COLUMNS = {"vtime_s": 1, "dollars": 2, "iteration": 3}
+
+
+def _evals(history: list[dict]) -> list[tuple[float, float, float, float]]:
+    """``(val_reward, vtime_s, dollars, iteration)`` of every evaluation, in order."""
+    return [(float(h["val_reward"]), float(h.get("vtime_s", 0.0)), float(h.get("dollars", 0.0)),
+             float(h.get("iteration", 0)))
             for h in history if "val_reward" in h]
 
 
 def crossing(history: list[dict], target: float, key: str = "vtime_s") -> float | None:
-    """The emulated seconds (``key='vtime_s'``) or dollars (``'dollars'``) at which the run's
-    validation reward first reaches ``target``, linear between the evaluation before and the
-    one at or above it; None when it never does (0 when it starts there)."""
-    col = {"vtime_s": 1, "dollars": 2}[key]
+    """The emulated seconds (``key='vtime_s'``), dollars (``'dollars'``) or iterations
+    (``'iteration'``) at which the run's validation reward first reaches ``target``, linear
+    between the evaluation before and the one at or above it; None when it never does (0 when
+    it starts there)."""
+    col = COLUMNS[key]
     ev = _evals(history)
     for i, row in enumerate(ev):
         if row[0] >= target:
@@ -125,6 +136,29 @@ def summarise(cells: list[dict]) -> dict:
     return out
 
 
+def per_iteration_ratio(base: list[dict], mode: list[dict], gain: float) -> dict:
+    """One seed's baseline / mode emulated seconds per iteration up to ``base start + gain``
+    (``{"value": r}`` when both reach it, else ``{}``): the time ratio over the iteration
+    ratio, so the two multiply to the time ratio exactly."""
+    time, its = (seed_ratio(base, mode, gain, k) for k in ("vtime_s", "iteration"))
+    if "value" in time and "value" in its and its["value"] > 0:
+        return {"value": time["value"] / its["value"]}
+    return {}
+
+
+def bound(rows: dict, gain: float, goal: float = GOAL) -> str | None:
+    """The sentence saying what bounds the time ratio at ``gain``: the mean iteration and
+    per-iteration ratios of the decided seeds, and what either would need to be for ``goal``
+    at the other's value (None without a decided seed)."""
+    its, per = rows[f"iterations to +{gain:g}"], rows[f"s per iteration to +{gain:g}"]
+    if "mean" not in its or "mean" not in per:
+        return None
+    return (f"time to +{gain:g} = iterations x per iteration: {its['mean']:.2f}x x "
+            f"{per['mean']:.2f}x (means of the decided seeds); {goal:g}x needs "
+            f"{goal / per['mean']:.2f}x the iteration ratio at this per-iteration ratio, or "
+            f"{goal / its['mean']:.2f}x per iteration at this iteration ratio")
+
+
 def trace_rows(by_seed: dict[int, dict[str, list[dict]]], mode: str,
                gains=GAINS) -> dict[str, dict]:
     """Every row of one trace's table for ``mode``: time and cost at each gain, and the curve."""
@@ -135,6 +169,11 @@ def trace_rows(by_seed: dict[int, dict[str, list[dict]]], mode: str,
         for key, what in (("vtime_s", "time"), ("dollars", "cost")):
             rows[f"{what} to +{gain:g}"] = summarise(
                 [seed_ratio(b, m, gain, key) for _, b, m in pairs])
+    top = max(gains)
+    rows[f"iterations to +{top:g}"] = summarise(
+        [seed_ratio(b, m, top, "iteration") for _, b, m in pairs])
+    rows[f"s per iteration to +{top:g}"] = summarise(
+        [per_iteration_ratio(b, m, top) for _, b, m in pairs])
     curves = [curve_speedup(b, m) for _, b, m in pairs]
     rows["curve-level speed-up"] = summarise([{"value": c} for c in curves if c is not None])
     rows["curve-level speed-up"]["seeds"] = len(pairs)
@@ -183,6 +222,10 @@ def write_headline(grid: str, runs: dict[str, dict[int, dict[str, list[dict]]]],
             lines.append(f"| {name} | " + " | ".join(cell(result[trace][m][name])
                                                      for m in present) + " |")
         lines.append("")
+        for m in present:
+            said = bound(result[trace][m], max(gains))
+            if said:
+                lines += [f"What bounds `{m}`: {said}.", ""]
     with open(os.path.join(grid, "headline.json"), "w") as f:
         json.dump(result, f, indent=1)
     path = os.path.join(grid, "headline.md")

@@ -54,3 +54,21 @@ def test_bootstrap_of_the_mean():
     se = x.std(ddof=1) / np.sqrt(x.size)
     assert mean == pytest.approx(x.mean())
     assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)       # normal theory
+
+
+def test_the_time_ratio_splits_into_iterations_and_seconds_per_iteration():
+    # baseline: +0.08 at iteration 10 after 200 s (20 s an iteration); the mode: at iteration 5
+    # after 60 s (12 s an iteration) -> 3.33x = 2x the iterations x 1.67x per iteration
+    base, fast = curve([0.50, 0.54, 0.58], 100.0), curve([0.50, 0.58], 60.0)
+    assert headline.seed_ratio(base, fast, 0.08, "iteration") == {"value": pytest.approx(2.0)}
+    assert headline.per_iteration_ratio(base, fast, 0.08) == {"value": pytest.approx(20 / 12)}
+    assert headline.crossing(base, 0.56, "iteration") == pytest.approx(7.5)   # interpolated
+    assert headline.per_iteration_ratio(base, curve([0.50, 0.52]), 0.08) == {}
+    rows = headline.trace_rows({0: {"baseline": base, "spotlight": fast}}, "spotlight")
+    assert rows["iterations to +0.08"]["mean"] == pytest.approx(2.0)
+    assert rows["s per iteration to +0.08"]["mean"] == pytest.approx(20 / 12)
+    assert (rows["iterations to +0.08"]["mean"] * rows["s per iteration to +0.08"]["mean"]
+            == pytest.approx(rows["time to +0.08"]["mean"]))
+    said = headline.bound(rows, 0.08)
+    assert "2.00x x 1.67x" in said and "3x needs 1.80x the iteration ratio" in said
+    assert "or 1.50x per iteration" in said
