@@ -23,7 +23,8 @@ Per trace, for each spot mode against ``baseline`` over the config seeds of a gr
   bound of the true mean) are both given.
 
 Pure functions over histories (``compare_grid.grid_runs`` + ``_load``); ``write_headline``
-writes ``headline.md`` and ``headline.json`` into the grid.
+writes ``headline.md``, ``headline.json`` and ``headline.png`` (every seed's curve) into the
+grid.
 """
 from __future__ import annotations
 
@@ -196,6 +197,21 @@ def cell(row: dict) -> str:
     return "; ".join(parts)
 
 
+def _plot(path: str, runs: dict, result: dict, gain: float) -> None:
+    """``headline.png``: per trace, every seed's held-out gain over emulated hours, baseline
+    and each reported mode."""
+    from spotlight_jax import plots  # noqa: PLC0415
+
+    panels = {}
+    for trace, modes in result.items():
+        by_seed = runs[trace]
+        panels[trace] = {m: [([e[1] / 3600.0 for e in _evals(r[m])],
+                              [e[0] for e in _evals(r[m])])
+                             for r in by_seed.values() if m in r and BASELINE in r]
+                         for m in [BASELINE, *modes]}
+    plots.gain_panels(path, panels, target_gain=gain)
+
+
 def write_headline(grid: str, runs: dict[str, dict[int, dict[str, list[dict]]]],
                    modes: list[str], gains=GAINS, code_line: str = "") -> str:
     """``headline.md`` and ``headline.json`` in ``grid``: one table per trace, a row per
@@ -226,6 +242,9 @@ def write_headline(grid: str, runs: dict[str, dict[int, dict[str, list[dict]]]],
             said = bound(result[trace][m], max(gains))
             if said:
                 lines += [f"What bounds `{m}`: {said}.", ""]
+    if result:
+        _plot(os.path.join(grid, "headline.png"), runs, result, max(gains))
+        lines += ["![held-out gain vs emulated hours, every seed](headline.png)", ""]
     with open(os.path.join(grid, "headline.json"), "w") as f:
         json.dump(result, f, indent=1)
     path = os.path.join(grid, "headline.md")

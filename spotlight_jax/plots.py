@@ -142,6 +142,38 @@ def plot_panels(path: str, panels: dict, xlabel: str = "iteration", title: str =
     plt.close(fig)
 
 
+def gain_panels(path: str, panels: dict, target_gain: float | None = None,
+                xlabel: str = "emulated hours") -> None:
+    """One axis per ``panels`` entry (a title, e.g. a trace -> ``{name: [(x, y), ...]}``): every
+    run of a name drawn in that name's colour (one legend entry per name, its run count), y as
+    the gain over the run's own first point, and the target gain as a dashed line. What a grid
+    of seeds looks like at a glance: how far apart the modes' bundles are, and how wide each."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (title, by_name) in zip(axes[0], panels.items()):
+        for i, (name, runs) in enumerate(by_name.items()):
+            colour = f"C{i}"
+            for j, (x, y) in enumerate(runs):
+                y = np.asarray(y, float)
+                ax.plot(x, y - y[0], color=colour, alpha=0.75, linewidth=1.2, marker=".",
+                        markersize=2.5, label=f"{name} ({len(runs)} runs)" if j == 0 else None)
+        if target_gain is not None:
+            ax.axhline(target_gain, color="0.3", linestyle="--", linewidth=1,
+                       label=f"target +{target_gain:g}")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("held-out reward gain over the run's start")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def seed_curves(workdirs, key: str = "val_reward") -> dict:
     """Mean and min/max over runs of ``key`` at the evaluations every run has, by iteration.
 

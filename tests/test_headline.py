@@ -56,7 +56,7 @@ def test_bootstrap_of_the_mean():
     assert high - low == pytest.approx(2 * 1.96 * se, rel=0.15)       # normal theory
 
 
-def test_the_time_ratio_splits_into_iterations_and_seconds_per_iteration():
+def test_the_time_ratio_splits_into_iterations_and_seconds_per_iteration(tmp_path):
     # baseline: +0.08 at iteration 10 after 200 s (20 s an iteration); the mode: at iteration 5
     # after 60 s (12 s an iteration) -> 3.33x = 2x the iterations x 1.67x per iteration
     base, fast = curve([0.50, 0.54, 0.58], 100.0), curve([0.50, 0.58], 60.0)
@@ -72,3 +72,10 @@ def test_the_time_ratio_splits_into_iterations_and_seconds_per_iteration():
     said = headline.bound(rows, 0.08)
     assert "2.00x x 1.67x" in said and "3x needs 1.80x the iteration ratio" in said
     assert "or 1.50x per iteration" in said
+    # the written report states the split and shows every seed's curve
+    path = headline.write_headline(str(tmp_path), {"aws": {0: {"baseline": base,
+                                                               "spotlight": fast}}},
+                                   ["baseline", "spotlight"])
+    text = open(path).read()
+    assert f"What bounds `spotlight`: {said}." in text and "(headline.png)" in text
+    assert open(tmp_path / "headline.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
