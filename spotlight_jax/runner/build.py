@@ -31,6 +31,7 @@ from spotlight_jax.runner.backends.scheduled import ScheduledRollouts
 from spotlight_jax.runner.hooks import Hooks
 from spotlight_jax.runner.loop import run
 from spotlight_jax.runner.modes import make_mode
+from spotlight_jax.runner.outputs import attention_kernel
 from spotlight_jax.runner.shared_update import SharedUpdate
 from spotlight_jax.runner.state import RunState
 
@@ -94,6 +95,10 @@ def build_run(spec: RunSpec, workdir: str, graphdef, base, devices=None,
     image_shape = mcfg.latent_shape
     # a latent model's VAE (None for pixels) and the attention layout on the trainer's mesh
     decoder, attn = spec.image_decoder(), spec.attention_spec(mesh)
+    kernel = attention_kernel(attn, mcfg)
+    logging.info("attention: %s kernel, %s (attention_impl=%r)%s", kernel["kernel"],
+                 kernel["strategy"], kernel["requested"],
+                 f"; not cuDNN: {kernel['not_cudnn']}" if kernel.get("not_cudnn") else "")
     sampler = Sampler(graphdef, image_shape, spec.sampler, attn, mesh=mesh, decoder=decoder)
     eval_sampler = Sampler(graphdef, image_shape, spec.eval_sampler, attn, mesh=mesh,
                            decoder=decoder)

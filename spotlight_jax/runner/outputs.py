@@ -16,6 +16,8 @@ from PIL import Image
 
 from spotlight_jax import provenance
 from spotlight_jax.evaluate import evaluate as evaluate_policy
+from spotlight_jax.models import as_dtype
+from spotlight_jax.parallel import kernels
 from spotlight_jax.plots import plot_curves, plot_panels, save_grid
 from spotlight_jax.rl import lora_export
 
@@ -120,11 +122,28 @@ def export_lora(run, base_source: str = "") -> str | None:
     return path
 
 
+def attention_kernel(attn, mcfg) -> dict:
+    """What attention the run's model computes with: the kernel ``attn``'s implementation
+    resolves to for the model's dtype and head dim on its devices, the SP strategy, what was
+    asked, and why cuDNN flash attention does not run (when it does not). Logged when the run
+    is built and recorded in ``phases.json``: the first thing to check of a GPU run's speed."""
+    kernel = attn.resolved(as_dtype(mcfg.dtype), mcfg.head_dim).impl
+    out = {"requested": attn.impl if isinstance(attn.impl, str) else attn.impl.impl,
+           "kernel": kernel.impl, "strategy": attn.strategy}
+    if kernel.impl != "cudnn":
+        devices = None if attn.mesh is None else attn.mesh.devices.flat
+        out["not_cudnn"] = ("attention_impl='xla'" if out["requested"] == "xla" else
+                            kernels.cudnn_refusal(as_dtype(mcfg.dtype), mcfg.head_dim, devices))
+    return out
+
+
 def write_phases(run) -> None:
     """``phases.json``: the emulated clock's per-phase breakdown, the cost model's assumptions
-    (read by the comparison report) and the code that ran (``provenance.code_version``)."""
+    (read by the comparison report), the code that ran (``provenance.code_version``) and the
+    attention kernel the model computed with (:func:`attention_kernel`)."""
     info = {"phases": run.deploy.clock.breakdown(),
             "assumptions": [dataclasses.asdict(a) for a in run.deploy.assumptions()],
-            "code": provenance.code_version()}
+            "code": provenance.code_version(),
+            "attention": attention_kernel(run.attn, run.mcfg)}
     with open(os.path.join(run.workdir, "phases.json"), "w") as f:
         json.dump(info, f, indent=1, default=str)

@@ -60,6 +60,24 @@ def test_where_cudnn_can_run(dtype, head_dim, devices, why):
     assert kernels.resolve("auto", dtype, head_dim, devices) == want
 
 
+def test_the_run_records_which_kernel_its_attention_runs():
+    from spotlight_jax.models import AttentionSpec
+    from spotlight_jax.runner.outputs import attention_kernel
+
+    model = types.SimpleNamespace(dtype="bfloat16", head_dim=128)
+    assert attention_kernel(AttentionSpec(), model) == {
+        "requested": "auto", "kernel": "xla", "strategy": "dense",
+        "not_cudnn": "cuDNN flash attention needs NVIDIA GPUs; the devices are cpu (cpu)"}
+    gpus = types.SimpleNamespace(devices=np.array([_gpu(), _gpu()], dtype=object))
+    assert attention_kernel(AttentionSpec(mesh=gpus, strategy="ulysses"), model) == {
+        "requested": "auto", "kernel": "cudnn", "strategy": "ulysses"}
+    assert attention_kernel(AttentionSpec(mesh=gpus, impl="xla"), model)["not_cudnn"] == \
+        "attention_impl='xla'"
+    assert "not float32" in attention_kernel(
+        AttentionSpec(mesh=gpus), types.SimpleNamespace(dtype="float32", head_dim=128))[
+        "not_cudnn"]
+
+
 def prefix_mask(batch, seq, lengths):
     return jnp.asarray(np.arange(seq)[None, :] < np.asarray(lengths)[:, None])
 

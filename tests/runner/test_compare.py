@@ -140,7 +140,10 @@ def test_compare_mode_runs_every_mode_from_the_command_path(tmp_path, base):  # 
     assert "(spot_timeline.png)" in text and os.path.getsize(tmp_path / "spot_timeline.png")
     for mode in compare.MODES:
         assert f"| {mode} | 1 |" in text
-        assert os.path.exists(tmp_path / mode / "phases.json")
+        with open(tmp_path / mode / "phases.json") as f:
+            attention = json.load(f)["attention"]     # what the model computed with, and why
+        assert attention["requested"] == "auto" and attention["kernel"] == "xla"
+        assert "needs NVIDIA GPUs" in attention["not_cudnn"]
     assert "## Where the emulated time goes" in text and "## Assumptions" in text
     c.mode = "nonsense"
     with pytest.raises(ValueError, match="mode='nonsense': choose one of"):
