@@ -260,18 +260,19 @@ def build_mesh(config, devices=None) -> Mesh:
     return make_mesh(devices, mesh_config(config))
 
 
-def make_deployment(config) -> Deployment:
-    """The emulated deployment (on-demand devices, spot nodes, trace, cost model) of ``config``.
-    A trace file that is missing or unreadable raises :class:`TraceError` naming
-    ``trace.path``, the file and the fix."""
+def make_deployment(config, rents_spot: bool = True) -> Deployment:
+    """The emulated deployment (on-demand devices, spot nodes, trace, cost model) of ``config``
+    (``rents_spot``: whether the run pays for the spot nodes, ``Deployment``). A trace file that
+    is missing or unreadable raises :class:`TraceError` naming ``trace.path``, the file and the
+    fix."""
     return deployment_of(deployment_config(config), trace_config(config), cost_config(config),
-                         workload(config), int(config.sampler.num_steps))
+                         workload(config), int(config.sampler.num_steps), rents_spot)
 
 
 def deployment_of(deploy: DeploymentConfig, trace: TraceConfig, cost: CostConfig,
-                  work: Workload, num_steps: int) -> Deployment:
+                  work: Workload, num_steps: int, rents_spot: bool = True) -> Deployment:
     """:func:`make_deployment` of built sections."""
     try:
-        return Deployment(deploy, trace, cost, work, num_steps=num_steps)
+        return Deployment(deploy, trace, cost, work, num_steps=num_steps, rents_spot=rents_spot)
     except TraceError as e:
         raise TraceError(qualify(str(e), section_paths("trace", TraceConfig))) from e

@@ -16,6 +16,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
+from spotlight_jax import registry
 from spotlight_jax.config import build, sections
 from spotlight_jax.config.loading import apply_overrides, build_section
 from spotlight_jax.config.sections import ProcessConfig
@@ -161,10 +162,14 @@ class RunSpec:
         """The run's prompts and their model inputs (the world's, or the embedding file's)."""
         return build.prompts_of(self.model, self.embeddings_file, self.train_kinds)
 
-    def make_deployment(self) -> Deployment:
-        """The emulated deployment (on-demand devices, spot nodes, trace, cost model)."""
+    def make_deployment(self, rents_spot: bool | None = None) -> Deployment:
+        """The emulated deployment (on-demand devices, spot nodes, trace, cost model).
+        ``rents_spot`` (default: whether the run's mode uses spot devices): whether the run pays
+        for the spot nodes (a ``baseline`` run pays for its on-demand devices only)."""
+        if rents_spot is None:
+            rents_spot = registry.mode_spec(self.settings.mode).uses_spot
         return build.deployment_of(self.deployment, self.trace, self.cost, self.workload,
-                                      self.sampler.num_steps)
+                                   self.sampler.num_steps, rents_spot)
 
     def register_rewards(self) -> None:
         """Registers the rewards this run names that have to be built first (a reward server's

@@ -78,12 +78,16 @@ class Deployment:
     """On-demand devices + spot nodes whose availability follows a trace on a virtual clock.
 
     ``num_steps``: denoising steps of a rollout (an abrupt loss redoes ``commit_every`` of
-    them); ``horizon_s``: the length of a synthetic trace.
+    them); ``horizon_s``: the length of a synthetic trace. ``rents_spot``: whether the run
+    rents the spot nodes at all; a run that never uses one (``baseline``, ``explore_sync``) pays
+    for its on-demand devices only, as an operator running it would.
     """
 
     def __init__(self, cfg: DeploymentConfig, trace: TraceConfig, cost: CostConfig,
-                 workload: Workload, num_steps: int, horizon_s: float = 7 * 24 * 3600.0):
+                 workload: Workload, num_steps: int, horizon_s: float = 7 * 24 * 3600.0,
+                 rents_spot: bool = True):
         self.cfg, self.trace_cfg, self.cost_cfg = cfg, trace, cost
+        self.rents_spot = bool(rents_spot)
         self.cost = make_cost_model(cost, workload)
         self.num_steps = int(num_steps)
         spot_trace = trace.load(cfg.spot_nodes, horizon_s)
@@ -107,7 +111,8 @@ class Deployment:
 
     def _sync_alive(self):
         self.clock.set_alive("on_demand", self.cfg.on_demand_devices, at=self.clock.now())
-        self.clock.set_alive("spot", self.spot_devices, at=self.clock.now())
+        self.clock.set_alive("spot", self.spot_devices if self.rents_spot else 0,
+                             at=self.clock.now())
 
     def advance(self, busy_spot_phase_s: float = 0.0):
         """Applies the trace events up to the clock's time. A loss while spot groups were busy

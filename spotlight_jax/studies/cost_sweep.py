@@ -29,7 +29,7 @@ import os
 
 from absl import app, flags
 
-from spotlight_jax import programs
+from spotlight_jax import programs, registry
 
 FLAGS = flags.FLAGS
 MODES = ("baseline", "spotlight", "spotlight_pipelined")
@@ -56,8 +56,9 @@ class IterationCost:
 
 def iteration_phases(config) -> dict[str, IterationCost]:
     """Each of :data:`MODES`' critical-path seconds per iteration under ``config``'s deployment
-    and cost model, every spot node alive. Dollars: every device of the deployment (on-demand
-    and spot) held for that long, as the runs pay them (all modes hold the same hardware)."""
+    and cost model, every spot node alive. Dollars: the devices each mode rents held for that
+    long, as the runs pay them (``baseline`` its on-demand devices, the spot modes every spot
+    node too)."""
     from spotlight_jax import config as conf  # noqa: PLC0415 - programs import JAX late
     from spotlight_jax.rl import work_of  # noqa: PLC0415
     from spotlight_jax.runner.shared_update import SharedUpdate  # noqa: PLC0415
@@ -78,8 +79,8 @@ def iteration_phases(config) -> dict[str, IterationCost]:
             n, version=0, spot_work_s=sample_next_s)
         update, spot_shards_s = plan.seconds, plan.spot_device_s
     window = max(update, (sample_next_s + spot_shards_s) / max(spot, 1))
-    rate = (d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand")
-            + spot * d.cost.price_per_hour("spot")) / 3600.0
+    on_demand_rate = d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand") / 3600.0
+    rate = on_demand_rate + spot * d.cost.price_per_hour("spot") / 3600.0
     phases = {
         "baseline": {"rollout": d.rollout_s(n, use_spot=False), "reward": reward,
                       "train": train},
@@ -88,7 +89,8 @@ def iteration_phases(config) -> dict[str, IterationCost]:
         "spotlight_pipelined": {"rollout": 0.0, "reward": 0.0,   # rewarded on the spot groups
                                 "train": window, "broadcast": broadcast},
     }
-    return {m: IterationCost(m, p, sum(p.values()) * rate) for m, p in phases.items()}
+    return {m: IterationCost(m, p, sum(p.values()) * (
+        rate if registry.mode_spec(m).uses_spot else on_demand_rate)) for m, p in phases.items()}
 
 
 def _parse(spec: str) -> tuple[str, list]:

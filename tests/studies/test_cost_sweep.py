@@ -32,8 +32,13 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared)
     assert r.deploy.spot_devices == c.deployment.spot_nodes * c.deployment.spot_devices_per_node
     if mode == "spotlight_pipelined":
         assert r.mode.pending is not None
-    rows = []
+    rows, dollars = [], r.deploy.dollars()
     assert _charged(r, 1, rows) == pytest.approx(predicted.seconds, rel=1e-9)
+    # paid as predicted: baseline its on-demand devices only, a spot mode every spot node too
+    assert r.deploy.dollars() - dollars == pytest.approx(predicted.dollars, rel=1e-9)
+    on_demand = c.deployment.on_demand_devices * r.deploy.cost.price_per_hour("on_demand")
+    paid_per_hour = predicted.dollars / predicted.seconds * 3600
+    assert (paid_per_hour == pytest.approx(on_demand)) == (mode == "baseline")
     if shared != "off":     # the update's window, shorter than the trainer's alone
         assert 0 < rows[0]["update_s"] < rows[0]["update_trainer_s"]
         assert rows[0]["update_shards_spot"] > 0 and rows[0]["pipelined"] == 1
