@@ -182,10 +182,19 @@ def code_of(runs: dict[str, dict[int, dict[str, str]]]) -> str:
     return f"Code: every run made by commit {key}."
 
 
+def repriced(history: list[dict], dollars_per_hour: float) -> list[dict]:
+    """``history`` with its dollars re-priced at ``dollars_per_hour`` of emulated time."""
+    return [{**h, "dollars": float(h.get("vtime_s", 0.0)) * dollars_per_hour / 3600.0}
+            for h in history]
+
+
 def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
-               allow_mixed_commits: bool = False) -> str:
+               allow_mixed_commits: bool = False, baseline_dollars_per_hour: float = 0.0) -> str:
     """Every trace's and seed's report, each trace's seed summary, and ``grid.md``. Refuses
-    runs made by different commits (``code_of``) unless ``allow_mixed_commits``."""
+    runs made by different commits (``code_of``) unless ``allow_mixed_commits``.
+    ``baseline_dollars_per_hour`` > 0: the trace-free modes' dollars re-priced at that rate
+    (their on-demand devices): runs recorded before such modes stopped paying for the
+    deployment's idle spot nodes."""
     from spotlight_jax import reports  # noqa: PLC0415
     from spotlight_jax.emulation.cost_models import Assumption  # noqa: PLC0415
 
@@ -197,6 +206,18 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
             raise
         code = f"Code: **mixed commits** (reported with --allow_mixed_commits): {e}"
     all_modes = modes()
+    if baseline_dollars_per_hour > 0:
+        code = (code + " " if code else "") + (
+            f"Trace-free modes ({', '.join(TRACE_FREE_MODES)}) re-priced at "
+            f"${baseline_dollars_per_hour:g}/h, their on-demand devices only (as recorded they "
+            "also paid for the deployment's idle spot nodes).")
+
+    def load(mode, path):
+        hist, info = _load(path)
+        if mode in TRACE_FREE_MODES and baseline_dollars_per_hour > 0:
+            hist = repriced(hist, baseline_dollars_per_hour)
+        return hist, info
+
     lines = ["# Mode comparison: every trace and config seed", "",
              f"Built by `python -m spotlight_jax.studies.compare_grid report --grid={grid} "
              f"--target_gain={target_gain:g}` from the archived runs below it. Each cell: "
@@ -209,7 +230,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
         for seed, by_mode in seeds.items():
             if BASELINE not in by_mode:
                 continue
-            loaded = {m: _load(p) for m, p in by_mode.items()}
+            loaded = {m: load(m, p) for m, p in by_mode.items()}
             out = os.path.join(grid, trace, f"seed_{seed}")
             os.makedirs(out, exist_ok=True)
             assumptions = next(iter(loaded.values()))[1]["assumptions"]
@@ -244,7 +265,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
                for t, seeds in runs.items() for s, by_mode in seeds.items()
                if any(m not in by_mode for m in grid_modes)]
     lines += ["## Runs not archived yet", ""] + ([f"- {x}" for x in missing] or ["none"]) + [""]
-    histories = {t: {s: {m: _load(p)[0] for m, p in by_mode.items()}
+    histories = {t: {s: {m: load(m, p)[0] for m, p in by_mode.items()}
                      for s, by_mode in seeds.items()} for t, seeds in runs.items()}
     headline.write_headline(grid, histories, list(all_modes), code_line=code)
     lines += ["Every crossing, interpolated, with bootstrap intervals over seeds and the "
@@ -269,6 +290,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_float("target_gain", 0.08, "report: target = baseline's start + this", **fv)
     flags.DEFINE_bool("allow_mixed_commits", False,
                       "report: report runs made by different commits (marked as such)", **fv)
+    flags.DEFINE_float("baseline_dollars_per_hour", 0.0,
+                       "report: re-price the trace-free modes at this $/h of emulated time "
+                       "(their on-demand devices; 0 = as recorded)", **fv)
 
 
 def main(argv):
@@ -285,7 +309,8 @@ def main(argv):
     else:
         try:
             path = write_grid(FLAGS.grid, FLAGS.target_gain,
-                              allow_mixed_commits=FLAGS.allow_mixed_commits)
+                              allow_mixed_commits=FLAGS.allow_mixed_commits,
+                              baseline_dollars_per_hour=FLAGS.baseline_dollars_per_hour)
         except ValueError as e:
             raise app.UsageError(str(e)) from None
         print(open(path).read())

@@ -98,6 +98,13 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
     assert "| spotlight | 2.25x [1.50, 3.00] (n=2/2) | 4.50x [3.00, 6.00] (n=2/2) | " \
            "2.25x [1.50, 3.00] (n=2/2) | 1.00x [1.00, 1.00] (n=2/2) |" in text
     assert "## Runs not archived yet\n\nnone\n" in text     # only the modes the grid runs
+    # baseline re-priced at $18/h (recorded at $36/h): the cost ratios halve, the time ones stay
+    text = open(compare_grid.write_grid(grid, target_gain=0.1,
+                                        baseline_dollars_per_hour=18.0)).read()
+    assert "| spotlight | 2.25x [1.50, 3.00] (n=2/2) | 2.25x [1.50, 3.00] (n=2/2) | " in text
+    assert "re-priced at $18/h" in text and "re-priced at $18/h" in open(
+        os.path.join(grid, "headline.md")).read()
+    compare_grid.write_grid(grid, target_gain=0.1)
     # a seed that has the baseline but not a mode the grid runs elsewhere is listed
     gcp = str(tmp_path / "run_gcp")
     _fake_run(gcp, "spotlight", runs[1]["spotlight"])
