@@ -34,6 +34,7 @@ def test_selected_variance_is_the_brute_force_maximum_when_scored_on_the_final_r
     assert res["preview"][1][2]["variance"] >= res["full"][2]
 
 
+@pytest.mark.e2e           # a micro run built and sampled (~20 s): among the longer checks
 def test_the_preview_after_the_last_ode_step_is_the_final_image():
     from spotlight_jax import runner
     from spotlight_jax.config import RunSpec
