@@ -16,11 +16,11 @@ def _charged(r, k, rows=None):
     return r.deploy.clock.now() - t0
 
 
-# pipelined among the longer checks (the default suite's 8-minute budget): the one with the
-# shared update runs in the default suite (its shards' gradients computed and summed for real)
+# the spot modes among the longer checks (the default suite's 7-minute budget); baseline (what
+# a run that rents no spot node pays) runs in the default suite
 @pytest.mark.parametrize("mode,shared", [
     ("baseline", "off"), pytest.param("spotlight_pipelined", "off", marks=pytest.mark.e2e),
-    ("spotlight_pipelined", "auto")])
+    pytest.param("spotlight_pipelined", "auto", marks=pytest.mark.e2e)])
 def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared):
     graphdef, state = base
     c = mode_config(mode, iterations=2, objective="nft")
