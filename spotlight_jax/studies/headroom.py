@@ -51,7 +51,7 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
 
     from spotlight_jax import train, world
     from spotlight_jax.rewards.geneval import constraint_breakdown, shape_binding
-    from spotlight_jax.runner import build_run, checkpointing
+    from spotlight_jax.studies.policy_run import policy_run
 
     spec = RunSpec.from_config(config)
     graphdef, base, _ = train.load_or_pretrain_base(spec, tempfile.mkdtemp())
@@ -64,14 +64,11 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
         return (success_table(constraint_breakdown(images, flat, exact=True), len(prompts)),
                 shape_binding(images, flat))
 
-    fresh = build_run(spec, tempfile.mkdtemp(), graphdef, base)
+    fresh = policy_run(spec, graphdef, base)
     out = {"run": None, "run_binding": None}
     out["base"], out["base_binding"] = tables(fresh, fresh.trainer.sampling_state())
     if workdir:
-        r = build_run(spec, workdir, graphdef, base)
-        if not checkpointing.restore(r):
-            raise FileNotFoundError(f"--workdir={workdir}: no checkpoint to restore; give a "
-                                    "run's workdir")
+        r = policy_run(spec, graphdef, base, workdir)
         out["run"], out["run_binding"] = tables(r, r.trainer.eval_state())
     return out
 

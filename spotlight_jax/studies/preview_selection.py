@@ -155,20 +155,18 @@ def main(argv):
     from spotlight_jax import train
     from spotlight_jax.config import RunSpec
     from spotlight_jax.diffusion.engine import candidate_seeds
-    from spotlight_jax.runner import build_run, checkpointing
+    from spotlight_jax.studies.policy_run import policy_run
 
     config = FLAGS.config
     with config.unlocked():
         config.mode = "baseline"            # one trainer device, no spot fleet to build
     spec = RunSpec.from_config(config)
     graphdef, base, _ = train.load_or_pretrain_base(spec, tempfile.mkdtemp())
-    run = build_run(spec, FLAGS.workdir or tempfile.mkdtemp(), graphdef, base)
-    source = "the base"
-    if FLAGS.workdir:
-        if not checkpointing.restore(run):
-            raise app.UsageError(f"--workdir={FLAGS.workdir}: no checkpoint to restore; give a "
-                                 "run's workdir")
-        source = f"{FLAGS.workdir} at iteration {run.iteration}"
+    try:
+        run = policy_run(spec, graphdef, base, FLAGS.workdir)
+    except FileNotFoundError as e:
+        raise app.UsageError(str(e)) from None
+    source = f"{FLAGS.workdir} at iteration {run.iteration}" if FLAGS.workdir else "the base"
     group, steps = spec.settings.group_size, run.sampler.cfg.num_steps
     prompts = []
     k = 10_000                              # iterations no run of the grid reaches
