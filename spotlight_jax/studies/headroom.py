@@ -51,7 +51,7 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
 
     from spotlight_jax import train, world
     from spotlight_jax.rewards.geneval import constraint_breakdown, shape_binding
-    from spotlight_jax.studies.policy_run import policy_run
+    from spotlight_jax.studies._policy_run import policy_run
 
     spec = RunSpec.from_config(config)
     graphdef, base, _ = train.load_or_pretrain_base(spec, tempfile.mkdtemp())

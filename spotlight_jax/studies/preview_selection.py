@@ -155,7 +155,7 @@ def main(argv):
     from spotlight_jax import train
     from spotlight_jax.config import RunSpec
     from spotlight_jax.diffusion.engine import candidate_seeds
-    from spotlight_jax.studies.policy_run import policy_run
+    from spotlight_jax.studies._policy_run import policy_run
 
     config = FLAGS.config
     with config.unlocked():
