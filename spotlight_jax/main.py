@@ -116,17 +116,18 @@ def main(argv):
     from spotlight_jax.config import RunSpec  # noqa: PLC0415
     with _config_errors():
         # the one place the ConfigDict is read: every section validated and built, before any
-        # backend use; the rewards that need building (a server's client, learned rewards)
-        # load now, so that a bad one stops the command before any work
+        # backend use
         spec = RunSpec.from_config(config)
-        spec.register_rewards()
     if FLAGS.distributed or FLAGS.num_processes is not None or FLAGS.coordinator:
-        return _trainer_job(spec)
+        return _trainer_job(spec)      # its rewards load once jax.distributed has started
     import jax  # noqa: PLC0415 - the device count must be set before any backend use
 
     with _config_errors():
         if spec.cpu_device_count():
             jax.config.update("jax_num_cpu_devices", spec.cpu_device_count())
+        # the rewards that need building (a server's client, learned rewards: JAX arrays) load
+        # once the device count is set, before any work, so that a bad one stops the command
+        spec.register_rewards()
         spec.check_devices(jax.devices())
     if spec.compilation_cache_dir:
         from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415

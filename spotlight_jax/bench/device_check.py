@@ -2,7 +2,8 @@
 
   python -m spotlight_jax.bench.device_check [--config=configs/qwen_image.py] [--depth=8]
       [--latent=128] [--batch=4] [--parts=attention,paths,...,iteration]
-      [--profile_depth=2] [--iteration_set=k=v,...] [--out=device_check.json]
+      [--profile_depth=2] [--iteration_set=k=v,...] [--stand_in_reward=pickscore]
+      [--stand_in_layers=0] [--out=device_check.json]
 
 The one prepared script for a lent GPU (see docs/performance.md, "Accelerator check"), in
 parts, each a median of ``--repeats`` timed runs after a compile; the JSON is rewritten after
@@ -22,13 +23,16 @@ every part, so a run cut short keeps what it measured:
 5. ``concurrent``: with two or more devices, a train step on one device while a rollout step
    runs on another (training and exploration on disjoint devices), against running them one
    after the other; skipped, and said so, with one device.
-6. ``profile``: ``bench.device_profile`` at ``--profile_depth`` (the cost model's image size),
-   also written alone beside ``--out`` (``*_profile.json``) for ``cost.profile_file``.
+6. ``profile``: ``bench.device_profile`` at ``--profile_depth`` (the cost model's image size;
+   the decode and a PickScore-shaped reward timed on random-weight stand-ins where no weights
+   are on the device), also written alone beside ``--out`` (``*_profile.json``) for
+   ``cost.profile_file``.
 7. ``iteration``: a few Spotlight iterations (``spotlight`` and ``spotlight_pipelined``) of the
    demo's world at Qwen-Image's compute shape at 512 px (``ITERATION_SET``: width 3072, 24
    heads, 1024 image + 256 text tokens, bf16, 2 blocks, a 2-step base), the trainer and the
-   fleet sharing this machine's devices; each phase's time, images/s and MFU from the runs' own
-   ``rl.jsonl``.
+   fleet sharing this machine's devices, scoring with a learned reward in the loop (PickScore's
+   CLIP with random weights: ``--stand_in_reward``); each phase's time, images/s and MFU from
+   the runs' own ``rl.jsonl``.
 8. ``remat``: the full train step with remat under each ``model.remat_policy`` (at
    ``REMAT_DEPTH`` blocks at most: the policies differ per block).
 
@@ -44,6 +48,7 @@ import time
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.bench import device_profile
 
 FLAGS = flags.FLAGS
 # in the order of what a short device loan should measure first (each written as it finishes)
@@ -77,6 +82,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          **fv)
     flags.DEFINE_list("iteration_set", list(ITERATION_SET), "Part iteration: the "
                       "configs/tiny.py overrides its runs take (key=value).", **fv)
+    flags.DEFINE_string("stand_in_reward", "pickscore", "Parts profile and iteration: the "
+                        "learned reward timed on its random-weight stand-in ('' = the "
+                        "config's / the world's own).", **fv)
+    flags.DEFINE_integer("stand_in_layers", 0, "Layers per tower of the stand-in reward (0 = "
+                         "the real model's).", **fv)
     flags.DEFINE_string("out", None, "Write the results as JSON here (after every part).", **fv)
 
 
@@ -341,10 +351,11 @@ def check_concurrent(parts, repeats: int):
 
 def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
         parts=PARTS, out: str | None = None, profile_depth: int = 2,
-        iteration_set=ITERATION_SET) -> dict:
+        iteration_set=ITERATION_SET, stand_ins=None) -> dict:
     """Every part of ``parts`` (:data:`PARTS`) in order, the result rewritten to ``out`` after
     each (a run cut short keeps what it measured); a part that raises is recorded under
-    ``errors`` and the next one runs."""
+    ``errors`` and the next one runs. ``stand_ins``: the profile part's
+    (``device_profile.StandIns``; None: its defaults)."""
     import jax  # noqa: PLC0415
 
     from spotlight_jax import provenance  # noqa: PLC0415
@@ -370,7 +381,7 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
         started = time.perf_counter()
         try:
             _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent,
-                      batch, repeats, profile_depth, out, iteration_set)
+                      batch, repeats, profile_depth, out, iteration_set, stand_ins)
         except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
             result.setdefault("errors", {})[part] = f"{type(e).__name__}: {e}"[:500]
         done(part, started)
@@ -378,7 +389,8 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
 
 
 def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent, batch,
-              repeats, profile_depth, out, iteration_set=ITERATION_SET) -> None:
+              repeats, profile_depth, out, iteration_set=ITERATION_SET,
+              stand_ins=None) -> None:
     """One part of :func:`run`, its numbers put into ``result``."""
     import jax  # noqa: PLC0415
 
@@ -409,14 +421,17 @@ def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, 
     elif part == "concurrent":
         result["concurrent"] = check_concurrent(state_of["model_parts"], repeats)
     elif part == "profile":
-        from spotlight_jax.bench import device_profile  # noqa: PLC0415
-        result["profile"] = device_profile.profile(config_path, profile_depth, repeats=repeats)
+        result["profile"] = device_profile.profile(
+            config_path, profile_depth, repeats=repeats,
+            stand_ins=stand_ins or device_profile.StandIns())
         if out:
             with open(profile_path(out), "w") as f:
                 json.dump(result["profile"], f, indent=1)
     elif part == "iteration":
         workdir = (profile_path(out)[:-len("_profile.json")] + "_runs") if out else None
-        result["iteration"] = check_iterations(iteration_set, workdir)
+        stand_ins = stand_ins or device_profile.StandIns()
+        result["iteration"] = check_iterations(iteration_set, workdir, stand_ins.reward,
+                                               stand_ins.layers)
 
 
 # rl.jsonl's per-iteration wall-clock columns the iteration part reports (medians)
@@ -427,11 +442,15 @@ ITERATION_COLUMNS = ("time_rollout", "time_train", "rollout_images_per_s", "roll
                      "explore_overlap", "sched_makespan_s")
 
 
-def check_iterations(overrides, workdir: str | None = None) -> dict:
+def check_iterations(overrides, workdir: str | None = None, reward: str = "",
+                     reward_layers: int = 0) -> dict:
     """A few iterations of each of :data:`ITERATION_MODES` (``python -m spotlight_jax.main``
     on ``configs/tiny.py`` with ``overrides``), on this machine's devices (one GPU: the trainer
     and the fleet share it): per mode the medians of the iterations after the first (which
-    compiles) of the run's own throughput columns; a run that fails gives its last lines."""
+    compiles) of the run's own throughput columns; a run that fails gives its last lines.
+    ``reward``: a learned reward scored in the loop by its random-weight stand-in
+    (``bench._stand_ins``, ``reward_layers`` per tower, 0 = the real depth), written to a
+    temporary folder (never under ``workdir``: PickScore's is 3.9 GB); '': the world's."""
     import statistics  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -441,6 +460,16 @@ def check_iterations(overrides, workdir: str | None = None) -> dict:
 
     workdir = workdir or tempfile.mkdtemp(prefix="device_check_runs_")
     out = {"overrides": list(overrides)}
+    if reward:
+        from spotlight_jax import world  # noqa: PLC0415
+        from spotlight_jax.bench import _stand_ins  # noqa: PLC0415
+        folder = _stand_ins.write_reward_folder(tempfile.mkdtemp(prefix="stand_in_reward_"),
+                                                reward, reward_layers, words=world.VOCAB[1:])
+        from spotlight_jax.rewards.learned import NEEDS  # noqa: PLC0415
+        overrides = [*overrides, f"rl.reward={reward}",
+                     f"learned_rewards.{NEEDS[reward][0]}={folder}"]
+        layers = _stand_ins.reward_config(reward, reward_layers).vision.layers
+        out["reward"] = f"{reward} stand-in: random weights, {layers} vision layers"
     for mode in ITERATION_MODES:
         run_dir = f"{workdir}/{mode}"
         cmd = [sys.executable, "-m", "spotlight_jax.main", f"--config={programs.TINY_CONFIG}",
@@ -546,6 +575,7 @@ def table(result: dict) -> str:
                      + (f"skipped: {c['skipped']}" if "skipped" in c else
                         f"{c['concurrent_ms']:.1f} ms together vs {c['sequential_ms']:.1f} ms "
                         f"one after the other ({c['overlap_speedup']:.2f}x)") + " |")
+    reward = result.get("iteration", {}).get("reward", "the world's")
     for mode in ITERATION_MODES:
         r = result.get("iteration", {}).get(mode)
         if r is None:
@@ -553,11 +583,11 @@ def table(result: dict) -> str:
         shown = ", ".join(f"{k} {r[k]:.3g}" for k in ITERATION_COLUMNS if k in r)
         lines.append(f"| `{mode}` iteration | " + (
             "failed: " + r["failed"].strip().splitlines()[-1] if "failed" in r else
-            f"{shown} (medians of {r['iterations_timed']} iterations)") + " |")
+            f"{shown} (medians of {r['iterations_timed']} iterations; reward: {reward})")
+            + " |")
     for part, error in result.get("errors", {}).items():
         lines.append(f"| part `{part}` | failed: {error} |")
     if "profile" in result:
-        from spotlight_jax.bench import device_profile  # noqa: PLC0415
         lines += ["", device_profile.table(result["profile"])]
     return "\n".join(lines)
 
@@ -565,7 +595,8 @@ def table(result: dict) -> str:
 def main(argv):
     del argv
     result = run(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.repeats,
-                 tuple(FLAGS.parts), FLAGS.out, FLAGS.profile_depth, tuple(FLAGS.iteration_set))
+                 tuple(FLAGS.parts), FLAGS.out, FLAGS.profile_depth, tuple(FLAGS.iteration_set),
+                 device_profile.StandIns(FLAGS.stand_in_reward, FLAGS.stand_in_layers))
     print(table(result))
 
 

@@ -2,6 +2,7 @@
 
   python -m spotlight_jax.bench.device_profile --config=configs/qwen_image.py --depth=N
       --out=FILE [--batches=1,4] [--sp=1,2] [--objectives=nft,flow_grpo] [--steps=2]
+      [--stand_in_reward=pickscore] [--stand_in_layers=0] [--[no]stand_in_vae]
 
 The config's model at ``--depth`` blocks (its real width, heads, text length and dtype, a random
 initialisation) at the cost model's image size (``cost.image_pixels / cost.vae_factor`` latent
@@ -12,8 +13,12 @@ cells), on whatever devices JAX has. Timed (median of ``--repeats`` after a comp
   heads divide, else ring), per denoising step;
 * ``update``: each objective's own trainer (``rl.objective`` of ``--objectives``) updating on
   the largest batch's rollouts, LoRA or full as the config says, per image;
-* ``decode``: the config's VAE decoding a batch, where the config has one (a diffusers base);
-* ``reward``: the run's reward on the decoded images, where it runs without downloads;
+* ``decode``: the config's VAE decoding a batch where the config has one (a diffusers base),
+  else for a latent model a random-weight stand-in of the released Wan VAE (``--stand_in_vae``;
+  Qwen-Image's VAE on single frames);
+* ``reward``: on the decoded images, a learned reward's model with random weights
+  (``--stand_in_reward``, PickScore's CLIP-H/14 by default: what the cost model's per-image
+  reward assumption stands for), or with ``--stand_in_reward=`` the run's own reward;
 * ``regroup``: the weights re-placed from the whole device set onto a smaller SP group (the
   elastic shrink) where there are two or more devices.
 
@@ -35,6 +40,18 @@ OBJECTIVES = ("nft", "flow_grpo")
 OVERRIDES = {"rl.nft.minibatches": 1, "rl.minibatches": 1, "model.scan_blocks": False}
 
 
+@dataclasses.dataclass(frozen=True)
+class StandIns:
+    """What times the decode and the reward where their weights are not on the device
+    (``bench._stand_ins``): ``reward`` a learned reward's CLIP with random weights ('' = the
+    run's own reward) at ``layers`` per tower (0 = its real depth), ``vae`` the released Wan
+    VAE of a latent model's channels with random weights (True), a ``WanVAEConfig``, or None."""
+
+    reward: str = "pickscore"
+    layers: int = 0
+    vae: object = True
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("config", str(programs.REPO / "configs" / "qwen_image.py"),
@@ -47,6 +64,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("steps", 0, "Denoising steps per timed rollout (0 = the run's).",
                          **fv)
     flags.DEFINE_integer("repeats", 3, "Timed runs per measurement (median).", **fv)
+    flags.DEFINE_string("stand_in_reward", "pickscore", "Time this learned reward's model "
+                        "with random weights (bench._stand_ins; '' = the run's own reward).", **fv)
+    flags.DEFINE_integer("stand_in_layers", 0, "Layers per tower of the stand-in reward "
+                         "(0 = the real model's).", **fv)
+    flags.DEFINE_bool("stand_in_vae", True, "Time a random-weight Wan VAE decode for a latent "
+                      "model whose config has no VAE.", **fv)
     flags.DEFINE_string("out", None, "Write the profile as JSON here.", **fv)
 
 
@@ -157,37 +180,60 @@ def time_update(spec, graphdef, state, rollout, repeats, peak):
             "lora_rank": spec.rl.lora_rank, "mfu": min(1.0, flops / (t * peak))}
 
 
-def time_decode_and_reward(spec, rollout, repeats) -> tuple[dict, dict]:
-    """The VAE decode and the run's reward per image, or why each was skipped."""
+def time_decode_and_reward(spec, rollout, repeats, stand_in_reward: str = "",
+                           stand_in_layers: int = 0, stand_in_vae=None) -> tuple[dict, dict]:
+    """The VAE decode and the reward per image, or why each was skipped.
+
+    The decode is the config's VAE (a diffusers base), else for a latent model (not 3
+    channels) ``stand_in_vae`` (a ``WanVAEConfig``, or True for the released Wan VAE of its
+    channels: ``bench._stand_ins``); a model that draws pixels has nothing to decode. The reward
+    is ``stand_in_reward`` (a learned reward's CLIP with random weights, ``stand_in_layers`` per
+    tower, 0 = its real depth) where given, else the run's own, on the decoded images."""
     import jax  # noqa: PLC0415
 
     from spotlight_jax import rewards  # noqa: PLC0415
+    from spotlight_jax.bench import _stand_ins as stand_ins  # noqa: PLC0415
+    from spotlight_jax.diffusion import to_image  # noqa: PLC0415
     from spotlight_jax.emulation import median_time  # noqa: PLC0415
+    from spotlight_jax.models.build import is_video  # noqa: PLC0415
 
     # a trajectory [B, T+1, *latent] (its final latent), or final latents already
     traj = rollout["latents"].ndim == len(spec.model.latent_shape) + 2
     latents = rollout["latents"][:, -1] if traj else rollout["latents"]
     n = int(latents.shape[0])
-    decoder = spec.image_decoder()
-    if decoder is None:
-        decode = {"skipped": "the config has no VAE (a random base; give a diffusers base "
-                             "with base_checkpoint to time its decode)"}
-        images = None
-    else:
+    decoder, decode = spec.image_decoder(), {}
+    if decoder is None and spec.model.channels != 3 and stand_in_vae:
+        config = None if stand_in_vae is True else stand_in_vae
+        decoder = stand_ins.vae_decoder(spec.model.channels, is_video(spec.model), config)
+        decode["stand_in"] = f"random-weight Wan VAE, base_dim {decoder.config.base_dim}"
+    if decoder is not None:
         def run():
             return jax.block_until_ready(decoder.decode_with(decoder.state, latents))
-        decode = {"images": n, "s_per_image": median_time(run, repeats) / n}
+        decode.update(images=n, s_per_image=median_time(run, repeats) / n)
         images = run()
-    if images is None:
+    elif spec.model.channels == 3:
+        decode = {"skipped": "the model draws pixels: nothing to decode"}
+        images = to_image(jax.numpy.asarray(latents))
+    else:
+        decode = {"skipped": "the config has no VAE (a random base; give a diffusers base "
+                             "with base_checkpoint, or time a stand-in: --stand_in_vae)"}
         return decode, {"skipped": "no decoded images"}
     try:
-        reward = rewards.resolve(spec.settings.reward)
-        prompts = ["a photo"] * n
+        if stand_in_reward:
+            fn, name = stand_ins.learned_reward(stand_in_reward, stand_in_layers), stand_in_reward
+            layers = stand_ins.reward_config(stand_in_reward, stand_in_layers).vision.layers
+            extra = {"stand_in": f"random-weight {name} CLIP, {layers} vision layers"}
+        else:
+            name, extra = spec.settings.reward, {}
+            pool = spec.prompt_source().train_prompts          # prompts the reward can read
+            reward, prompts = rewards.resolve(name), [pool[i % len(pool)] for i in range(n)]
+
+            def fn(x):
+                return reward.fn(x, prompts)
 
         def score():
-            return jax.block_until_ready(reward.fn(images, prompts))
-        return decode, {"name": spec.settings.reward,
-                        "s_per_image": median_time(score, repeats) / n}
+            return jax.block_until_ready(fn(images))
+        return decode, {"name": name, "s_per_image": median_time(score, repeats) / n, **extra}
     except Exception as e:  # noqa: BLE001 - a reward that cannot run here is a result
         return decode, {"skipped": f"{type(e).__name__}: {e}"[:200]}
 
@@ -214,7 +260,7 @@ def time_regroup(state, repeats) -> dict:
 
 
 def profile(config_path: str, depth: int, batches=(1, 4), sps=(1, 2), objectives=OBJECTIVES,
-            steps: int = 0, repeats: int = 3) -> dict:
+            steps: int = 0, repeats: int = 3, stand_ins: StandIns = StandIns()) -> dict:
     """The profile (``emulation.device_profile``'s JSON) of ``config_path`` on this device."""
     import jax  # noqa: PLC0415
 
@@ -229,7 +275,8 @@ def profile(config_path: str, depth: int, batches=(1, 4), sps=(1, 2), objectives
     largest = outputs[max(outputs)]
     updates = {obj: time_update(profiled_spec(config_path, depth, obj, steps), graphdef, state,
                                 largest, repeats, peak) for obj in objectives}
-    decode, reward = time_decode_and_reward(spec, largest, repeats)
+    decode, reward = time_decode_and_reward(spec, largest, repeats, stand_ins.reward,
+                                            stand_ins.layers, stand_ins.vae)
     return {"kind": KIND, "version": VERSION, "device": str(jax.devices()[0].device_kind),
             "backend": jax.default_backend(), "devices": len(jax.devices()),
             "peak_tflops": peak / 1e12, "peak_source": source, "config": str(config_path),
@@ -255,9 +302,10 @@ def table(result: dict) -> str:
                      f"| {u['mfu']:.1%} |")
     for name in ("decode", "reward"):
         d = result[name]
-        lines.append(f"| {name} per image | " + (f"skipped: {d['skipped']}" if "skipped" in d
-                                                  else f"{1e3 * d['s_per_image']:.2f} ms")
-                     + " | |")
+        shown = (f"skipped: {d['skipped']}" if "skipped" in d
+                 else f"{1e3 * d['s_per_image']:.2f} ms")
+        how = f" ({d['stand_in']})" if "stand_in" in d else ""
+        lines.append(f"| {name} per image{how} | {shown} | |")
     g = result["regroup"]
     lines.append("| regroup (shrink) | " + (f"skipped: {g['skipped']}" if "skipped" in g else
                                            f"{1e3 * g['shrink_s']:.2f} ms") + " | |")
@@ -268,7 +316,8 @@ def main(argv):
     del argv
     result = profile(FLAGS.config, FLAGS.depth, tuple(int(b) for b in FLAGS.batches),
                      tuple(int(s) for s in FLAGS.sp), tuple(FLAGS.objectives), FLAGS.steps,
-                     FLAGS.repeats)
+                     FLAGS.repeats, StandIns(FLAGS.stand_in_reward, FLAGS.stand_in_layers,
+                                             FLAGS.stand_in_vae))
     programs.emit(result, table(result), FLAGS.out)
 
 

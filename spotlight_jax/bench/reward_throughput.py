@@ -66,7 +66,7 @@ def measure(layers: int, batch: int, repeats: int) -> dict:
     graphdef, state = nnx.split(ours)
 
     def run_jax():
-        return np.asarray(learned._score(graphdef, "pickscore", state, pixels, ids, None))
+        return np.asarray(learned.score(graphdef, "pickscore", state, pixels, ids, None))
 
     tpx, tids = torch.from_numpy(pixels).permute(0, 3, 1, 2), torch.from_numpy(ids).long()
 

@@ -280,6 +280,41 @@ def load_weights(cfg: CLIPConfig, tensors: dict, source: str = "checkpoint", rul
     return graphdef, abstract
 
 
+def _unlayout(a: np.ndarray, how: str) -> np.ndarray:
+    """:func:`_layout`'s inverse for the transformers layouts (ours -> theirs)."""
+    if how == "linear":
+        return a.T
+    if how == "patch":                        # [(py, px, c), d] -> conv [d, 3, p, p]
+        p = int(round((a.shape[0] // 3) ** 0.5))
+        return a.reshape(p, p, 3, a.shape[1]).transpose(3, 2, 0, 1)
+    return a
+
+
+def transformers_tensors(model: CLIP) -> dict[str, np.ndarray]:
+    """``model``'s weights under transformers ``CLIPModel`` names and layouts (float32): what
+    :func:`from_transformers` loads back, bit for bit."""
+    flat = {tuple(p): v for p, v in nnx.to_flat_state(nnx.state(model))}
+    return {name: np.require(_unlayout(np.asarray(flat[path].get_value(), np.float32), how),
+                              requirements="C")            # keeps 0-d arrays 0-d
+            for path, (name, how) in _rules(model.cfg).items()}
+
+
+def transformers_config(cfg: CLIPConfig) -> dict:
+    """The ``config.json`` of a transformers ``CLIPModel`` with architecture ``cfg`` (what
+    :func:`config_of` reads back)."""
+    def tower(t: TowerConfig) -> dict:
+        return {"hidden_size": t.width, "num_hidden_layers": t.layers,
+                "num_attention_heads": t.heads, "intermediate_size": t.mlp,
+                "hidden_act": t.act, "layer_norm_eps": t.eps}
+
+    return {"model_type": "clip", "architectures": ["CLIPModel"],
+            "projection_dim": cfg.projection,
+            "vision_config": {**tower(cfg.vision), "image_size": cfg.image_size,
+                              "patch_size": cfg.patch},
+            "text_config": {**tower(cfg.text), "vocab_size": cfg.vocab,
+                            "max_position_embeddings": cfg.max_len, "eos_token_id": cfg.eos_id}}
+
+
 # open_clip architectures by name: (vision heads, text heads, activation); widths, depths and
 # sizes come from the stored tensors
 OPEN_CLIP_ARCHS = {"ViT-H-14": (16, 16, "gelu"), "ViT-L-14": (16, 12, "gelu"),

@@ -120,7 +120,7 @@ class LearnedReward:
         8-bit rounding, the resize and crop in JAX; the scores stay on device."""
         pixels = preprocess_device(images, self.cfg)
         ids = None if self.tokenize is None else self.tokenize(list(prompts))
-        return _score(self.graphdef, self.kind, self.state, pixels, ids, self.head)
+        return score(self.graphdef, self.kind, self.state, pixels, ids, self.head)
 
     def _batched(self, pixels: np.ndarray, prompts: list) -> np.ndarray:
         out = []
@@ -135,13 +135,15 @@ class LearnedReward:
                 ids = None if ids is None else np.concatenate([ids, np.repeat(ids[-1:], pad, 0)])
                 px = jax.device_put(px, self.rows)
                 ids = None if ids is None else jax.device_put(ids, self.rows)
-            out.append(np.asarray(_score(self.graphdef, self.kind, self.state,
+            out.append(np.asarray(score(self.graphdef, self.kind, self.state,
                                          jnp.asarray(px), ids, self.head))[:n])
         return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _score(graphdef, kind, state, pixels, ids, head):
+def score(graphdef, kind, state, pixels, ids, head):
+    """Reward ``kind`` of the CLIP ``(graphdef, state)`` on preprocessed ``pixels`` and token
+    ``ids`` (None for ``aesthetic``, which scores with ``head``), jitted: ``float32 [B]``."""
     model = nnx.merge(graphdef, state)
     img = model.image_embeds(pixels)
     img = img / jnp.linalg.norm(img, axis=-1, keepdims=True)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from spotlight_jax.bench import device_check
+from spotlight_jax.bench import device_profile as device_profile_bench
 from spotlight_jax.emulation import device_profile
 from spotlight_jax.programs import TINY_CONFIG
 
@@ -22,7 +23,8 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
          "rl.iterations"))] + ["model.width=48", "model.num_heads=4", "model.depth=1",
                                "rl.iterations=3", "rl.prompts_per_iter=2", "rl.group_size=4"]
     result = device_check.run(TINY_CONFIG, depth=1, latent=8, batch=2, repeats=1, out=out,
-                              profile_depth=1, iteration_set=small)
+                              profile_depth=1, iteration_set=small,
+                              stand_ins=device_profile_bench.StandIns(layers=1))
     assert result["backend"] == "cpu" and result["seq"] == 16 + 4
     assert list(result["parts"]) == list(device_check.PARTS) and "errors" not in result
     assert json.load(open(out))["parts"] == result["parts"]          # written as it went
@@ -39,7 +41,9 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     assert result["lora"]["rank"] == 32 and 0 < result["lora"]["train_step_mfu"] <= 1
     assert set(result["remat"]) == {"nothing", "dots_no_batch", "dots"}
     assert result["concurrent"]["concurrent_ms"] > 0
-    # a few Spotlight iterations of each mode, their phases' throughput from the runs' rl.jsonl
+    # a few Spotlight iterations of each mode, their phases' throughput from the runs' rl.jsonl,
+    # scored in the loop by the stand-in PickScore (random weights, 1 layer per tower)
+    assert result["iteration"]["reward"].startswith("pickscore stand-in"), result["iteration"]
     for mode in device_check.ITERATION_MODES:
         row = result["iteration"][mode]
         assert "failed" not in row, row.get("failed")
@@ -54,7 +58,9 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     profile = device_profile.load(device_check.profile_path(out))
     assert {(b, sp) for b, sp, _ in profile.rollout} == {(1, 1), (4, 1), (1, 2), (4, 2)}
     assert set(profile.update) == {"nft", "flow_grpo"}
-    assert profile.regroup_shrink_s > 0 and profile.decode_s_per_image is None
+    assert profile.regroup_shrink_s > 0 and profile.decode_s_per_image is None   # pixels
+    assert profile.reward_s_per_image > 0                  # the stand-in PickScore, 1 layer
+    assert "stand_in" in result["profile"]["reward"]
     from spotlight_jax.config import model_config
     from spotlight_jax.config.loading import load_config
     tiny = model_config(load_config(TINY_CONFIG))

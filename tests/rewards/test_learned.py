@@ -6,6 +6,7 @@ no torch is needed; the image preprocessing against transformers' ``CLIPImagePro
 real-size images of several aspect ratios (live where transformers is installed, and bit for
 bit against the stored checksums of its output everywhere); the rewards' formulas; the registry
 and config wiring."""
+import dataclasses
 import hashlib
 import importlib.util
 import pathlib
@@ -127,7 +128,7 @@ def test_clip_score_and_pickscore_formulas(kind):
     model, cfg, ref = _loaded("clip_gelu")
     graphdef, state = nnx.split(model)
     n = len(ref["pixels"])
-    got = np.asarray(learned._score(graphdef, kind, state, ref["pixels"], ref["ids"][:n], None))
+    got = np.asarray(learned.score(graphdef, kind, state, ref["pixels"], ref["ids"][:n], None))
     img, txt = ref["image_embeds"], ref["text_embeds"][:n]
     cos = np.sum(img * txt, -1) / np.linalg.norm(img, axis=-1) / np.linalg.norm(txt, axis=-1)
     want = (np.maximum(100 * cos, 0) if kind == "clip_score"
@@ -147,7 +148,7 @@ def test_aesthetic_head_on_the_normalised_image_embedding(tmp_path):
     safetensors_io.save(tmp_path / "head.safetensors", tensors)
     head = learned.load_aesthetic_head(tmp_path / "head.safetensors")
     graphdef, state = nnx.split(model)
-    got = np.asarray(learned._score(graphdef, "aesthetic", state, ref["pixels"], None, head))
+    got = np.asarray(learned.score(graphdef, "aesthetic", state, ref["pixels"], None, head))
     x = ref["image_embeds"] / np.linalg.norm(ref["image_embeds"], axis=-1, keepdims=True)
     for i in learned.AESTHETIC_LAYERS:                    # torch Linear: x W^T + b, no activation
         x = x @ tensors[f"layers.{i}.weight"].T + tensors[f"layers.{i}.bias"]
@@ -205,7 +206,7 @@ def test_open_clip_model_equals_open_clips_own_features():
     np.testing.assert_allclose(txt, ref["text_features"], rtol=0, atol=ATOL)
     graphdef, state = nnx.split(model)
     n = len(ref["pixels"])
-    got = np.asarray(learned._score(graphdef, "hpsv2", state, ref["pixels"], ref["ids"][:n],
+    got = np.asarray(learned.score(graphdef, "hpsv2", state, ref["pixels"], ref["ids"][:n],
                                     None))
     a, b = ref["image_features"], ref["text_features"][:n]
     want = np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
@@ -299,3 +300,17 @@ def test_a_reward_mesh_splits_the_batch_and_scores_alike():
     assert got.shape == (5,)
     assert len(jax.tree.leaves(mesh.state)[0].sharding.device_set) == 4    # replicated on 4
     np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_writing_back_gives_transformers_own_tensors(name):
+    from spotlight_jax import safetensors_io
+    model, cfg = clip_model.from_transformers(FIXTURES / name)
+    theirs = safetensors_io.load(FIXTURES / name / "model.safetensors")
+    ours = clip_model.transformers_tensors(model)
+    assert set(ours) == set(theirs) - {"text_model.embeddings.position_ids",
+                                       "vision_model.embeddings.position_ids"}
+    for key, value in ours.items():
+        np.testing.assert_array_equal(value, np.asarray(theirs[key], np.float32), err_msg=key)
+    assert clip_model.config_of(clip_model.transformers_config(cfg)) == dataclasses.replace(
+        cfg, mean=clip_model.CLIP_MEAN, std=clip_model.CLIP_STD)
