@@ -1,7 +1,16 @@
 """The mode comparison over config seeds and spot traces, assembled from finished runs.
 
+  python -m spotlight_jax.studies.compare_grid run --workdir=RUN --grid=DIR --trace=T --seed=S
+      --modes=MODE --iterations=N [--set=key=value,...] [--code=CHECKOUT]
   python -m spotlight_jax.studies.compare_grid archive --workdir=RUN --grid=DIR --trace=T --seed=S
   python -m spotlight_jax.studies.compare_grid report --grid=DIR [--target_gain=0.08]
+
+``run`` makes one grid run of each of ``--modes`` (``RUN/<mode>``: ``spotlight_jax.main`` on
+``configs/tiny.py`` with the grid's evaluation settings, :data:`GRID_SETTINGS`, the trace's
+flags, :data:`TRACES`, and ``--set``'s overrides), one after the other, then archives it; run the
+same command again to resume an interrupted run. ``--code``: the checkout to run from (a grid
+reports runs of one commit: ``git worktree add CHECKOUT COMMIT`` adds to a grid made by an
+earlier commit).
 
 The full comparison (every mode x config seeds x traces) is many hours of CPU, more than one
 sitting; its runs are kept as they finish. ``archive`` copies what the report needs out of each
@@ -24,7 +33,9 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
+import sys
 
 from absl import app, flags
 
@@ -33,7 +44,7 @@ from spotlight_jax.metrics import read_jsonl
 from spotlight_jax.registry import BASELINE
 
 FLAGS = flags.FLAGS
-COMMANDS = ("archive", "report")         # the program's first word
+COMMANDS = ("run", "archive", "report")  # the program's first word
 ON_DEMAND = "on_demand"
 TRACE_FREE_MODES = tuple(m.name for m in registry.MODES if not m.uses_spot)
 # history columns the report reads (runner.reports.mode_summary, the plots); the rest stays in
@@ -47,6 +58,73 @@ UPDATE = ("update_s", "update_trainer_s", "update_split", "update_shards", "upda
 KEEP = ("iteration", "vtime_s", "dollars", "reward_mean", "explore_candidates", "spot_util",
         "fleet_regroups", "fleet_regroup_max_s", "fleet_compiles", "pipelined") + TRACE_EVENTS \
     + UPDATE
+
+
+# the grid's runs: evaluation every 5 iterations on the 62-prompt x 8-seed set, no time limit
+GRID_SETTINGS = {"rl.max_minutes": 0, "rl.eval_every": 5, "rl.eval_seeds": 8,
+                 "compare.target_gain": 0.08}
+_GCP = "skypilot/preemption/1-node/gcp-04-30-2023"
+TRACES = {
+    "synthetic": {},
+    # 4 V100 nodes in us-east-2a, from the second where the grid starts (their preemptions)
+    "aws": {"trace.path": "skypilot/preemption/4-node/aws-08-03-2023/us-east-2a_v100_1.json",
+            "trace.start_s": 529800},
+    # four 1-node GCP zones merged into one 4-node pool
+    "gcp": {"trace.path": ",".join(f"{_GCP}/{z}_c3-88.json" for z in (
+        "us-central1-a", "us-central1-b", "us-central1-c", "us-east1-b")),
+        "trace.cloud": "gcp", "trace.start_s": 2730},
+}
+"""The grid's traces by name -> their config overrides (``trace.path`` relative to the trace
+folder, ``$SPOTLIGHT_TRACES`` or ``../shared/traces``)."""
+
+
+def trace_overrides(trace: str, trace_dir=None) -> dict:
+    """The config overrides of the grid's trace ``trace`` (:data:`TRACES`), paths absolute."""
+    from spotlight_jax.emulation.traces import default_trace_dir  # noqa: PLC0415
+    if trace not in TRACES:
+        raise ValueError(f"--trace={trace!r}: the grid's traces are {', '.join(TRACES)}")
+    root = pathlib.Path(trace_dir) if trace_dir else default_trace_dir()
+    out = dict(TRACES[trace])
+    if "trace.path" in out:
+        out["trace.path"] = ",".join(str(root / p) for p in out["trace.path"].split(","))
+    return out
+
+
+def run_command(workdir: str, trace: str, seed: int, mode: str, iterations: int,
+                overrides=(), trace_dir=None) -> list[str]:
+    """The argv of one grid run (``python -m spotlight_jax.main ...``): the grid's settings,
+    the trace's flags, then ``overrides`` (``key=value``; they win)."""
+    if mode not in modes():
+        raise ValueError(f"--modes: unknown {mode!r}; the modes are {', '.join(modes())}")
+    keys = {"mode": mode, "seed": seed, "rl.iterations": iterations, **GRID_SETTINGS,
+            **trace_overrides(trace, trace_dir)}
+    return [sys.executable, "-m", "spotlight_jax.main", "--config=configs/tiny.py",
+            f"--workdir={os.path.join(workdir, mode)}",
+            *(f"--config.{k}={v}" for k, v in keys.items()),
+            *(f"--config.{kv}" for kv in overrides)]
+
+
+def run(workdir: str, grid: str, trace: str, seed: int, modes_: tuple[str, ...],
+        iterations: int, overrides=(), code: str | None = None) -> list[str]:
+    """Each of ``modes_`` run (:func:`run_command`, from the checkout ``code``, default this
+    one) and archived into ``grid``; returns the modes archived. A run that fails stops here
+    with its log's last lines (its work directory kept: the same command resumes it)."""
+    import subprocess  # noqa: PLC0415
+    if not modes_:
+        raise ValueError("run: give the modes to run (--modes=baseline,spotlight_pipelined)")
+    cwd = os.path.abspath(code) if code else str(pathlib.Path(__file__).resolve().parents[2])
+    os.makedirs(workdir, exist_ok=True)
+    done = []
+    for mode in modes_:
+        cmd = run_command(os.path.abspath(workdir), trace, seed, mode, iterations, overrides)
+        log = os.path.join(workdir, f"{mode}.log")
+        with open(log, "w") as f:
+            finished = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+        if finished.returncode:
+            tail = open(log).read()[-800:]
+            raise RuntimeError(f"{mode} (trace {trace}, seed {seed}) failed; {log} ends:\n{tail}")
+        done += archive(workdir, grid, trace, seed, iterations, (mode,))
+    return done
 
 
 def modes() -> tuple[str, ...]:
@@ -279,14 +357,19 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """This program's flags (defined only when it runs; see ``programs``)."""
     fv = {"flag_values": flag_values}
-    flags.DEFINE_string("workdir", None, "archive: a run directory holding <mode>/ folders", **fv)
+    flags.DEFINE_string("workdir", None, "run, archive: a run directory holding <mode>/ folders",
+                        **fv)
     flags.DEFINE_string("grid", None, "the grid directory (e.g. docs/compare_grid)", **fv)
-    flags.DEFINE_string("trace", "synthetic", "archive: the trace's name in the grid", **fv)
-    flags.DEFINE_integer("seed", 0, "archive: the runs' config seed", **fv)
-    flags.DEFINE_list("modes", [], "archive: only these modes (default: every one in workdir)",
-                      **fv)
-    flags.DEFINE_integer("iterations", 120, "archive: the iterations every run must have done",
-                         **fv)
+    flags.DEFINE_string("trace", "synthetic", "run, archive: the trace's name in the grid (run: "
+                        f"one of {', '.join(TRACES)})", **fv)
+    flags.DEFINE_integer("seed", 0, "run, archive: the runs' config seed", **fv)
+    flags.DEFINE_list("modes", [], "run: the modes to run; archive: only these modes "
+                      "(default: every one in workdir)", **fv)
+    flags.DEFINE_integer("iterations", 120, "run: the runs' iterations; archive: the iterations "
+                         "every run must have done", **fv)
+    flags.DEFINE_list("set", [], "run: config overrides key=value (e.g. "
+                      "deployment.spot_nodes=8,num_cpu_devices=20)", **fv)
+    flags.DEFINE_string("code", None, "run: the checkout to run from (default: this one)", **fv)
     flags.DEFINE_float("target_gain", 0.08, "report: target = baseline's start + this", **fv)
     flags.DEFINE_bool("allow_mixed_commits", False,
                       "report: report runs made by different commits (marked as such)", **fv)
@@ -297,10 +380,19 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 def main(argv):
     if len(argv) != 2 or argv[1] not in COMMANDS:
-        raise app.UsageError("give one command: archive or report")
+        raise app.UsageError("give one command: run, archive or report")
     if not FLAGS.grid:
         raise app.UsageError("--grid=DIR is required")
-    if argv[1] == "archive":
+    if argv[1] == "run":
+        if not FLAGS.workdir:
+            raise app.UsageError("run needs --workdir=RUN")
+        try:
+            done = run(FLAGS.workdir, FLAGS.grid, FLAGS.trace, FLAGS.seed, tuple(FLAGS.modes),
+                       FLAGS.iterations, tuple(FLAGS.set), FLAGS.code)
+        except (ValueError, RuntimeError) as e:
+            raise app.UsageError(str(e)) from None
+        print(f"ran and archived {', '.join(done)} (trace {FLAGS.trace}, seed {FLAGS.seed})")
+    elif argv[1] == "archive":
         if not FLAGS.workdir:
             raise app.UsageError("archive needs --workdir=RUN")
         done = archive(FLAGS.workdir, FLAGS.grid, FLAGS.trace, FLAGS.seed, FLAGS.iterations,

@@ -169,3 +169,47 @@ def test_a_run_records_the_commit_it_was_made_by():
     head = provenance._git("rev-parse", "HEAD")
     assert code["commit"] == head and (head is None or len(head) == 40)
     assert code["dirty"] in (True, False) or head is None
+
+
+def _overrides(cmd: list[str]) -> dict:
+    import yaml
+    return {a.split("=", 1)[0][len("--config."):]: yaml.safe_load(a.split("=", 1)[1])
+            for a in cmd if a.startswith("--config.")}
+
+
+@pytest.mark.parametrize("trace", sorted(compare_grid.TRACES))
+def test_a_grid_runs_command_is_the_grids_settings_on_its_trace(tmp_path, trace):
+    from spotlight_jax.config import load_config
+    from spotlight_jax.emulation.traces import default_trace_dir
+    cmd = compare_grid.run_command(str(tmp_path), trace, 4, "spotlight_pipelined", 160,
+                                   ["deployment.spot_nodes=8", "rl.eval_every=10"])
+    assert cmd[1:4] == ["-m", "spotlight_jax.main", "--config=configs/tiny.py"]
+    assert cmd[4] == f"--workdir={tmp_path}/spotlight_pipelined"
+    keys = _overrides(cmd)
+    spec = RunSpec.from_config(load_config("tiny", keys))
+    assert spec.settings.mode == "spotlight_pipelined" and keys["seed"] == 4
+    assert keys["rl.iterations"] == 160 and keys["rl.eval_seeds"] == 8
+    assert keys["rl.eval_every"] == 10 and keys["deployment.spot_nodes"] == 8  # --set wins
+    files = keys.get("trace.path", "").split(",") if trace != "synthetic" else []
+    assert len(files) == {"synthetic": 0, "aws": 1, "gcp": 4}[trace]
+    assert all(f.startswith(str(default_trace_dir())) and f.endswith(".json") for f in files)
+    assert keys.get("trace.start_s", 0) == {"synthetic": 0, "aws": 529800, "gcp": 2730}[trace]
+    with pytest.raises(ValueError, match="the grid's traces are synthetic, aws, gcp"):
+        compare_grid.run_command(str(tmp_path), "azure", 0, "baseline", 1)
+    with pytest.raises(ValueError, match="unknown 'nope'"):
+        compare_grid.run_command(str(tmp_path), trace, 0, "nope", 1)
+
+
+@pytest.mark.e2e
+def test_run_makes_and_archives_a_grid_run(tmp_path):
+    from helpers import MICRO_RUN_OVERRIDES, config_flags
+    micro = [f[len("--config."):] for f in config_flags(
+        {k: v for k, v in MICRO_RUN_OVERRIDES.items() if k != "mode"})]
+    grid, work = str(tmp_path / "grid"), str(tmp_path / "runs")
+    done = compare_grid.run(work, grid, "synthetic", 0, ("baseline",), 2,
+                            [*micro, "rl.eval_every=1", "rl.eval_prompts=2"])
+    assert done == ["baseline"]
+    kept = read_jsonl(os.path.join(grid, "on_demand", "seed_0", "baseline", "history.jsonl"))
+    assert [r["iteration"] for r in kept] == [0, 1, 2] and "val_reward" in kept[-1]
+    with pytest.raises(RuntimeError, match="baseline .* failed; .*baseline.log ends"):
+        compare_grid.run(work, grid, "synthetic", 0, ("baseline",), 2, ["rl.lr=-1"])
