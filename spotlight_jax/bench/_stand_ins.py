@@ -5,8 +5,9 @@ their weights cannot be downloaded (a lent accelerator reaches nothing outside i
   also Qwen-Image's ``AutoencoderKLQwenImage`` on single frames), as a :class:`LatentVAE`
   decoding the DiT's latents, in float32 as the runs decode.
 * :func:`learned_reward`: a learned reward's CLIP (:data:`REWARDS`: PickScore's CLIP-H/14, the
-  reward Flow-GRPO and the paper train on) scoring device images with fixed token ids, through
-  the same preprocessing and jitted scoring program as :class:`rewards.learned.LearnedReward`.
+  reward Flow-GRPO and the paper train on) written as a transformers folder
+  (:func:`write_reward_folder`: config, weights, a word-level tokenizer) and loaded as the runs
+  load the real one (:class:`rewards.learned.LearnedReward`).
 
 A random initialisation has the real model's shapes, dtypes and program, so its time is the
 real model's; its outputs mean nothing: these are for timing only, and every profile row they
@@ -15,12 +16,11 @@ time says so (``"stand_in"``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
+import tempfile
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from spotlight_jax import safetensors_io
@@ -51,23 +51,20 @@ def reward_config(name: str, layers: int = 0) -> clip_model.CLIPConfig:
     return cfg
 
 
+@functools.cache
+def reward_folder(name: str = "pickscore", layers: int = 0, seed: int = 0) -> pathlib.Path:
+    """:func:`write_reward_folder` into a temporary folder, once per process, over the
+    synthetic world's words (PickScore's is 3.9 GB: never under a folder that is sent back)."""
+    from spotlight_jax import world  # noqa: PLC0415
+    return write_reward_folder(tempfile.mkdtemp(prefix=f"stand_in_{name}_"), name, layers, seed,
+                               words=world.VOCAB[1:])
+
+
 def learned_reward(name: str = "pickscore", layers: int = 0, seed: int = 0):
-    """``score(images) -> float32 [B]`` on device images ``[B, H, W, 3]`` in [0, 1]: reward
-    ``name``'s CLIP with random weights (:func:`reward_config`), the images preprocessed on
-    device (:func:`rewards.learned.preprocess_device`), each scored against a fixed prompt of
-    the model's whole text length."""
-    cfg = reward_config(name, layers)
-    graphdef, state = nnx.split(clip_model.CLIP(cfg, rngs=nnx.Rngs(seed)))
-    ids = np.array(jax.random.randint(jax.random.key(seed), (cfg.max_len,), 1, cfg.vocab - 1),
-                   np.int32)
-    ids[-1] = cfg.vocab - 1                  # the end-of-text token last: the largest id
-
-    def score(images) -> jax.Array:
-        pixels = learned.preprocess_device(images, cfg)
-        batch_ids = jnp.broadcast_to(jnp.asarray(ids), (pixels.shape[0], cfg.max_len))
-        return learned.score(graphdef, name, state, pixels, batch_ids, None)
-
-    return score
+    """Reward ``name`` as the runs score with it (:class:`rewards.learned.LearnedReward`: host
+    preprocessing, tokenizer, batched scoring) over its random-weight stand-in
+    (:func:`reward_folder`)."""
+    return learned.LearnedReward(name, reward_folder(name, layers, seed))
 
 
 def vae_decoder(latent_channels: int, video: bool = False, config: WanVAEConfig | None = None,

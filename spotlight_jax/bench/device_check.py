@@ -461,10 +461,8 @@ def check_iterations(overrides, workdir: str | None = None, reward: str = "",
     workdir = workdir or tempfile.mkdtemp(prefix="device_check_runs_")
     out = {"overrides": list(overrides)}
     if reward:
-        from spotlight_jax import world  # noqa: PLC0415
         from spotlight_jax.bench import _stand_ins  # noqa: PLC0415
-        folder = _stand_ins.write_reward_folder(tempfile.mkdtemp(prefix="stand_in_reward_"),
-                                                reward, reward_layers, words=world.VOCAB[1:])
+        folder = _stand_ins.reward_folder(reward, reward_layers)
         from spotlight_jax.rewards.learned import NEEDS  # noqa: PLC0415
         overrides = [*overrides, f"rl.reward={reward}",
                      f"learned_rewards.{NEEDS[reward][0]}={folder}"]

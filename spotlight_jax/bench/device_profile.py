@@ -219,20 +219,19 @@ def time_decode_and_reward(spec, rollout, repeats, stand_in_reward: str = "",
                              "with base_checkpoint, or time a stand-in: --stand_in_vae)"}
         return decode, {"skipped": "no decoded images"}
     try:
+        pool = spec.prompt_source().train_prompts          # prompts the reward can read
+        prompts = [pool[i % len(pool)] for i in range(n)]
         if stand_in_reward:
-            fn, name = stand_ins.learned_reward(stand_in_reward, stand_in_layers), stand_in_reward
-            layers = stand_ins.reward_config(stand_in_reward, stand_in_layers).vision.layers
+            name = stand_in_reward
+            reward = stand_ins.learned_reward(name, stand_in_layers)
+            layers = stand_ins.reward_config(name, stand_in_layers).vision.layers
             extra = {"stand_in": f"random-weight {name} CLIP, {layers} vision layers"}
         else:
             name, extra = spec.settings.reward, {}
-            pool = spec.prompt_source().train_prompts          # prompts the reward can read
-            reward, prompts = rewards.resolve(name), [pool[i % len(pool)] for i in range(n)]
-
-            def fn(x):
-                return reward.fn(x, prompts)
+            reward = rewards.resolve(name).fn
 
         def score():
-            return jax.block_until_ready(fn(images))
+            return jax.block_until_ready(reward(images, prompts))
         return decode, {"name": name, "s_per_image": median_time(score, repeats) / n, **extra}
     except Exception as e:  # noqa: BLE001 - a reward that cannot run here is a result
         return decode, {"skipped": f"{type(e).__name__}: {e}"[:200]}

@@ -1,7 +1,9 @@
 """The random-weight stand-ins a device profile times where no weights are on the device: they
 have the real models' sizes (parameter counts against the published checkpoints' f32 sizes),
 compute what the learned reward and the VAE compute (against the formula on the same weights),
-and the profile records the decode and reward it timed with them, saying so."""
+and the profile records the decode and reward it timed with them, saying so. Building
+PickScore's CLIP (even at one layer: its 49408 x 1024 token table) takes tens of seconds on 2
+cores, so those checks are among the longer ones (e2e)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +26,7 @@ def _param_count(build) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(nnx.eval_shape(build))))
 
 
+@pytest.mark.e2e
 def test_the_stand_ins_have_the_published_models_sizes():
     # PickScore_v1 / CLIP-ViT-H-14: pytorch_model.bin 3.94 GB of float32; Wan 2.1's VAE 508 MB
     pick = _param_count(lambda: clip_model.CLIP(stand_ins.PICKSCORE, rngs=nnx.Rngs(0)))
@@ -32,23 +35,26 @@ def test_the_stand_ins_have_the_published_models_sizes():
     assert abs(4 * vae / 508e6 - 1) < 0.01, vae
 
 
+@pytest.mark.e2e
 def test_the_stand_in_reward_is_pickscores_formula_on_its_weights():
+    pytest.importorskip("tokenizers")
     images = np.random.default_rng(0).uniform(size=(3, 40, 56, 3)).astype(np.float32)
-    got = np.asarray(stand_ins.learned_reward("pickscore", layers=1, seed=3)(images))
+    prompts = ["2 red circles", "a blue square above a green triangle", "nothing known"]
+    reward = stand_ins.learned_reward("pickscore", layers=1, seed=3)
+    got = reward(images, prompts)
     cfg = stand_ins.reward_config("pickscore", 1)
     assert cfg.vision.layers == cfg.text.layers == 1 and cfg.vision.width == 1280
     model = clip_model.CLIP(cfg, rngs=nnx.Rngs(3))           # the same weights, rebuilt
     with jax.default_matmul_precision("highest"):
-        img = model.image_embeds(learned.preprocess_device(images, cfg))
-        ids = np.array(jax.random.randint(jax.random.key(3), (cfg.max_len,), 1, cfg.vocab - 1))
-        ids[-1] = cfg.vocab - 1
-        txt = model.text_embeds(np.broadcast_to(ids, (3, cfg.max_len)))
+        img = model.image_embeds(clip_model.preprocess(images, cfg))
+        txt = model.text_embeds(reward.tokenize(prompts))
     cos = np.sum(np.asarray(img / jnp.linalg.norm(img, axis=-1, keepdims=True))
                  * np.asarray(txt / jnp.linalg.norm(txt, axis=-1, keepdims=True)), axis=-1)
-    want = np.exp(float(model.logit_scale[...])) * cos
+    scale = np.exp(float(model.logit_scale[...]))
     assert got.shape == (3,) and np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, want, atol=2e-3 * np.exp(float(model.logit_scale[...])))
+    np.testing.assert_allclose(got, scale * cos, atol=2e-3 * scale)
     assert np.ptp(got) > 0                                     # the images are told apart
+    assert stand_ins.reward_folder("pickscore", 1, 3) == stand_ins.reward_folder("pickscore", 1, 3)
 
 
 def test_the_stand_in_vae_decodes_as_its_module():
@@ -75,6 +81,7 @@ def _rollout(spec, n=2):
     return {"latents": np.random.default_rng(0).normal(size=(n, *shape)).astype(np.float32)}
 
 
+@pytest.mark.e2e
 def test_the_profile_times_the_decode_and_reward_on_stand_ins():
     latent = RunSpec.from_config(micro_config(1, **{"model.channels": 16}))
     decode, reward = device_profile.time_decode_and_reward(
@@ -95,6 +102,7 @@ def test_the_profile_times_the_decode_and_reward_on_stand_ins():
     assert "stand_in" not in reward
 
 
+@pytest.mark.e2e
 def test_the_stand_in_reward_folder_loads_back_bit_for_bit(tmp_path):
     pytest.importorskip("tokenizers")
     folder = stand_ins.write_reward_folder(tmp_path / "pick", "pickscore", layers=1, seed=2,
