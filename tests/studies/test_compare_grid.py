@@ -207,7 +207,8 @@ def test_run_makes_and_archives_a_grid_run(tmp_path):
         {k: v for k, v in MICRO_RUN_OVERRIDES.items() if k != "mode"})]
     grid, work = str(tmp_path / "grid"), str(tmp_path / "runs")
     done = compare_grid.run(work, grid, "synthetic", 0, ("baseline",), 2,
-                            [*micro, "rl.eval_every=1", "rl.eval_prompts=2"])
+                            [*micro, "rl.eval_every=1", "rl.eval_prompts=2",
+                             "base_checkpoint=none", "pretrain.steps=2", "pretrain.batch_size=4"])
     assert done == ["baseline"]
     kept = read_jsonl(os.path.join(grid, "on_demand", "seed_0", "baseline", "history.jsonl"))
     assert [r["iteration"] for r in kept] == [0, 1, 2] and "val_reward" in kept[-1]
