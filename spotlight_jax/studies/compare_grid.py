@@ -1,7 +1,7 @@
 """The mode comparison over config seeds and spot traces, assembled from finished runs.
 
   python -m spotlight_jax.studies.compare_grid run --workdir=RUN --grid=DIR --trace=T --seed=S
-      --modes=MODE --iterations=N [--set=key=value,...] [--code=CHECKOUT]
+      --modes=MODE --iterations=N [--set=key=value ...] [--code=CHECKOUT]
   python -m spotlight_jax.studies.compare_grid archive --workdir=RUN --grid=DIR --trace=T --seed=S
   python -m spotlight_jax.studies.compare_grid report --grid=DIR [--target_gain=0.08]
 
@@ -367,8 +367,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "(default: every one in workdir)", **fv)
     flags.DEFINE_integer("iterations", 120, "run: the runs' iterations; archive: the iterations "
                          "every run must have done", **fv)
-    flags.DEFINE_list("set", [], "run: config overrides key=value (e.g. "
-                      "deployment.spot_nodes=8,num_cpu_devices=20)", **fv)
+    flags.DEFINE_multi_string("set", [], "run: a config override key=value, repeated (e.g. "
+                              "--set=deployment.spot_nodes=8 --set=num_cpu_devices=20)", **fv)
     flags.DEFINE_string("code", None, "run: the checkout to run from (default: this one)", **fv)
     flags.DEFINE_float("target_gain", 0.08, "report: target = baseline's start + this", **fv)
     flags.DEFINE_bool("allow_mixed_commits", False,
