@@ -51,6 +51,12 @@ def reward_config(name: str, layers: int = 0) -> clip_model.CLIPConfig:
     return cfg
 
 
+def reward_label(name: str, layers: int = 0) -> str:
+    """How a result timed with reward ``name``'s stand-in says so."""
+    return (f"random-weight {name} CLIP, {reward_config(name, layers).vision.layers} "
+            "vision layers")
+
+
 @functools.cache
 def reward_folder(name: str = "pickscore", layers: int = 0, seed: int = 0) -> pathlib.Path:
     """:func:`write_reward_folder` into a temporary folder, once per process, over the

@@ -351,11 +351,12 @@ def check_concurrent(parts, repeats: int):
 
 def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
         parts=PARTS, out: str | None = None, profile_depth: int = 2,
-        iteration_set=ITERATION_SET, stand_ins=None) -> dict:
+        iteration_set=ITERATION_SET,
+        stand_ins: device_profile.StandIns = device_profile.STAND_INS) -> dict:
     """Every part of ``parts`` (:data:`PARTS`) in order, the result rewritten to ``out`` after
     each (a run cut short keeps what it measured); a part that raises is recorded under
-    ``errors`` and the next one runs. ``stand_ins``: the profile part's
-    (``device_profile.StandIns``; None: its defaults)."""
+    ``errors`` and the next one runs. ``stand_ins``: what the profile and
+    iteration parts time the decode and the reward on (``device_profile.StandIns``)."""
     import jax  # noqa: PLC0415
 
     from spotlight_jax import provenance  # noqa: PLC0415
@@ -389,8 +390,7 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
 
 
 def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, latent, batch,
-              repeats, profile_depth, out, iteration_set=ITERATION_SET,
-              stand_ins=None) -> None:
+              repeats, profile_depth, out, iteration_set, stand_ins) -> None:
     """One part of :func:`run`, its numbers put into ``result``."""
     import jax  # noqa: PLC0415
 
@@ -422,14 +422,12 @@ def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, 
         result["concurrent"] = check_concurrent(state_of["model_parts"], repeats)
     elif part == "profile":
         result["profile"] = device_profile.profile(
-            config_path, profile_depth, repeats=repeats,
-            stand_ins=stand_ins or device_profile.StandIns())
+            config_path, profile_depth, repeats=repeats, stand_ins=stand_ins)
         if out:
             with open(profile_path(out), "w") as f:
                 json.dump(result["profile"], f, indent=1)
     elif part == "iteration":
         workdir = (profile_path(out)[:-len("_profile.json")] + "_runs") if out else None
-        stand_ins = stand_ins or device_profile.StandIns()
         result["iteration"] = check_iterations(iteration_set, workdir, stand_ins.reward,
                                                stand_ins.layers)
 
@@ -462,12 +460,11 @@ def check_iterations(overrides, workdir: str | None = None, reward: str = "",
     out = {"overrides": list(overrides)}
     if reward:
         from spotlight_jax.bench import _stand_ins  # noqa: PLC0415
-        folder = _stand_ins.reward_folder(reward, reward_layers)
         from spotlight_jax.rewards.learned import NEEDS  # noqa: PLC0415
+        folder = _stand_ins.reward_folder(reward, reward_layers)
         overrides = [*overrides, f"rl.reward={reward}",
                      f"learned_rewards.{NEEDS[reward][0]}={folder}"]
-        layers = _stand_ins.reward_config(reward, reward_layers).vision.layers
-        out["reward"] = f"{reward} stand-in: random weights, {layers} vision layers"
+        out["reward"] = f"{reward} stand-in: {_stand_ins.reward_label(reward, reward_layers)}"
     for mode in ITERATION_MODES:
         run_dir = f"{workdir}/{mode}"
         cmd = [sys.executable, "-m", "spotlight_jax.main", f"--config={programs.TINY_CONFIG}",

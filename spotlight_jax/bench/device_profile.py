@@ -52,6 +52,10 @@ class StandIns:
     vae: object = True
 
 
+STAND_INS = StandIns()                    # the full-size stand-ins (a lent device's profile)
+NO_STAND_INS = StandIns("", 0, None)      # the config's own VAE and the run's own reward
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = dict(flag_values=flag_values)
     flags.DEFINE_string("config", str(programs.REPO / "configs" / "qwen_image.py"),
@@ -180,19 +184,18 @@ def time_update(spec, graphdef, state, rollout, repeats, peak):
             "lora_rank": spec.rl.lora_rank, "mfu": min(1.0, flops / (t * peak))}
 
 
-def time_decode_and_reward(spec, rollout, repeats, stand_in_reward: str = "",
-                           stand_in_layers: int = 0, stand_in_vae=None) -> tuple[dict, dict]:
+def time_decode_and_reward(spec, rollout, repeats,
+                           stand_ins: StandIns = NO_STAND_INS) -> tuple[dict, dict]:
     """The VAE decode and the reward per image, or why each was skipped.
 
     The decode is the config's VAE (a diffusers base), else for a latent model (not 3
-    channels) ``stand_in_vae`` (a ``WanVAEConfig``, or True for the released Wan VAE of its
-    channels: ``bench._stand_ins``); a model that draws pixels has nothing to decode. The reward
-    is ``stand_in_reward`` (a learned reward's CLIP with random weights, ``stand_in_layers`` per
-    tower, 0 = its real depth) where given, else the run's own, on the decoded images."""
+    channels) ``stand_ins.vae``; a model that draws pixels has nothing to decode. The reward
+    is ``stand_ins.reward``'s stand-in where given, else the run's own, on the decoded images
+    (the default: no stand-ins, :data:`NO_STAND_INS`)."""
     import jax  # noqa: PLC0415
 
     from spotlight_jax import rewards  # noqa: PLC0415
-    from spotlight_jax.bench import _stand_ins as stand_ins  # noqa: PLC0415
+    from spotlight_jax.bench import _stand_ins  # noqa: PLC0415
     from spotlight_jax.diffusion import to_image  # noqa: PLC0415
     from spotlight_jax.emulation import median_time  # noqa: PLC0415
     from spotlight_jax.models.build import is_video  # noqa: PLC0415
@@ -202,9 +205,9 @@ def time_decode_and_reward(spec, rollout, repeats, stand_in_reward: str = "",
     latents = rollout["latents"][:, -1] if traj else rollout["latents"]
     n = int(latents.shape[0])
     decoder, decode = spec.image_decoder(), {}
-    if decoder is None and spec.model.channels != 3 and stand_in_vae:
-        config = None if stand_in_vae is True else stand_in_vae
-        decoder = stand_ins.vae_decoder(spec.model.channels, is_video(spec.model), config)
+    if decoder is None and spec.model.channels != 3 and stand_ins.vae:
+        config = None if stand_ins.vae is True else stand_ins.vae
+        decoder = _stand_ins.vae_decoder(spec.model.channels, is_video(spec.model), config)
         decode["stand_in"] = f"random-weight Wan VAE, base_dim {decoder.config.base_dim}"
     if decoder is not None:
         def run():
@@ -221,11 +224,10 @@ def time_decode_and_reward(spec, rollout, repeats, stand_in_reward: str = "",
     try:
         pool = spec.prompt_source().train_prompts          # prompts the reward can read
         prompts = [pool[i % len(pool)] for i in range(n)]
-        if stand_in_reward:
-            name = stand_in_reward
-            reward = stand_ins.learned_reward(name, stand_in_layers)
-            layers = stand_ins.reward_config(name, stand_in_layers).vision.layers
-            extra = {"stand_in": f"random-weight {name} CLIP, {layers} vision layers"}
+        if stand_ins.reward:
+            name = stand_ins.reward
+            reward = _stand_ins.learned_reward(name, stand_ins.layers)
+            extra = {"stand_in": _stand_ins.reward_label(name, stand_ins.layers)}
         else:
             name, extra = spec.settings.reward, {}
             reward = rewards.resolve(name).fn
@@ -259,7 +261,7 @@ def time_regroup(state, repeats) -> dict:
 
 
 def profile(config_path: str, depth: int, batches=(1, 4), sps=(1, 2), objectives=OBJECTIVES,
-            steps: int = 0, repeats: int = 3, stand_ins: StandIns = StandIns()) -> dict:
+            steps: int = 0, repeats: int = 3, stand_ins: StandIns = STAND_INS) -> dict:
     """The profile (``emulation.device_profile``'s JSON) of ``config_path`` on this device."""
     import jax  # noqa: PLC0415
 
@@ -274,8 +276,7 @@ def profile(config_path: str, depth: int, batches=(1, 4), sps=(1, 2), objectives
     largest = outputs[max(outputs)]
     updates = {obj: time_update(profiled_spec(config_path, depth, obj, steps), graphdef, state,
                                 largest, repeats, peak) for obj in objectives}
-    decode, reward = time_decode_and_reward(spec, largest, repeats, stand_ins.reward,
-                                            stand_ins.layers, stand_ins.vae)
+    decode, reward = time_decode_and_reward(spec, largest, repeats, stand_ins)
     return {"kind": KIND, "version": VERSION, "device": str(jax.devices()[0].device_kind),
             "backend": jax.default_backend(), "devices": len(jax.devices()),
             "peak_tflops": peak / 1e12, "peak_source": source, "config": str(config_path),

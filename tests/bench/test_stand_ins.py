@@ -85,18 +85,18 @@ def _rollout(spec, n=2):
 def test_the_profile_times_the_decode_and_reward_on_stand_ins():
     latent = RunSpec.from_config(micro_config(1, **{"model.channels": 16}))
     decode, reward = device_profile.time_decode_and_reward(
-        latent, _rollout(latent), 1, "pickscore", 1, SMALL_VAE)
+        latent, _rollout(latent), 1, device_profile.StandIns("pickscore", 1, SMALL_VAE))
     assert decode["s_per_image"] > 0 and "Wan VAE" in decode["stand_in"], decode
     assert reward["name"] == "pickscore" and reward["s_per_image"] > 0, reward
     assert reward["stand_in"] == "random-weight pickscore CLIP, 1 vision layers"
     # no stand-in VAE: nothing to score, and the line says how to get one
-    decode, reward = device_profile.time_decode_and_reward(latent, _rollout(latent), 1, "", 0,
-                                                           None)
+    decode, reward = device_profile.time_decode_and_reward(latent, _rollout(latent), 1,
+                                                           device_profile.StandIns("", 0, None))
     assert "--stand_in_vae" in decode["skipped"] and reward == {"skipped": "no decoded images"}
     # a model that draws pixels: no decode; the run's own reward timed on its images
     pixels = RunSpec.from_config(micro_config(1))
-    decode, reward = device_profile.time_decode_and_reward(pixels, _rollout(pixels), 1, "", 0,
-                                                           True)
+    decode, reward = device_profile.time_decode_and_reward(pixels, _rollout(pixels), 1,
+                                                           device_profile.StandIns("", 0, True))
     assert decode == {"skipped": "the model draws pixels: nothing to decode"}
     assert reward["name"] == pixels.settings.reward and reward["s_per_image"] > 0, reward
     assert "stand_in" not in reward
