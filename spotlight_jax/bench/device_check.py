@@ -242,6 +242,7 @@ def check_model(cfg, graphdef, state, batch: int, repeats: int):
     import jax  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
 
+    from spotlight_jax.bench.gpu_lowering import census, sequence_of  # noqa: PLC0415
     from spotlight_jax.models import count_params  # noqa: PLC0415
 
     x, t, tokens, mask = inputs(cfg, batch)
@@ -256,9 +257,17 @@ def check_model(cfg, graphdef, state, batch: int, repeats: int):
     fwd = jax.jit(velocity)
     fwd_s = median_seconds(lambda: fwd(params, x, t).block_until_ready(), repeats)
     train, carry, data, step_s = timed_train_step(velocity, params, x, t, repeats)
+    # what the step's program asks for, lowered here (no compile): a kernel call per block
+    # forward and backward, no score-sized value, when the fused kernel runs everywhere
+    step_census = census(train.lower(carry["p"], carry["o"], *data).as_text(),
+                         {sequence_of(cfg), cfg.text_len})
     return {"params": count_params(state), "forward_ms": 1e3 * fwd_s,
             "train_step_ms": 1e3 * step_s, "train_samples_per_s": batch / step_s,
-            "hlo_attention_kernel": attention_kernel_in_hlo(velocity, params, x, t)}, \
+            "hlo_attention_kernel": attention_kernel_in_hlo(velocity, params, x, t),
+            "hlo_train_step": {"cudnn_forward": step_census.cudnn_forward,
+                               "cudnn_backward": step_census.cudnn_backward,
+                               "score_values": step_census.score_values,
+                               "matmul_half_share": step_census.half_share}}, \
         (fwd, train, carry, data)
 
 
@@ -535,6 +544,10 @@ def table(result: dict) -> str:
                   f"({result['train_samples_per_s']:.2f} samples/s, "
                   f"{result['train_step_tflops']:.1f} model TFLOP/s, MFU "
                   f"{result['train_step_mfu']:.1%}) |",
+                  "| train step's program | {cudnn_forward} cuDNN attention forward and "
+                  "{cudnn_backward} backward calls, {score_values} score-sized values, "
+                  "{matmul_half_share:.0%} of matmul FLOPs in bf16/f16 |".format(
+                      **result["hlo_train_step"]),
                   f"| peak per device | {result['peak_tflops']:.4g} TFLOP/s "
                   f"({result['peak_source']}) |"]
     if "lora" in result:

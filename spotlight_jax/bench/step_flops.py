@@ -32,8 +32,27 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("out", None, "Also write the counts as JSON here.", **fv)
 
 
-def step_flops(config_path: str, depth: int, latent: int, batch: int, rank: int) -> dict:
-    """XLA's FLOP counts of the forward and of the three gradients (see the module doc)."""
+def reduced_overrides(config_path: str, depth: int, latent: int) -> dict:
+    """Config overrides that give the config's model ``depth`` blocks, a ``latent``-cell
+    square input (a video model keeps its frames) and unscanned blocks (one program per block,
+    as XLA's counts and the lowered program's calls are read)."""
+    from spotlight_jax import config as conf  # noqa: PLC0415
+    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+
+    video = is_video(conf.model_config(conf.load_config(config_path)))
+    overrides = {"model.num_layers" if video else "model.depth": depth,
+                 "model.image_size": latent, "model.scan_blocks": False}
+    if video:
+        overrides["model.image_width"] = 0          # square, as for the image models
+    return overrides
+
+
+def step_programs(config_path: str, depth: int, latent: int, batch: int, rank: int,
+                  attn=None):
+    """``(model config, {name: (fn, args)})``: the forward and the gradients of a flow-matching
+    loss under full fine-tuning and under LoRA of ``rank`` (merged and factored) of the config's
+    model at ``depth`` blocks, over abstract parameters and inputs (nothing is allocated).
+    ``attn``: the model's ``AttentionSpec`` (its default when None)."""
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
@@ -42,8 +61,7 @@ def step_flops(config_path: str, depth: int, latent: int, batch: int, rank: int)
     from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
     from spotlight_jax.rl import lora as lora_lib  # noqa: PLC0415
 
-    config = conf.load_config(config_path, {"model.depth": depth, "model.image_size": latent,
-                                            "model.scan_blocks": False})
+    config = conf.load_config(config_path, reduced_overrides(config_path, depth, latent))
     cfg = conf.model_config(config)
     graphdef, state = abstract_model(cfg)
     x = jax.ShapeDtypeStruct((batch, *cfg.latent_shape), jnp.float32)
@@ -55,15 +73,16 @@ def step_flops(config_path: str, depth: int, latent: int, batch: int, rank: int)
     mask = jax.ShapeDtypeStruct((batch, cfg.text_len), jnp.bool_)
     lora = jax.eval_shape(lambda: lora_lib.init_lora(state, rank, jax.random.key(0)))
     scale = 2.0
+    kw = {} if attn is None else {"attn": attn}
 
     def flow_loss(model, x, t, tokens, mask):
         eps = jnp.ones_like(x)      # the loss's values do not change its FLOPs
         tb = t.reshape((-1,) + (1,) * (x.ndim - 1))
         xt = (1 - tb) * x + tb * eps
-        return jnp.mean((model(xt, t, tokens, mask) - (eps - x)) ** 2)
+        return jnp.mean((model(xt, t, tokens, mask, **kw) - (eps - x)) ** 2)
 
     def forward(s, base, *a):
-        return nnx.merge(graphdef, s)(*a)
+        return nnx.merge(graphdef, s)(*a, **kw)
 
     def full(s, base, *a):
         return flow_loss(nnx.merge(graphdef, s), *a)
@@ -74,13 +93,21 @@ def step_flops(config_path: str, depth: int, latent: int, batch: int, rank: int)
     def lora_factored(lo, base, *a):
         return flow_loss(lora_lib.adapted_model(graphdef, base, lo, scale), *a)
 
+    data = (state, x, t, tokens, mask)
+    return cfg, {"forward": (forward, (state, *data)), "full": (jax.grad(full), (state, *data)),
+                 "lora_merged": (jax.grad(lora_merged), (lora, *data)),
+                 "lora_factored": (jax.grad(lora_factored), (lora, *data))}
+
+
+def step_flops(config_path: str, depth: int, latent: int, batch: int, rank: int) -> dict:
+    """XLA's FLOP counts of the forward and of the three gradients (see the module doc)."""
+    import jax  # noqa: PLC0415
+
+    _, progs = step_programs(config_path, depth, latent, batch, rank)
     out = {"config": config_path, "depth": depth, "latent": latent, "batch": batch,
            "rank": rank, "backend": jax.default_backend()}
-    for name, fn, first in (("forward", forward, state), ("full", jax.grad(full), state),
-                            ("lora_merged", jax.grad(lora_merged), lora),
-                            ("lora_factored", jax.grad(lora_factored), lora)):
-        lowered = jax.jit(fn).lower(first, state, x, t, tokens, mask)
-        analysis = lowered.compile().cost_analysis()
+    for name, (fn, args) in progs.items():
+        analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
         if isinstance(analysis, (list, tuple)):        # older JAX: one dict per program
             analysis = analysis[0]
         out[f"{name}_flops"] = float(analysis["flops"])

@@ -30,6 +30,8 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     assert json.load(open(out))["parts"] == result["parts"]          # written as it went
     assert result["forward_ms"] > 0 and result["train_step_ms"] > 0
     assert result["hlo_attention_kernel"] == "xla"                    # auto on a CPU
+    step = result["hlo_train_step"]              # so the step's program computes the scores
+    assert (step["cudnn_forward"], step["cudnn_backward"]) == (0, 0) and step["score_values"] > 0
     xla, cudnn = result["attention"]
     assert xla["implementation"] == "xla" and xla["max_abs_diff_vs_xla"] == 0.0
     assert cudnn == {"implementation": "cudnn", "skipped": "not a GPU backend"}

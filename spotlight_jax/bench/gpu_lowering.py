@@ -1,0 +1,276 @@
+"""What a config's programs ask an NVIDIA GPU to run, read from their lowering on any machine.
+
+  python -m spotlight_jax.bench.gpu_lowering [--config=configs/qwen_image.py] [--depth=2]
+      [--latent=64] [--batch=1] [--rank=32] [--sp=4] [--out=FILE.json]
+
+Lowers (StableHLO for the ``cuda`` platform: no GPU and no compile, so a laptop reads a
+full-width model) the config's model at ``--depth`` blocks -- its forward and the gradients of
+a flow-matching loss under full fine-tuning and under factored LoRA r``--rank``, the programs
+``bench.step_flops`` counts -- and the project's attention at the model's sequence in each
+sequence-parallel strategy over ``--sp`` emulated devices, with the kernel
+``attention_impl='auto'`` picks on a Hopper GPU. Each program's census:
+
+* cuDNN flash attention's calls, forward and backward (the ``__cudnn$fmha...`` custom calls);
+* score-sized values: ops whose result is ``[batch, heads, queries, keys]`` (in any order of
+  the leading axes) at the sequence's lengths: attention computed outside a kernel (XLA's
+  implementation, the ring's backward);
+* the matmul FLOPs by operand dtypes: the share at the tensor cores' bf16 rate.
+
+What the GPU's compiler then makes of the program (fusions, each kernel's speed) only a device
+measures (``bench.device_check``); this says whether the program asks for the right kernels
+before one is lent. JAX asks the cuDNN library for its version while lowering its fused
+attention: the lowering here assumes cuDNN 9.8 on a Hopper GPU (:func:`cudnn_assumed`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+
+from absl import app, flags
+
+from spotlight_jax import programs
+
+FLAGS = flags.FLAGS
+CUDNN_VERSION = 90800
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetDevice:
+    """A device a program is lowered for, with what ``parallel.kernels`` reads of one."""
+
+    platform: str
+    device_kind: str
+    compute_capability: str
+
+
+HOPPER = TargetDevice("gpu", "NVIDIA H100 80GB HBM3", "9.0")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    fv = {"flag_values": flag_values}
+    flags.DEFINE_string("config", str(programs.REPO / "configs" / "qwen_image.py"),
+                        "Config file whose model is lowered.", **fv)
+    flags.DEFINE_integer("depth", 2, "Blocks of the model (real width).", **fv)
+    flags.DEFINE_integer("latent", 64, "Latent cells per side (64 = a 512^2 image at /8).", **fv)
+    flags.DEFINE_integer("batch", 1, "Latents per program.", **fv)
+    flags.DEFINE_integer("rank", 32, "LoRA rank.", **fv)
+    flags.DEFINE_integer("sp", 4, "Sequence-parallel degree of the attention paths.", **fv)
+    flags.DEFINE_string("out", None, "Also write the census as JSON here.", **fv)
+
+
+@contextlib.contextmanager
+def cudnn_assumed(version: int = CUDNN_VERSION, capability: str = HOPPER.compute_capability):
+    """Within: JAX lowers cuDNN's fused attention as if cuDNN ``version`` ran on a GPU of
+    compute ``capability`` (its lowering asks the library, which a machine without a GPU
+    lacks); JAX's own checks are restored on exit."""
+    from jax._src.cudnn import fused_attention_stablehlo as fused  # noqa: PLC0415
+
+    names = ("check_cudnn_version", "check_compute_capability")
+    missing = [n for n in names if not hasattr(fused, n)]
+    if missing:
+        import jax  # noqa: PLC0415
+        raise RuntimeError(f"JAX {jax.__version__} has no {', '.join(missing)} in its cuDNN "
+                           "attention module (read from JAX 0.10's): bench.gpu_lowering."
+                           "cudnn_assumed needs updating for this JAX")
+    saved = {n: getattr(fused, n) for n in names}
+    fused.check_cudnn_version = lambda: version
+    fused.check_compute_capability = lambda wanted: float(wanted) <= float(capability)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(fused, name, fn)
+
+
+def lower_for_cuda(fn, *args) -> str:
+    """The StableHLO text of ``jax.jit(fn)`` at ``args`` (arrays or ShapeDtypeStructs),
+    lowered for NVIDIA GPUs on whatever machine this is."""
+    import jax  # noqa: PLC0415
+
+    with cudnn_assumed():
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class Census:
+    """What one lowered program asks for (see the module doc)."""
+
+    cudnn_forward: int
+    cudnn_backward: int
+    score_values: int
+    matmul_flops: dict           # "lhs x rhs" operand dtypes -> FLOPs
+
+    @property
+    def half_share(self) -> float:
+        """The share of the matmul FLOPs with both operands in bf16 or f16."""
+        total = sum(self.matmul_flops.values())
+        half = sum(f for k, f in self.matmul_flops.items()
+                   if set(k.split(" x ")) <= {"bf16", "f16"})
+        return half / total if total else 1.0
+
+
+_FMHA = re.compile(r"custom_call @__cudnn\$fmha(\w*)")
+_TENSOR = re.compile(r"tensor<((?:\d+x)+)(\w+)>")
+_DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\]"
+                  r".*:\s*\((tensor<[^>]*>),\s*(tensor<[^>]*>)\)\s*->\s*(tensor<[^>]*>)")
+
+
+def _shape(tensor_type: str) -> tuple[tuple[int, ...], str]:
+    m = _TENSOR.fullmatch(tensor_type)
+    return tuple(int(d) for d in m.group(1).rstrip("x").split("x")), m.group(2)
+
+
+def census(text: str, lengths) -> Census:
+    """The census of a lowered program's StableHLO ``text`` whose attention runs over sequences
+    of the given ``lengths`` (queries' and keys', every local length): a score-sized value is
+    one of rank 4 or more (batch, heads, maybe head groups, queries, keys) whose last two
+    dimensions are such lengths."""
+    lengths = set(lengths)
+    kernels = _FMHA.findall(text)
+    backward = sum(name.endswith("Backward") for name in kernels)
+    scores, flops = 0, {}
+    for line in text.splitlines():
+        if " = " not in line:
+            continue
+        m = _DOT.search(line)
+        if m:
+            lhs, lt = _shape(m.group(2))
+            _, rt = _shape(m.group(3))
+            out, _ = _shape(m.group(4))
+            contracted = 1
+            for i in (int(i) for i in m.group(1).split(",") if i.strip()):
+                contracted *= lhs[i]
+            size = 1
+            for d in out:
+                size *= d
+            key = f"{lt} x {rt}"
+            flops[key] = flops.get(key, 0.0) + 2.0 * size * contracted
+        results = _TENSOR.findall(line.split("->")[-1] if "->" in line else line.split(":")[-1])
+        for dims, _ in results[-1:]:
+            shape = tuple(int(d) for d in dims.rstrip("x").split("x"))
+            if len(shape) >= 4 and shape[-2] in lengths and shape[-1] in lengths:
+                scores += 1
+    return Census(len(kernels) - backward, backward, scores, flops)
+
+
+def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: int,
+                   target=HOPPER):
+    """``(model config, kernel, why not cuDNN or None, {name: (fn, args)})``: the forward, the
+    full and the factored LoRA gradients of ``bench.step_flops``, with the attention kernel
+    ``auto`` resolves to on ``target``."""
+    from spotlight_jax import config as conf  # noqa: PLC0415
+    from spotlight_jax.bench.step_flops import reduced_overrides, step_programs  # noqa: PLC0415
+    from spotlight_jax.models import AttentionSpec  # noqa: PLC0415
+    from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
+    from spotlight_jax.parallel import kernels  # noqa: PLC0415
+
+    cfg = conf.model_config(conf.load_config(config_path,
+                                             reduced_overrides(config_path, depth, latent)))
+    dtype, head_dim = as_dtype(cfg.dtype), head_dim_of(cfg)
+    kernel = kernels.resolve("auto", dtype, head_dim, [target])
+    why = kernels.cudnn_refusal(dtype, head_dim, [target])
+    cfg, progs = step_programs(config_path, depth, latent, batch, rank,
+                               attn=AttentionSpec(impl=kernel))
+    return cfg, kernel, why, {k: progs[k] for k in ("forward", "full", "lora_factored")}
+
+
+def head_dim_of(cfg) -> int:
+    """The attention head dim of an image (MMDiT) or video (Wan) model config."""
+    return cfg.attention_head_dim if hasattr(cfg, "attention_head_dim") else cfg.head_dim
+
+
+def heads_of(cfg) -> int:
+    return cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.num_heads
+
+
+def sequence_of(cfg) -> int:
+    """The model's self-attention sequence: image and text tokens jointly for an MMDiT, the
+    video's tokens for Wan (whose text is attended by cross-attention)."""
+    return cfg.num_patches + (0 if hasattr(cfg, "attention_head_dim") else cfg.text_len)
+
+
+def attention_programs(cfg, kernel, batch: int, sp: int, devices=None):
+    """``{strategy: (fn, args)}``: the gradient of the project's attention
+    (``parallel.attention``) at ``cfg``'s sequence, heads and head dim, the last
+    ``text_len`` keys padding, in each SP strategy over ``sp`` of ``devices``."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from jax.sharding import Mesh  # noqa: PLC0415
+
+    from spotlight_jax import parallel  # noqa: PLC0415
+    from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
+
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) < sp:
+        raise ValueError(f"--sp={sp}: the attention paths need {sp} devices and this process "
+                         f"has {len(devices)}; lower --sp")
+    mesh = Mesh(np.array(devices[:sp]), ("sp",))
+    qkv = jax.ShapeDtypeStruct((batch, sequence_of(cfg), heads_of(cfg), head_dim_of(cfg)),
+                               as_dtype(cfg.dtype))
+    mask = jax.ShapeDtypeStruct((batch, sequence_of(cfg)), jnp.bool_)
+    out = {}
+    for strategy in parallel.STRATEGIES:
+        def loss(q, k, v, m, strategy=strategy):
+            o = parallel.attention(q, k, v, mesh=mesh, strategy=strategy, kv_mask=m,
+                                   implementation=kernel)
+            return o.astype(jnp.float32).sum()
+        out[strategy] = (jax.grad(loss, argnums=(0, 1, 2)), (qkv, qkv, qkv, mask))
+    return out
+
+
+def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: int,
+                 sp: int) -> dict:
+    """Every program's census (see the module doc), as a JSON-able dict."""
+    cfg, kernel, why, progs = model_programs(config_path, depth, latent, batch, rank)
+    n, heads = sequence_of(cfg), heads_of(cfg)
+    lengths = {n, cfg.text_len} | {-(-n // d) for d in range(2, sp + 1)}
+    rows = {}
+    for name, (fn, args) in progs.items():
+        rows[name] = census(lower_for_cuda(fn, *args), lengths)
+    for strategy, (fn, args) in attention_programs(cfg, kernel, batch, sp).items():
+        rows[f"attention_{strategy}"] = census(lower_for_cuda(fn, *args), lengths)
+    import jax  # noqa: PLC0415
+
+    from spotlight_jax import provenance  # noqa: PLC0415
+
+    return {"config": config_path, "depth": depth, "latent": latent, "batch": batch,
+            "rank": rank, "sp": sp, "jax": jax.__version__, "code": provenance.code_version(),
+            "target": HOPPER.device_kind, "cudnn": CUDNN_VERSION,
+            "kernel": kernel.impl, "not_cudnn": why, "sequence": n, "heads": heads,
+            "programs": {k: dict(dataclasses.asdict(c), half_share=c.half_share)
+                         for k, c in rows.items()}}
+
+
+LABELS = {"forward": "forward", "full": "full fine-tuning gradient",
+          "lora_factored": "LoRA gradient (factored)"}
+
+
+def table(r: dict) -> str:
+    head = (f"{r['config']} at {r['depth']} block(s), {r['latent']}^2 latent, batch {r['batch']}"
+            f", {r['sequence']} tokens, {r['heads']} heads; lowered for {r['target']} (cuDNN "
+            f"{r['cudnn']}): attention kernel {r['kernel']}"
+            + (f" ({r['not_cudnn']})" if r["not_cudnn"] else ""))
+    lines = [head, "", "| program | cuDNN fwd | cuDNN bwd | score-sized values | matmul FLOPs "
+             "| bf16 share |", "|---|---|---|---|---|---|"]
+    for name, c in r["programs"].items():
+        label = LABELS.get(name, name.replace("attention_", f"attention, {r['sp']}-way ")
+                           .replace(f"{r['sp']}-way dense", "dense"))
+        total = sum(c["matmul_flops"].values())
+        lines.append(f"| {label} | {c['cudnn_forward']} | {c['cudnn_backward']} | "
+                     f"{c['score_values']} | {total:.3e} | {100 * c['half_share']:.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    programs.emulate_devices(FLAGS.sp)
+    result = gpu_lowering(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.rank,
+                          FLAGS.sp)
+    programs.emit(result, table(result), FLAGS.out)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
