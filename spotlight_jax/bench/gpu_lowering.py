@@ -1,7 +1,7 @@
 """What a config's programs ask an NVIDIA GPU to run, read from their lowering on any machine.
 
   python -m spotlight_jax.bench.gpu_lowering [--config=configs/qwen_image.py] [--depth=2]
-      [--latent=64] [--batch=1] [--rank=32] [--sp=4] [--out=FILE.json]
+      [--latent=64] [--batch=1] [--rank=32] [--sp=4] [--remat_policy=POLICY] [--out=FILE.json]
 
 Lowers (StableHLO for the ``cuda`` platform: no GPU and no compile, so a laptop reads a
 full-width model) the config's model at ``--depth`` blocks -- its forward and the gradients of
@@ -14,7 +14,9 @@ sequence-parallel strategy over ``--sp`` emulated devices, with the kernel
 * score-sized values: ops whose result is ``[batch, heads, queries, keys]`` (in any order of
   the leading axes) at the sequence's lengths: attention computed outside a kernel (XLA's
   implementation, the ring's backward);
-* the matmul FLOPs by operand dtypes: the share at the tensor cores' bf16 rate.
+* the matmul FLOPs by operand dtypes (the share at the tensor cores' bf16 rate), and the fused
+  attention's FLOPs (``4 b h q k d`` per forward call, twice that per backward, as model FLOPs
+  count them).
 
 What the GPU's compiler then makes of the program (fusions, each kernel's speed) only a device
 measures (``bench.device_check``); this says whether the program asks for the right kernels
@@ -56,6 +58,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("batch", 1, "Latents per program.", **fv)
     flags.DEFINE_integer("rank", 32, "LoRA rank.", **fv)
     flags.DEFINE_integer("sp", 4, "Sequence-parallel degree of the attention paths.", **fv)
+    flags.DEFINE_string("remat_policy", "", "The model's remat policy (nothing, dots_no_batch, "
+                        "dots; empty: the config's).", **fv)
     flags.DEFINE_string("out", None, "Also write the census as JSON here.", **fv)
 
 
@@ -100,6 +104,12 @@ class Census:
     cudnn_backward: int
     score_values: int
     matmul_flops: dict           # "lhs x rhs" operand dtypes -> FLOPs
+    fused_attention_flops: float = 0.0
+
+    @property
+    def flops(self) -> float:
+        """The matmuls' FLOPs and the fused attention's."""
+        return sum(self.matmul_flops.values()) + self.fused_attention_flops
 
     @property
     def half_share(self) -> float:
@@ -111,6 +121,8 @@ class Census:
 
 
 _FMHA = re.compile(r"custom_call @__cudnn\$fmha(\w*)")
+_FMHA_OPERANDS = re.compile(r"custom_call @__cudnn\$fmha(\w*)\(.*\}\s*:\s*\((tensor<[^>]*>),"
+                            r"\s*(tensor<[^>]*>)")
 _TENSOR = re.compile(r"tensor<((?:\d+x)+)(\w+)>")
 _DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\]"
                   r".*:\s*\((tensor<[^>]*>),\s*(tensor<[^>]*>)\)\s*->\s*(tensor<[^>]*>)")
@@ -129,10 +141,15 @@ def census(text: str, lengths) -> Census:
     lengths = set(lengths)
     kernels = _FMHA.findall(text)
     backward = sum(name.endswith("Backward") for name in kernels)
-    scores, flops = 0, {}
+    scores, flops, fused = 0, {}, 0.0
     for line in text.splitlines():
         if " = " not in line:
             continue
+        m = _FMHA_OPERANDS.search(line)
+        if m:       # q [b, queries, heads, d], k [b, keys, heads, d] (the BTNH layout)
+            (b, sq, h, d), _ = _shape(m.group(2))
+            sk = _shape(m.group(3))[0][1]
+            fused += 4.0 * b * h * sq * sk * d * (2 if m.group(1).endswith("Backward") else 1)
         m = _DOT.search(line)
         if m:
             lhs, lt = _shape(m.group(2))
@@ -151,27 +168,28 @@ def census(text: str, lengths) -> Census:
             shape = tuple(int(d) for d in dims.rstrip("x").split("x"))
             if len(shape) >= 4 and shape[-2] in lengths and shape[-1] in lengths:
                 scores += 1
-    return Census(len(kernels) - backward, backward, scores, flops)
+    return Census(len(kernels) - backward, backward, scores, flops, fused)
 
 
 def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: int,
-                   target=HOPPER):
+                   target=HOPPER, **model):
     """``(model config, kernel, why not cuDNN or None, {name: (fn, args)})``: the forward, the
-    full and the factored LoRA gradients of ``bench.step_flops``, with the attention kernel
-    ``auto`` resolves to on ``target``."""
+    full and the factored LoRA gradients of ``bench.step_flops`` (``model``: overrides of the
+    model section), with the attention kernel ``auto`` resolves to on ``target``."""
     from spotlight_jax import config as conf  # noqa: PLC0415
     from spotlight_jax.bench.step_flops import reduced_overrides, step_programs  # noqa: PLC0415
     from spotlight_jax.models import AttentionSpec  # noqa: PLC0415
     from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
     from spotlight_jax.parallel import kernels  # noqa: PLC0415
 
-    cfg = conf.model_config(conf.load_config(config_path,
-                                             reduced_overrides(config_path, depth, latent)))
+    cfg = conf.model_config(conf.load_config(config_path, {
+        **reduced_overrides(config_path, depth, latent),
+        **{f"model.{k}": v for k, v in model.items()}}))
     dtype, head_dim = as_dtype(cfg.dtype), head_dim_of(cfg)
     kernel = kernels.resolve("auto", dtype, head_dim, [target])
     why = kernels.cudnn_refusal(dtype, head_dim, [target])
     cfg, progs = step_programs(config_path, depth, latent, batch, rank,
-                               attn=AttentionSpec(impl=kernel))
+                               attn=AttentionSpec(impl=kernel), **model)
     return cfg, kernel, why, {k: progs[k] for k in ("forward", "full", "lora_factored")}
 
 
@@ -221,9 +239,11 @@ def attention_programs(cfg, kernel, batch: int, sp: int, devices=None):
 
 
 def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: int,
-                 sp: int) -> dict:
-    """Every program's census (see the module doc), as a JSON-able dict."""
-    cfg, kernel, why, progs = model_programs(config_path, depth, latent, batch, rank)
+                 sp: int, remat_policy: str = "") -> dict:
+    """Every program's census (see the module doc), as a JSON-able dict; ``remat_policy``
+    overrides the config's (``""``: the config's)."""
+    model = {"remat_policy": remat_policy} if remat_policy else {}
+    cfg, kernel, why, progs = model_programs(config_path, depth, latent, batch, rank, **model)
     n, heads = sequence_of(cfg), heads_of(cfg)
     lengths = {n, cfg.text_len} | {-(-n // d) for d in range(2, sp + 1)}
     rows = {}
@@ -237,9 +257,10 @@ def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
 
     return {"config": config_path, "depth": depth, "latent": latent, "batch": batch,
             "rank": rank, "sp": sp, "jax": jax.__version__, "code": provenance.code_version(),
-            "target": HOPPER.device_kind, "cudnn": CUDNN_VERSION,
+            "remat": cfg.remat and cfg.remat_policy, "target": HOPPER.device_kind,
+            "cudnn": CUDNN_VERSION,
             "kernel": kernel.impl, "not_cudnn": why, "sequence": n, "heads": heads,
-            "programs": {k: dict(dataclasses.asdict(c), half_share=c.half_share)
+            "programs": {k: dict(dataclasses.asdict(c), half_share=c.half_share, flops=c.flops)
                          for k, c in rows.items()}}
 
 
@@ -249,25 +270,33 @@ LABELS = {"forward": "forward", "full": "full fine-tuning gradient",
 
 def table(r: dict) -> str:
     head = (f"{r['config']} at {r['depth']} block(s), {r['latent']}^2 latent, batch {r['batch']}"
-            f", {r['sequence']} tokens, {r['heads']} heads; lowered for {r['target']} (cuDNN "
-            f"{r['cudnn']}): attention kernel {r['kernel']}"
+            f", {r['sequence']} tokens, {r['heads']} heads, remat {r['remat'] or 'off'}; lowered "
+            f"for {r['target']} (cuDNN {r['cudnn']}): attention kernel {r['kernel']}"
             + (f" ({r['not_cudnn']})" if r["not_cudnn"] else ""))
     lines = [head, "", "| program | cuDNN fwd | cuDNN bwd | score-sized values | matmul FLOPs "
-             "| bf16 share |", "|---|---|---|---|---|---|"]
+             "| fused attention FLOPs | x forward | matmuls in bf16 |",
+             "|---|---|---|---|---|---|---|---|"]
+    forward = _total(r["programs"]["forward"])
     for name, c in r["programs"].items():
         label = LABELS.get(name, name.replace("attention_", f"attention, {r['sp']}-way ")
                            .replace(f"{r['sp']}-way dense", "dense"))
-        total = sum(c["matmul_flops"].values())
+        ratio = f"{_total(c) / forward:.2f}" if not name.startswith("attention") else "-"
         lines.append(f"| {label} | {c['cudnn_forward']} | {c['cudnn_backward']} | "
-                     f"{c['score_values']} | {total:.3e} | {100 * c['half_share']:.1f}% |")
+                     f"{c['score_values']} | {sum(c['matmul_flops'].values()):.3e} | "
+                     f"{c['fused_attention_flops']:.3e} | {ratio} | "
+                     f"{100 * c['half_share']:.1f}% |")
     return "\n".join(lines)
+
+
+def _total(row: dict) -> float:
+    return sum(row["matmul_flops"].values()) + row["fused_attention_flops"]
 
 
 def main(argv):
     del argv
     programs.emulate_devices(FLAGS.sp)
     result = gpu_lowering(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.rank,
-                          FLAGS.sp)
+                          FLAGS.sp, FLAGS.remat_policy)
     programs.emit(result, table(result), FLAGS.out)
 
 

@@ -48,11 +48,12 @@ def reduced_overrides(config_path: str, depth: int, latent: int) -> dict:
 
 
 def step_programs(config_path: str, depth: int, latent: int, batch: int, rank: int,
-                  attn=None):
+                  attn=None, **model):
     """``(model config, {name: (fn, args)})``: the forward and the gradients of a flow-matching
     loss under full fine-tuning and under LoRA of ``rank`` (merged and factored) of the config's
     model at ``depth`` blocks, over abstract parameters and inputs (nothing is allocated).
-    ``attn``: the model's ``AttentionSpec`` (its default when None)."""
+    ``attn``: the model's ``AttentionSpec`` (its default when None); ``model``: overrides of
+    the model section (``remat_policy="dots"``)."""
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
@@ -61,7 +62,8 @@ def step_programs(config_path: str, depth: int, latent: int, batch: int, rank: i
     from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
     from spotlight_jax.rl import lora as lora_lib  # noqa: PLC0415
 
-    config = conf.load_config(config_path, reduced_overrides(config_path, depth, latent))
+    config = conf.load_config(config_path, {**reduced_overrides(config_path, depth, latent),
+                                            **{f"model.{k}": v for k, v in model.items()}})
     cfg = conf.model_config(config)
     graphdef, state = abstract_model(cfg)
     x = jax.ShapeDtypeStruct((batch, *cfg.latent_shape), jnp.float32)

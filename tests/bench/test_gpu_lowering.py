@@ -107,3 +107,37 @@ def test_more_sp_ranks_than_devices_is_one_line():
     cfg, _ = _blocks_and_remat(TINY, 1, 8)
     with pytest.raises(ValueError, match=r"--sp=64: the attention paths need 64 devices"):
         gl.attention_programs(cfg, None, batch=1, sp=64)
+
+
+@pytest.mark.parametrize("path", [QWEN, WAN])
+def test_the_lowered_forward_has_the_flops_the_cost_model_counts(path):
+    from spotlight_jax.emulation.flops import forward_flops
+    depth, latent, batch = 2, 16, 2
+    cfg, _, _, progs = gl.model_programs(path, depth, latent, batch, rank=4)
+    c = gl.census(gl.lower_for_cuda(progs["forward"][0], *progs["forward"][1]),
+                  {gl.sequence_of(cfg), cfg.text_len})
+    expected = float(forward_flops(cfg, batch=batch))
+    if path == QWEN:
+        # the last block's text stream after attention (out, fc1, fc2) feeds nothing: JAX drops
+        # it from the program, emulation.flops counts it (a 60-block model: 0.2% of the text's)
+        d, h = cfg.width, int(cfg.width * cfg.mlp_ratio)
+        expected -= batch * cfg.text_len * 2 * (d * d + 2 * d * h)
+    # the matmuls and the fused attention, against emulation.flops' closed form
+    assert c.flops == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize("policy, recomputed", [("nothing", 1), ("dots_no_batch", 0)])
+def test_the_remat_policy_sets_how_many_forwards_of_matmuls_the_step_spends(policy, recomputed):
+    """Each matmul: a forward, two in the backward (inputs' and weights' gradients), one more
+    when the remat recomputes it; the fused attention is recomputed under every policy (its
+    output is no matmul): a forward, a recompute and a backward of twice the FLOPs."""
+    depth, latent = 2, 64
+    cfg, _, _, progs = gl.model_programs(QWEN, depth, latent, 1, rank=4, remat_policy=policy)
+    assert cfg.remat
+    lengths = {gl.sequence_of(cfg), cfg.text_len}
+    fwd, full = (gl.census(gl.lower_for_cuda(progs[k][0], *progs[k][1]), lengths)
+                 for k in ("forward", "full"))
+    matmuls = sum(fwd.matmul_flops.values())
+    # the patch and text embeddings' inputs need no gradient: a little under the count
+    assert sum(full.matmul_flops.values()) == pytest.approx((3 + recomputed) * matmuls, rel=0.01)
+    assert full.fused_attention_flops == 4 * fwd.fused_attention_flops
