@@ -182,13 +182,24 @@ def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
     return cfg.depth * 2 * per_stream + cfg.single_blocks * single
 
 
-def remat_recompute_fraction(cfg: MMDiTConfig) -> float:
+def remat_recompute_fraction(cfg: MMDiTConfig, fused_attention: bool | None = None) -> float:
     """The share of a forward the backward recomputes under the model's remat policy: none
-    without remat, all of it when nothing is kept, the attention's matmuls when the other
-    matmul outputs are kept (``dots_no_batch``), none when every matmul output is kept."""
-    if not cfg.remat or cfg.remat_policy == "dots":
+    without remat, all of it when nothing is kept, the attention when the other matmul outputs
+    are kept (``dots_no_batch``: its matmuls have batch dimensions), and under ``dots`` none
+    unless the attention is a fused kernel, whose output is no matmul any policy keeps
+    (``fused_attention``; None: whether ``auto`` runs one for the model's dtype and head dim
+    on a GPU, what the priced devices run). ``bench.gpu_lowering``'s census of the lowered
+    step agrees (``tests/bench/test_gpu_lowering.py``)."""
+    if not cfg.remat:
         return 0.0
-    if cfg.remat_policy == "dots_no_batch":
+    if cfg.remat_policy in ("dots", "dots_no_batch"):
+        if fused_attention is None:
+            from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
+            from spotlight_jax.parallel.kernels import fused_on_gpus  # noqa: PLC0415
+            head_dim = getattr(cfg, "attention_head_dim", None) or cfg.head_dim
+            fused_attention = fused_on_gpus("auto", as_dtype(cfg.dtype), head_dim)
+        if cfg.remat_policy == "dots" and not fused_attention:
+            return 0.0
         parts = flops_breakdown(cfg)
         return parts["block_attention"] / sum(parts.values())
     return 1.0

@@ -141,3 +141,18 @@ def test_the_remat_policy_sets_how_many_forwards_of_matmuls_the_step_spends(poli
     # the patch and text embeddings' inputs need no gradient: a little under the count
     assert sum(full.matmul_flops.values()) == pytest.approx((3 + recomputed) * matmuls, rel=0.01)
     assert full.fused_attention_flops == 4 * fwd.fused_attention_flops
+
+
+@pytest.mark.parametrize("policy", ["nothing", "dots_no_batch", "dots"])
+def test_the_cost_models_recompute_share_is_the_lowered_steps(policy):
+    """``emulation.flops.remat_recompute_fraction`` (what the cost model charges a GPU step
+    beyond a forward and a backward of two) against the lowered full step's FLOPs."""
+    from spotlight_jax.emulation.flops import remat_recompute_fraction
+    cfg, _, _, progs = gl.model_programs(QWEN, 2, 64, 1, rank=4, remat_policy=policy)
+    lengths = {gl.sequence_of(cfg), cfg.text_len}
+    fwd, full = (gl.census(gl.lower_for_cuda(progs[k][0], *progs[k][1]), lengths).flops
+                 for k in ("forward", "full"))
+    # the embeddings' inputs need no gradient: the lowered step is a little under the count
+    assert (full - 3 * fwd) / fwd == pytest.approx(remat_recompute_fraction(cfg), abs=0.02)
+    assert remat_recompute_fraction(cfg, fused_attention=False) == (
+        {"nothing": 1.0, "dots": 0.0}.get(policy, remat_recompute_fraction(cfg)))
