@@ -46,7 +46,8 @@ def get_config():
     m.dtype = "float32"
     m.param_dtype = "float32"
     m.remat = False
-    m.remat_policy = "nothing"      # nothing | dots_no_batch | dots (models.mmdit.REMAT_POLICIES)
+    m.remat_policy = "nothing"      # nothing | attention | dots_no_batch | dots_attention | dots
+    #                                 (models.mmdit.REMAT_POLICIES: what a block keeps)
     m.scan_blocks = False
     # Options of the model families a diffusers checkpoint brings (models.convert sets them from
     # its config.json; configs/qwen_image.py and configs/sd35_medium.py name them for dry runs).

@@ -22,8 +22,8 @@ def wan_model(**fields):
         patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
         out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
         cross_attn_norm=True, eps=1e-6, rope_theta=10_000.0, dtype="bfloat16",
-        param_dtype="bfloat16", remat=True, scan_blocks=True, vocab_size=64, text_width=0,
-        text_layers=2, text_heads=2), **fields))
+        param_dtype="bfloat16", remat=True, remat_policy="nothing", scan_blocks=True,
+        vocab_size=64, text_width=0, text_layers=2, text_heads=2), **fields))
 
 
 def get_config():

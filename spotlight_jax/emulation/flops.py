@@ -183,26 +183,30 @@ def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
 
 
 def remat_recompute_fraction(cfg: MMDiTConfig, fused_attention: bool | None = None) -> float:
-    """The share of a forward the backward recomputes under the model's remat policy: none
-    without remat, all of it when nothing is kept, the attention when the other matmul outputs
-    are kept (``dots_no_batch``: its matmuls have batch dimensions), and under ``dots`` none
-    unless the attention is a fused kernel, whose output is no matmul any policy keeps
-    (``fused_attention``; None: whether ``auto`` runs one for the model's dtype and head dim
-    on a GPU, what the priced devices run). ``bench.gpu_lowering``'s census of the lowered
-    step agrees (``tests/bench/test_gpu_lowering.py``)."""
+    """The share of a forward the backward recomputes under the model's remat policy
+    (``models.mmdit.REMAT_POLICIES``): none without remat; all of it when nothing is kept; all
+    but the attention when a fused kernel's outputs are kept (``attention``); the attention
+    when the other matmul outputs are kept (``dots_no_batch``: its matmuls have batch
+    dimensions; ``dots``, unless the attention is XLA's, whose matmuls it keeps); none when
+    both are (``dots_attention``). A fused kernel's output is no matmul, so only the
+    ``*attention`` policies keep it: ``fused_attention`` (None: whether ``auto`` runs one for the
+    model's dtype and head dim on a GPU, what the priced devices run). ``bench.gpu_lowering``'s
+    census of the lowered step agrees (``tests/bench/test_gpu_lowering.py``)."""
     if not cfg.remat:
         return 0.0
-    if cfg.remat_policy in ("dots", "dots_no_batch"):
-        if fused_attention is None:
-            from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
-            from spotlight_jax.parallel.kernels import fused_on_gpus  # noqa: PLC0415
-            head_dim = getattr(cfg, "attention_head_dim", None) or cfg.head_dim
-            fused_attention = fused_on_gpus("auto", as_dtype(cfg.dtype), head_dim)
-        if cfg.remat_policy == "dots" and not fused_attention:
-            return 0.0
-        parts = flops_breakdown(cfg)
-        return parts["block_attention"] / sum(parts.values())
-    return 1.0
+    if fused_attention is None:
+        from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
+        from spotlight_jax.parallel.kernels import fused_on_gpus  # noqa: PLC0415
+        head_dim = getattr(cfg, "attention_head_dim", None) or cfg.head_dim
+        fused_attention = fused_on_gpus("auto", as_dtype(cfg.dtype), head_dim)
+    parts = flops_breakdown(cfg)
+    attention = parts["block_attention"] / sum(parts.values())
+    keeps_attention = fused_attention and cfg.remat_policy.endswith("attention")
+    if cfg.remat_policy == "dots":
+        keeps_attention = not fused_attention
+    if cfg.remat_policy in ("dots", "dots_no_batch", "dots_attention"):
+        return 0.0 if keeps_attention else attention
+    return 1.0 - attention if keeps_attention else 1.0
 
 
 def jaxpr_flops(jaxpr, mult: int = 1) -> int:

@@ -62,6 +62,7 @@ from spotlight_jax.models.layers import (
     stacked_blocks,
     timestep_embedding,
 )
+from spotlight_jax.parallel.kernels import keeps_fused_attention
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 POS_EMBEDS = ("sincos", "sd3_table", "rope3d", "rope3d_flux")
@@ -70,9 +71,13 @@ TIMESTEP_SCALINGS = ("before_freqs", "after_freqs")
 TIMESTEP_FREQS = ("jnp", "rounded")
 
 
-REMAT_POLICIES = {"nothing": None,
-                  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                  "dots": jax.checkpoint_policies.checkpoint_dots}
+REMAT_POLICIES = {
+    "nothing": None,
+    "attention": keeps_fused_attention,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_attention": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, keeps_fused_attention),
+    "dots": jax.checkpoint_policies.checkpoint_dots}
 
 
 def as_dtype(name):
@@ -110,8 +115,10 @@ class MMDiTConfig:
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block
     # what a rematerialised block keeps for its backward (REMAT_POLICIES): nothing (recompute
-    # the whole block), dots_no_batch (keep the projections' and MLPs' matmul outputs; recompute
-    # the attention and the elementwise work), dots (every matmul output, attention's too)
+    # the whole block), attention (a fused attention kernel's output and statistics: the rest
+    # is recomputed, the kernel is not), dots_no_batch (the projections' and MLPs' matmul
+    # outputs; recompute the attention and the elementwise work), dots_attention (both), dots
+    # (every matmul output, XLA's attention's too; a fused kernel's output is no matmul)
     remat_policy: str = "nothing"
     scan_blocks: bool = False     # lax.scan over stacked blocks (large depths compile once)
     # Options of converted checkpoints (models.convert); the defaults are this project's model.

@@ -43,7 +43,7 @@ from spotlight_jax.models.layers import (
     stacked_blocks,
     timestep_embedding,
 )
-from spotlight_jax.models.mmdit import AttentionSpec, PromptEncoder, as_dtype
+from spotlight_jax.models.mmdit import REMAT_POLICIES, AttentionSpec, PromptEncoder, as_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,7 @@ class WanConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False           # jax.checkpoint each block (its backward recomputes it)
+    remat_policy: str = "nothing"   # what a rematerialised block keeps (mmdit.REMAT_POLICIES)
     # lax.scan over the blocks' parameters stacked on a leading axis: one block is traced and
     # compiled whatever the depth (the looped blocks of a 40-layer model are compiled 40 times)
     scan_blocks: bool = False
@@ -119,13 +120,11 @@ class WanConfig:
         return 0 if self.text_width else self.text_dim
 
     # What the rest of the project reads off an MMDiTConfig, fixed for Wan (class constants, not
-    # fields): no pooled text conditioning, no guidance input, no single-stream blocks, a
-    # rematerialised block keeps nothing.
+    # fields): no pooled text conditioning, no guidance input, no single-stream blocks.
     pooled = "none"
     pooled_dim = 0
     guidance_embed = False
     single_blocks = 0
-    remat_policy = "nothing"
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -179,6 +178,9 @@ class WanConfig:
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: use float32, bfloat16 or "
                                  "float16")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"remat_policy={self.remat_policy!r}: choose one of "
+                             f"{tuple(REMAT_POLICIES)}")
         return self
 
 
@@ -344,7 +346,7 @@ class WanTransformer(nnx.Module):
             return block(tokens, text, temb6, rope, attn, kv_mask)
 
         if cfg.remat:
-            run_block = nnx.remat(run_block)
+            run_block = nnx.remat(run_block, policy=REMAT_POLICIES[cfg.remat_policy])
         tokens = run_blocks(self.blocks, run_block, tokens, cfg.scan_blocks)
         mods = self.scale_shift_table[...].astype(jnp.float32) + temb[:, None].astype(
             jnp.float32)

@@ -21,6 +21,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 HALF = (jnp.bfloat16, jnp.float16)
@@ -42,6 +43,22 @@ CUDNN = Kernel("cudnn", by_lengths=True)
 # row's log-sum-exp and recomputes the probabilities (:func:`attend_recomputed`). What the dry
 # run traces to count a flash kernel's residuals on a machine without one; not a user setting.
 RECOMPUTE = Kernel("recompute")
+
+
+# What a rematerialised block can keep so that its backward does not run a fused attention's
+# forward again: the outputs of cuDNN's forward (JAX's primitive: the attention's output and
+# its softmax statistics) and the XLA stand-in's (RECOMPUTE: its output and row log-sum-exp,
+# named). O(sequence) per head, against the O(sequence^2) work of recomputing them.
+SAVED_NAME = "fused_attention"
+_CUDNN_FORWARD = ("dot_product_attention_fwd_wrapper", "dot_product_attention_fwd")
+
+
+def keeps_fused_attention(prim, *_, **params) -> bool:
+    """A ``jax.checkpoint`` policy: save what a fused attention's forward returns (see above),
+    recompute the rest. A kernel it does not know is recomputed as before, never wrong."""
+    if prim.name in _CUDNN_FORWARD:
+        return True
+    return prim.name == "name" and params.get("name") == SAVED_NAME
 
 
 def cudnn_refusal(dtype, head_dim: int, devices=None) -> str | None:
@@ -198,6 +215,8 @@ def _recomputed(q, k, v, bias):
 def _recomputed_fwd(q, k, v, bias):
     p, lse = _probabilities(q, k, bias)
     out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
+    # named, so a remat policy that keeps a fused attention's outputs keeps these
+    out, lse = checkpoint_name(out, SAVED_NAME), checkpoint_name(lse, SAVED_NAME)
     return out, (q, k, v, bias, out, lse)
 
 

@@ -6,6 +6,8 @@ cuDNN flash attention in every block, forward and backward, with no score-sized 
 matmul in bf16, and so does each SP path but the ring's backward; a float32 model gets XLA with
 the reason.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -126,11 +128,13 @@ def test_the_lowered_forward_has_the_flops_the_cost_model_counts(path):
     assert c.flops == pytest.approx(expected, rel=1e-3)
 
 
-@pytest.mark.parametrize("policy, recomputed", [("nothing", 1), ("dots_no_batch", 0)])
-def test_the_remat_policy_sets_how_many_forwards_of_matmuls_the_step_spends(policy, recomputed):
+@pytest.mark.parametrize("policy, recomputed, attention_recomputed", [
+    ("nothing", 1, 1), ("attention", 1, 0), ("dots_no_batch", 0, 1), ("dots_attention", 0, 0)])
+def test_the_remat_policy_sets_how_many_forwards_of_matmuls_the_step_spends(
+        policy, recomputed, attention_recomputed):
     """Each matmul: a forward, two in the backward (inputs' and weights' gradients), one more
-    when the remat recomputes it; the fused attention is recomputed under every policy (its
-    output is no matmul): a forward, a recompute and a backward of twice the FLOPs."""
+    when the remat recomputes it; the fused attention: a forward, a backward of twice its FLOPs
+    and, unless the policy keeps its outputs (``*attention``), a recompute."""
     depth, latent = 2, 64
     cfg, _, _, progs = gl.model_programs(QWEN, depth, latent, 1, rank=4, remat_policy=policy)
     assert cfg.remat
@@ -140,10 +144,13 @@ def test_the_remat_policy_sets_how_many_forwards_of_matmuls_the_step_spends(poli
     matmuls = sum(fwd.matmul_flops.values())
     # the patch and text embeddings' inputs need no gradient: a little under the count
     assert sum(full.matmul_flops.values()) == pytest.approx((3 + recomputed) * matmuls, rel=0.01)
-    assert full.fused_attention_flops == 4 * fwd.fused_attention_flops
+    assert full.fused_attention_flops == (3 + attention_recomputed) * fwd.fused_attention_flops
+    assert (full.cudnn_forward, full.cudnn_backward) == (depth * (1 + attention_recomputed),
+                                                         depth)
 
 
-@pytest.mark.parametrize("policy", ["nothing", "dots_no_batch", "dots"])
+@pytest.mark.parametrize("policy", ["nothing", "attention", "dots_no_batch", "dots_attention",
+                                    "dots"])
 def test_the_cost_models_recompute_share_is_the_lowered_steps(policy):
     """``emulation.flops.remat_recompute_fraction`` (what the cost model charges a GPU step
     beyond a forward and a backward of two) against the lowered full step's FLOPs."""
@@ -154,5 +161,12 @@ def test_the_cost_models_recompute_share_is_the_lowered_steps(policy):
                  for k in ("forward", "full"))
     # the embeddings' inputs need no gradient: the lowered step is a little under the count
     assert (full - 3 * fwd) / fwd == pytest.approx(remat_recompute_fraction(cfg), abs=0.02)
-    assert remat_recompute_fraction(cfg, fused_attention=False) == (
-        {"nothing": 1.0, "dots": 0.0}.get(policy, remat_recompute_fraction(cfg)))
+    # with XLA's attention the *attention policies keep nothing more, and dots keeps its matmuls
+    xla = {"nothing": "nothing", "attention": "nothing", "dots_no_batch": "dots_no_batch",
+           "dots_attention": "dots_no_batch"}
+    if policy in xla:
+        same = dataclasses.replace(cfg, remat_policy=xla[policy])
+        assert remat_recompute_fraction(cfg, fused_attention=False) == remat_recompute_fraction(
+            same, fused_attention=False)
+    else:
+        assert remat_recompute_fraction(cfg, fused_attention=False) == 0.0

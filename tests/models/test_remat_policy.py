@@ -18,11 +18,13 @@ from spotlight_jax.models import MMDiT, MMDiTConfig
 BASE = MMDiTConfig(image_size=16, patch_size=2, width=64, depth=2, num_heads=4, text_len=8,
                    text_width=32, text_layers=1, text_heads=2)
 POLICIES = {"none": {"remat": False}, "nothing": {"remat": True},
+            "attention": {"remat": True, "remat_policy": "attention"},
             "dots_no_batch": {"remat": True, "remat_policy": "dots_no_batch"},
+            "dots_attention": {"remat": True, "remat_policy": "dots_attention"},
             "dots": {"remat": True, "remat_policy": "dots"}}
 
 
-@pytest.mark.e2e          # four gradient programs compiled: ~30 s
+@pytest.mark.e2e          # six gradient programs compiled: ~40 s
 def test_every_policy_gives_the_same_gradient_and_costs_what_it_keeps():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 16, 16, 3)), jnp.float32)
@@ -41,9 +43,40 @@ def test_every_policy_gives_the_same_gradient_and_costs_what_it_keeps():
     for name in POLICIES:
         assert all(np.array_equal(a, b) for a, b in zip(grads["none"], grads[name])), name
     assert flops["none"] < flops["dots"] <= flops["dots_no_batch"] < flops["nothing"], flops
+    # XLA's attention is no fused kernel: the *attention policies keep nothing more here
+    assert flops["attention"] == flops["nothing"] and (
+        flops["dots_attention"] == flops["dots_no_batch"]), flops
     # keeping nothing recomputes a whole forward: about a third more than a forward + backward
     assert flops["nothing"] / flops["none"] == pytest.approx(4 / 3, abs=0.05)
     fraction = remat_recompute_fraction(dataclasses.replace(BASE, **POLICIES["dots_no_batch"]))
     assert 0 < fraction < 1
     with pytest.raises(ValueError, match="remat_policy='some': choose one of"):
         dataclasses.replace(BASE, remat_policy="some").validate()
+
+
+def test_the_attention_policy_keeps_a_fused_kernels_outputs_instead_of_recomputing_them():
+    """Under the XLA stand-in of a fused kernel (``kernels.RECOMPUTE``, whose forward names its
+    output and log-sum-exp), ``attention`` keeps them: the step's program has one attention
+    forward fewer per block (its two matmuls, 4 b h s^2 d FLOPs) than under ``nothing``, and
+    the same gradient."""
+    from spotlight_jax.bench.gpu_lowering import census
+    from spotlight_jax.models import AttentionSpec
+    from spotlight_jax.parallel import kernels
+
+    rng = np.random.default_rng(0)
+    b = 2
+    x = jnp.asarray(rng.standard_normal((b, 16, 16, 3)), jnp.float32)
+    t = jnp.asarray([0.3, 0.8])
+    tokens = jnp.asarray(rng.integers(1, BASE.vocab_size, (b, BASE.text_len)), jnp.int32)
+    spec = AttentionSpec(impl=kernels.RECOMPUTE)
+    seq = BASE.num_patches + BASE.text_len
+    matmuls, grads = {}, {}
+    for policy in ("nothing", "attention"):
+        cfg = dataclasses.replace(BASE, remat=True, remat_policy=policy)
+        graphdef, state = nnx.split(MMDiT(cfg, rngs=nnx.Rngs(0)))
+        grad = jax.jit(jax.grad(lambda s, g=graphdef: jnp.mean(
+            nnx.merge(g, s)(x, t, tokens, attn=spec) ** 2)))
+        matmuls[policy] = sum(census(grad.lower(state).as_text(), {seq}).matmul_flops.values())
+        grads[policy] = jax.tree.leaves(grad(state))
+    assert matmuls["nothing"] - matmuls["attention"] == BASE.depth * 4 * b * seq * seq * BASE.width
+    assert all(np.array_equal(a, c) for a, c in zip(grads["nothing"], grads["attention"]))
