@@ -55,8 +55,9 @@ def define_config_flag(flag_values):
 
 def emit(result: dict, text: str, out: str | None) -> None:
     """Print a program's ``text`` report and, when ``out`` names a file, write ``result`` there
-    as JSON."""
+    as JSON (its folder made if missing)."""
     print(text)
     if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
