@@ -1,7 +1,8 @@
 """What a config's programs ask an NVIDIA GPU to run, read from their lowering on any machine.
 
   python -m spotlight_jax.bench.gpu_lowering [--config=configs/qwen_image.py] [--depth=2]
-      [--latent=64] [--batch=1] [--rank=32] [--sp=4] [--remat_policy=POLICY] [--out=FILE.json]
+      [--latent=64] [--latent_width=0] [--batch=1] [--rank=32] [--sp=4]
+      [--remat_policy=POLICY] [--out=FILE.json]
 
 Lowers (StableHLO for the ``cuda`` platform: no GPU and no compile, so a laptop reads a
 full-width model) the config's model at ``--depth`` blocks -- its forward and the gradients of
@@ -58,8 +59,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("batch", 1, "Latents per program.", **fv)
     flags.DEFINE_integer("rank", 32, "LoRA rank.", **fv)
     flags.DEFINE_integer("sp", 4, "Sequence-parallel degree of the attention paths.", **fv)
-    flags.DEFINE_string("remat_policy", "", "The model's remat policy (nothing, dots_no_batch, "
-                        "dots; empty: the config's).", **fv)
+    flags.DEFINE_string("remat_policy", "", "The model's remat policy (models.mmdit."
+                        "REMAT_POLICIES; empty: the config's).", **fv)
+    flags.DEFINE_integer("latent_width", 0, "A video model's latent columns (0: square).", **fv)
     flags.DEFINE_string("out", None, "Also write the census as JSON here.", **fv)
 
 
@@ -239,10 +241,20 @@ def attention_programs(cfg, kernel, batch: int, sp: int, devices=None):
 
 
 def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: int,
-                 sp: int, remat_policy: str = "") -> dict:
+                 sp: int, remat_policy: str = "", latent_width: int = 0) -> dict:
     """Every program's census (see the module doc), as a JSON-able dict; ``remat_policy``
-    overrides the config's (``""``: the config's)."""
+    overrides the config's (``""``: the config's); ``latent_width`` makes a video model's
+    latent ``latent`` x ``latent_width`` (0: square)."""
+    from spotlight_jax import config as conf  # noqa: PLC0415
+    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+
     model = {"remat_policy": remat_policy} if remat_policy else {}
+    if latent_width:
+        if not is_video(conf.model_config(conf.load_config(config_path))):
+            raise ValueError(f"--latent_width={latent_width}: only a video model's latent is "
+                             f"not square, and {config_path}'s model is an image one; leave "
+                             "it 0")
+        model["image_width"] = latent_width
     cfg, kernel, why, progs = model_programs(config_path, depth, latent, batch, rank, **model)
     n, heads = sequence_of(cfg), heads_of(cfg)
     lengths = {n, cfg.text_len} | {-(-n // d) for d in range(2, sp + 1)}
@@ -255,7 +267,8 @@ def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
 
     from spotlight_jax import provenance  # noqa: PLC0415
 
-    return {"config": config_path, "depth": depth, "latent": latent, "batch": batch,
+    return {"config": config_path, "depth": depth, "latent": latent,
+            "latent_width": latent_width or latent, "batch": batch,
             "rank": rank, "sp": sp, "jax": jax.__version__, "code": provenance.code_version(),
             "remat": cfg.remat and cfg.remat_policy, "target": HOPPER.device_kind,
             "cudnn": CUDNN_VERSION,
@@ -269,7 +282,8 @@ LABELS = {"forward": "forward", "full": "full fine-tuning gradient",
 
 
 def table(r: dict) -> str:
-    head = (f"{r['config']} at {r['depth']} block(s), {r['latent']}^2 latent, batch {r['batch']}"
+    head = (f"{r['config']} at {r['depth']} block(s), {r['latent']} x {r['latent_width']} "
+            f"latent, batch {r['batch']}"
             f", {r['sequence']} tokens, {r['heads']} heads, remat {r['remat'] or 'off'}; lowered "
             f"for {r['target']} (cuDNN {r['cudnn']}): attention kernel {r['kernel']}"
             + (f" ({r['not_cudnn']})" if r["not_cudnn"] else ""))
@@ -295,8 +309,11 @@ def _total(row: dict) -> float:
 def main(argv):
     del argv
     programs.emulate_devices(FLAGS.sp)
-    result = gpu_lowering(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.rank,
-                          FLAGS.sp, FLAGS.remat_policy)
+    try:
+        result = gpu_lowering(FLAGS.config, FLAGS.depth, FLAGS.latent, FLAGS.batch, FLAGS.rank,
+                              FLAGS.sp, FLAGS.remat_policy, FLAGS.latent_width)
+    except ValueError as e:         # a bad flag: one line, no traceback
+        raise SystemExit(f"bench.gpu_lowering: {e}") from None
     programs.emit(result, table(result), FLAGS.out)
 
 

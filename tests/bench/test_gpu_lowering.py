@@ -170,3 +170,10 @@ def test_the_cost_models_recompute_share_is_the_lowered_steps(policy):
             same, fused_attention=False)
     else:
         assert remat_recompute_fraction(cfg, fused_attention=False) == 0.0
+
+
+def test_a_video_latent_can_be_oblong_and_an_image_ones_cannot():
+    r = gl.gpu_lowering(WAN, depth=1, latent=8, batch=1, rank=2, sp=2, latent_width=12)
+    assert r["sequence"] == 21 * 4 * 6 and "8 x 12 latent" in gl.table(r)
+    with pytest.raises(ValueError, match=r"--latent_width=12: only a video model's latent"):
+        gl.gpu_lowering(QWEN, depth=1, latent=8, batch=1, rank=2, sp=2, latent_width=12)
