@@ -35,15 +35,24 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def reduced_overrides(config_path: str, depth: int, latent: int) -> dict:
     """Config overrides that give the config's model ``depth`` blocks, a ``latent``-cell
     square input (a video model keeps its frames) and unscanned blocks (one program per block,
-    as XLA's counts and the lowered program's calls are read)."""
+    as XLA's counts and the lowered program's calls are read). ``depth`` counts the dual-stream
+    blocks: single-stream ones (FLUX.1) shrink in proportion, and a second attention (SD3.5)
+    stays on the blocks that remain."""
     from spotlight_jax import config as conf  # noqa: PLC0415
     from spotlight_jax.models.build import is_video  # noqa: PLC0415
 
-    video = is_video(conf.model_config(conf.load_config(config_path)))
+    full = conf.model_config(conf.load_config(config_path))
+    video = is_video(full)
     overrides = {"model.num_layers" if video else "model.depth": depth,
                  "model.image_size": latent, "model.scan_blocks": False}
     if video:
         overrides["model.image_width"] = 0          # square, as for the image models
+        return overrides
+    if full.single_blocks:
+        overrides["model.single_blocks"] = max(1, round(full.single_blocks * depth / full.depth))
+    if full.dual_attention_layers:
+        overrides["model.dual_attention_layers"] = tuple(
+            i for i in full.dual_attention_layers if i < depth)
     return overrides
 
 
@@ -73,18 +82,24 @@ def step_programs(config_path: str, depth: int, latent: int, batch: int, rank: i
     else:
         tokens = jax.ShapeDtypeStruct((batch, cfg.text_len, cfg.text_embed_dim), jnp.float32)
     mask = jax.ShapeDtypeStruct((batch, cfg.text_len), jnp.bool_)
+    conditions = {}           # what a model takes beside the text: a pooled embedding, guidance
+    if cfg.pooled == "input":
+        conditions["pooled"] = jax.ShapeDtypeStruct((batch, cfg.pooled_dim), jnp.float32)
+    if cfg.guidance_embed:
+        conditions["guidance"] = jax.ShapeDtypeStruct((batch,), jnp.float32)
     lora = jax.eval_shape(lambda: lora_lib.init_lora(state, rank, jax.random.key(0)))
     scale = 2.0
     kw = {} if attn is None else {"attn": attn}
 
-    def flow_loss(model, x, t, tokens, mask):
+    def flow_loss(model, x, t, tokens, mask, conditions):
         eps = jnp.ones_like(x)      # the loss's values do not change its FLOPs
         tb = t.reshape((-1,) + (1,) * (x.ndim - 1))
         xt = (1 - tb) * x + tb * eps
-        return jnp.mean((model(xt, t, tokens, mask, **kw) - (eps - x)) ** 2)
+        v = model(xt, t, tokens, mask, **conditions, **kw)
+        return jnp.mean((v - (eps - x)) ** 2)
 
-    def forward(s, base, *a):
-        return nnx.merge(graphdef, s)(*a, **kw)
+    def forward(s, base, x, t, tokens, mask, conditions):
+        return nnx.merge(graphdef, s)(x, t, tokens, mask, **conditions, **kw)
 
     def full(s, base, *a):
         return flow_loss(nnx.merge(graphdef, s), *a)
@@ -95,7 +110,7 @@ def step_programs(config_path: str, depth: int, latent: int, batch: int, rank: i
     def lora_factored(lo, base, *a):
         return flow_loss(lora_lib.adapted_model(graphdef, base, lo, scale), *a)
 
-    data = (state, x, t, tokens, mask)
+    data = (state, x, t, tokens, mask, conditions)
     return cfg, {"forward": (forward, (state, *data)), "full": (jax.grad(full), (state, *data)),
                  "lora_merged": (jax.grad(lora_merged), (lora, *data)),
                  "lora_factored": (jax.grad(lora_factored), (lora, *data))}

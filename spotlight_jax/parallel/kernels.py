@@ -30,15 +30,18 @@ HALF = (jnp.bfloat16, jnp.float16)
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     """``impl``: ``xla`` or ``cudnn``. ``by_lengths``: the padding is handed to the kernel as
-    key lengths (valid keys first), as cuDNN needs; XLA's kernel can take either form (the
-    lengths form is how the cuDNN code path is tested on a CPU)."""
+    key lengths (valid keys first), as cuDNN needs; ``even_lengths``: an odd sequence is padded
+    by one masked position (JAX's cuDNN attention refuses odd lengths when differentiated: SD3.5's
+    333 text + 1024 image tokens). XLA's kernel can take either form (how the cuDNN code path is
+    tested on a CPU)."""
 
     impl: str = "xla"
     by_lengths: bool = False
+    even_lengths: bool = False
 
 
 XLA = Kernel()
-CUDNN = Kernel("cudnn", by_lengths=True)
+CUDNN = Kernel("cudnn", by_lengths=True, even_lengths=True)
 # XLA's arithmetic with a fused kernel's memory: the backward keeps q, k, v, the output and each
 # row's log-sum-exp and recomputes the probabilities (:func:`attend_recomputed`). What the dry
 # run traces to count a flash kernel's residuals on a machine without one; not a user setting.
@@ -122,6 +125,9 @@ def attend(kernel: Kernel, q, k, v, mask=None):
     ``mask`` ``[b, s]`` (True = valid key) or None; rows without a valid key are zeros."""
     if kernel.impl == "recompute":
         return attend_recomputed(q, k, v, mask)
+    if kernel.even_lengths and (q.shape[1] % 2 or k.shape[1] % 2):
+        even = dataclasses.replace(kernel, even_lengths=False)
+        return attend(even, *_padded_to_even(q, k, v, mask))[:, :q.shape[1]]
     if mask is None:
         return jax.nn.dot_product_attention(q, k, v, implementation=kernel.impl).astype(q.dtype)
     mask = jnp.asarray(mask, bool)
@@ -139,6 +145,10 @@ def attend(kernel: Kernel, q, k, v, mask=None):
 def attend_with_lse(kernel: Kernel, q, k, v, mask=None):
     """``(out, lse)``: :func:`attend`'s output and the float32 log-sum-exp of each row's
     scaled logits, ``[b, h, q]`` (``-inf`` for a row without a valid key)."""
+    if kernel.even_lengths and (q.shape[1] % 2 or k.shape[1] % 2):
+        even = dataclasses.replace(kernel, even_lengths=False)
+        out, lse = attend_with_lse(even, *_padded_to_even(q, k, v, mask))
+        return out[:, :q.shape[1]], lse[:, :, :q.shape[1]]
     b, s = k.shape[:2]
     mask = jnp.ones((b, s), bool) if mask is None else jnp.asarray(mask, bool)
     lengths, usable = _lengths(mask)
@@ -155,6 +165,18 @@ def attend_with_lse(kernel: Kernel, q, k, v, mask=None):
     if usable is not None:
         lse = jnp.where(usable[:, None, None], lse, jnp.nan)
     return _finish(out, mask, usable).astype(q.dtype), lse
+
+
+def _padded_to_even(q, k, v, mask):
+    """``(q, k, v, mask)`` with an odd query or key length padded by one position: a zero
+    query row (sliced off by the caller) or a masked zero key, last (so a prefix mask stays
+    one)."""
+    def pad(x, n):
+        return jnp.pad(x, [(0, 0), (0, n)] + [(0, 0)] * (x.ndim - 2))
+
+    b, s = k.shape[:2]
+    mask = jnp.ones((b, s), bool) if mask is None else jnp.asarray(mask, bool)
+    return pad(q, q.shape[1] % 2), pad(k, s % 2), pad(v, s % 2), pad(mask, s % 2)
 
 
 def _lengths(mask):

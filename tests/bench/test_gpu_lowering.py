@@ -177,3 +177,16 @@ def test_a_video_latent_can_be_oblong_and_an_image_ones_cannot():
     assert r["sequence"] == 21 * 4 * 6 and "8 x 12 latent" in gl.table(r)
     with pytest.raises(ValueError, match=r"--latent_width=12: only a video model's latent"):
         gl.gpu_lowering(QWEN, depth=1, latent=8, batch=1, rank=2, sp=2, latent_width=12)
+
+
+@pytest.mark.parametrize("name, calls", [("sd35_medium", 4), ("flux_dev", 6)])
+def test_sd35s_odd_sequence_and_fluxs_single_blocks_lower_to_the_kernel(name, calls):
+    """SD3.5 at 2 blocks: two joint attentions and two second (image) ones over 333 + 1024
+    tokens, an odd length JAX's cuDNN attention refuses when differentiated unless padded;
+    FLUX.1 at 2 dual blocks keeps its single blocks in proportion (38 * 2 / 19 = 4)."""
+    r = gl.gpu_lowering(str(programs.REPO / "configs" / f"{name}.py"), depth=2, latent=64,
+                        batch=1, rank=4, sp=2)
+    p = r["programs"]
+    assert r["kernel"] == "cudnn"
+    assert (p["forward"]["cudnn_forward"], p["full"]["cudnn_backward"]) == (calls, calls)
+    assert all(p[k]["score_values"] == 0 for k in ("forward", "full", "lora_factored"))

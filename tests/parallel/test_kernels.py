@@ -24,7 +24,8 @@ from test_attention import (
 
 from spotlight_jax.parallel import STRATEGIES, Kernel, attention, kernels
 
-LENGTHS = Kernel("xla", by_lengths=True)      # the cuDNN code path with XLA's kernel
+# the cuDNN code path (key lengths, odd lengths padded to even) with XLA's kernel
+LENGTHS = dataclasses.replace(kernels.CUDNN, impl="xla")
 
 
 def _gpu(kind="NVIDIA H100 80GB HBM3", capability="9.0"):
@@ -121,10 +122,12 @@ def test_a_mask_that_is_not_a_prefix_gives_nan_rows_under_a_lengths_kernel():
     np.testing.assert_allclose(out, reference_attention(q, k, v, jnp.asarray(mask)), atol=1e-5)
 
 
-def test_with_lse_gives_the_log_sum_exp_of_the_scaled_logits():
-    q, k, v, _ = make_inputs(seq=20, heads=2, seed=6)
-    mask = prefix_mask(2, 20, [20, 7])
+@pytest.mark.parametrize("seq", [20, 21])
+def test_with_lse_gives_the_log_sum_exp_of_the_scaled_logits(seq):
+    q, k, v, _ = make_inputs(seq=seq, heads=2, seed=6)
+    mask = prefix_mask(2, seq, [seq, 7])
     out, lse = kernels.attend_with_lse(LENGTHS, q, k, v, mask)
+    assert out.shape == q.shape and lse.shape == (2, 2, seq)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") / np.sqrt(q.shape[-1])
     s = jnp.where(mask[:, None, None, :], s, -jnp.inf)
     np.testing.assert_allclose(lse, jax.nn.logsumexp(s, axis=-1), atol=1e-5)
@@ -159,3 +162,19 @@ def test_the_model_with_the_text_last_for_a_lengths_kernel_equals_the_text_first
     last = model(x, t, tokens, text_mask, attn=spec)
     np.testing.assert_allclose(last, first, atol=1e-5)
     assert not dataclasses.replace(spec, impl="xla").resolved(jnp.float32, 12).text_last
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(21, 21), (20, 9), (9, 20)])
+def test_odd_lengths_are_padded_by_one_masked_position_and_equal_the_reference(q_len, kv_len):
+    """cuDNN's attention refuses odd lengths when differentiated (SD3.5's 333 + 1024 tokens):
+    the kernel pads one zero query row (sliced off) or one masked key; no mask becomes one."""
+    q, _, _, _ = make_inputs(seq=q_len, heads=2, seed=7)
+    _, k, v, _ = make_inputs(seq=kv_len, heads=2, seed=8)
+    ct = jnp.ones_like(q)
+    for mask in (None, prefix_mask(2, kv_len, [kv_len, 5])):
+        got = forward_and_grads(lambda q, k, v, m=mask: kernels.attend(LENGTHS, q, k, v, m),
+                                q, k, v, ct)
+        want = forward_and_grads(lambda q, k, v, m=mask: reference_attention(q, k, v, m),
+                                 q, k, v, ct)
+        assert got[0].shape == q.shape
+        assert_close(got, want)
