@@ -22,7 +22,7 @@ from test_attention import (
     sp_mesh,
 )
 
-from spotlight_jax.parallel import STRATEGIES, Kernel, attention, kernels
+from spotlight_jax.parallel import STRATEGIES, attention, kernels
 
 # the cuDNN code path (key lengths, odd lengths padded to even) with XLA's kernel
 LENGTHS = dataclasses.replace(kernels.CUDNN, impl="xla")
