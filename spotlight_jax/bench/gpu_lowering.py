@@ -33,6 +33,7 @@ import re
 from absl import app, flags
 
 from spotlight_jax import programs
+from spotlight_jax.bench.step_flops import define_model_flags
 
 FLAGS = flags.FLAGS
 CUDNN_VERSION = 90800
@@ -52,12 +53,7 @@ HOPPER = TargetDevice("gpu", "NVIDIA H100 80GB HBM3", "9.0")
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = {"flag_values": flag_values}
-    flags.DEFINE_string("config", str(programs.REPO / "configs" / "qwen_image.py"),
-                        "Config file whose model is lowered.", **fv)
-    flags.DEFINE_integer("depth", 2, "Blocks of the model (real width).", **fv)
-    flags.DEFINE_integer("latent", 64, "Latent cells per side (64 = a 512^2 image at /8).", **fv)
-    flags.DEFINE_integer("batch", 1, "Latents per program.", **fv)
-    flags.DEFINE_integer("rank", 32, "LoRA rank.", **fv)
+    define_model_flags(flag_values, depth=2)
     flags.DEFINE_integer("sp", 4, "Sequence-parallel degree of the attention paths.", **fv)
     flags.DEFINE_string("remat_policy", "", "The model's remat policy (models.mmdit."
                         "REMAT_POLICIES; empty: the config's).", **fv)
@@ -187,7 +183,7 @@ def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: 
     cfg = conf.model_config(conf.load_config(config_path, {
         **reduced_overrides(config_path, depth, latent),
         **{f"model.{k}": v for k, v in model.items()}}))
-    dtype, head_dim = as_dtype(cfg.dtype), head_dim_of(cfg)
+    dtype, head_dim = as_dtype(cfg.dtype), cfg.head_dim
     kernel = kernels.resolve("auto", dtype, head_dim, [target])
     why = kernels.cudnn_refusal(dtype, head_dim, [target])
     cfg, progs = step_programs(config_path, depth, latent, batch, rank,
@@ -195,19 +191,12 @@ def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: 
     return cfg, kernel, why, {k: progs[k] for k in ("forward", "full", "lora_factored")}
 
 
-def head_dim_of(cfg) -> int:
-    """The attention head dim of an image (MMDiT) or video (Wan) model config."""
-    return cfg.attention_head_dim if hasattr(cfg, "attention_head_dim") else cfg.head_dim
-
-
-def heads_of(cfg) -> int:
-    return cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.num_heads
-
-
 def sequence_of(cfg) -> int:
     """The model's self-attention sequence: image and text tokens jointly for an MMDiT, the
     video's tokens for Wan (whose text is attended by cross-attention)."""
-    return cfg.num_patches + (0 if hasattr(cfg, "attention_head_dim") else cfg.text_len)
+    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+
+    return cfg.num_patches + (0 if is_video(cfg) else cfg.text_len)
 
 
 def attention_programs(cfg, kernel, batch: int, sp: int, devices=None):
@@ -227,7 +216,7 @@ def attention_programs(cfg, kernel, batch: int, sp: int, devices=None):
         raise ValueError(f"--sp={sp}: the attention paths need {sp} devices and this process "
                          f"has {len(devices)}; lower --sp")
     mesh = Mesh(np.array(devices[:sp]), ("sp",))
-    qkv = jax.ShapeDtypeStruct((batch, sequence_of(cfg), heads_of(cfg), head_dim_of(cfg)),
+    qkv = jax.ShapeDtypeStruct((batch, sequence_of(cfg), cfg.num_heads, cfg.head_dim),
                                as_dtype(cfg.dtype))
     mask = jax.ShapeDtypeStruct((batch, sequence_of(cfg)), jnp.bool_)
     out = {}
@@ -256,7 +245,7 @@ def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
                              "it 0")
         model["image_width"] = latent_width
     cfg, kernel, why, progs = model_programs(config_path, depth, latent, batch, rank, **model)
-    n, heads = sequence_of(cfg), heads_of(cfg)
+    n, heads = sequence_of(cfg), cfg.num_heads
     lengths = {n, cfg.text_len} | {-(-n // d) for d in range(2, sp + 1)}
     rows = {}
     for name, (fn, args) in progs.items():

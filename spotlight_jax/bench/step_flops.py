@@ -21,15 +21,22 @@ from spotlight_jax import programs
 FLAGS = flags.FLAGS
 
 
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+def define_model_flags(flag_values: flags.FlagValues, depth: int) -> None:
+    """The flags naming the programs :func:`step_programs` builds (``--config``, ``--depth``,
+    ``--latent``, ``--batch``, ``--rank``), shared with ``bench.gpu_lowering``."""
     fv = {"flag_values": flag_values}
     flags.DEFINE_string("config", str(programs.REPO / "configs" / "qwen_image.py"),
                         "Config file whose model is analysed.", **fv)
-    flags.DEFINE_integer("depth", 1, "Blocks of the model (real width).", **fv)
+    flags.DEFINE_integer("depth", depth, "Blocks of the model (real width).", **fv)
     flags.DEFINE_integer("latent", 64, "Latent cells per side (64 = a 512^2 image at /8).", **fv)
-    flags.DEFINE_integer("batch", 1, "Latents per step.", **fv)
+    flags.DEFINE_integer("batch", 1, "Latents per program.", **fv)
     flags.DEFINE_integer("rank", 32, "LoRA rank.", **fv)
-    flags.DEFINE_string("out", None, "Also write the counts as JSON here.", **fv)
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    define_model_flags(flag_values, depth=1)
+    flags.DEFINE_string("out", None, "Also write the counts as JSON here.",
+                        flag_values=flag_values)
 
 
 def reduced_overrides(config_path: str, depth: int, latent: int) -> dict:

@@ -197,8 +197,7 @@ def remat_recompute_fraction(cfg: MMDiTConfig, fused_attention: bool | None = No
     if fused_attention is None:
         from spotlight_jax.models.mmdit import as_dtype  # noqa: PLC0415
         from spotlight_jax.parallel.kernels import fused_on_gpus  # noqa: PLC0415
-        head_dim = getattr(cfg, "attention_head_dim", None) or cfg.head_dim
-        fused_attention = fused_on_gpus("auto", as_dtype(cfg.dtype), head_dim)
+        fused_attention = fused_on_gpus("auto", as_dtype(cfg.dtype), cfg.head_dim)
     parts = flops_breakdown(cfg)
     attention = parts["block_attention"] / sum(parts.values())
     keeps_attention = fused_attention and cfg.remat_policy.endswith("attention")
