@@ -54,29 +54,40 @@ def test_every_policy_gives_the_same_gradient_and_costs_what_it_keeps():
         dataclasses.replace(BASE, remat_policy="some").validate()
 
 
-def test_the_attention_policy_keeps_a_fused_kernels_outputs_instead_of_recomputing_them():
-    """Under the XLA stand-in of a fused kernel (``kernels.RECOMPUTE``, whose forward names its
-    output and log-sum-exp), ``attention`` keeps them: the step's program has one attention
-    forward fewer per block (its two matmuls, 4 b h s^2 d FLOPs) than under ``nothing``, and
-    the same gradient."""
+def _attention_policy_grads(policies, run: bool):
+    """Per policy, the matmul FLOPs of the lowered gradient program of ``BASE`` under the XLA
+    stand-in of a fused kernel (``kernels.RECOMPUTE``), and its gradient when ``run``."""
     from spotlight_jax.bench.gpu_lowering import census
     from spotlight_jax.models import AttentionSpec
     from spotlight_jax.parallel import kernels
 
     rng = np.random.default_rng(0)
-    b = 2
-    x = jnp.asarray(rng.standard_normal((b, 16, 16, 3)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((2, 16, 16, 3)), jnp.float32)
     t = jnp.asarray([0.3, 0.8])
-    tokens = jnp.asarray(rng.integers(1, BASE.vocab_size, (b, BASE.text_len)), jnp.int32)
+    tokens = jnp.asarray(rng.integers(1, BASE.vocab_size, (2, BASE.text_len)), jnp.int32)
     spec = AttentionSpec(impl=kernels.RECOMPUTE)
     seq = BASE.num_patches + BASE.text_len
     matmuls, grads = {}, {}
-    for policy in ("nothing", "attention"):
+    for policy in policies:
         cfg = dataclasses.replace(BASE, remat=True, remat_policy=policy)
         graphdef, state = nnx.split(MMDiT(cfg, rngs=nnx.Rngs(0)))
         grad = jax.jit(jax.grad(lambda s, g=graphdef: jnp.mean(
             nnx.merge(g, s)(x, t, tokens, attn=spec) ** 2)))
         matmuls[policy] = sum(census(grad.lower(state).as_text(), {seq}).matmul_flops.values())
-        grads[policy] = jax.tree.leaves(grad(state))
-    assert matmuls["nothing"] - matmuls["attention"] == BASE.depth * 4 * b * seq * seq * BASE.width
+        if run:
+            grads[policy] = jax.tree.leaves(grad(state))
+    return matmuls, grads, seq
+
+
+def test_the_attention_policy_keeps_a_fused_kernels_outputs_instead_of_recomputing_them():
+    """Under the XLA stand-in of a fused kernel (whose forward names its output and
+    log-sum-exp), ``attention`` keeps them: the step's program has one attention forward fewer
+    per block (its two matmuls, 4 b h s^2 d FLOPs) than under ``nothing``."""
+    matmuls, _, seq = _attention_policy_grads(("nothing", "attention"), run=False)
+    assert matmuls["nothing"] - matmuls["attention"] == BASE.depth * 4 * 2 * seq * seq * BASE.width
+
+
+@pytest.mark.e2e          # two gradient programs compiled and run: ~15 s
+def test_the_attention_policy_keeps_the_gradient_under_a_fused_kernel():
+    _, grads, _ = _attention_policy_grads(("nothing", "attention"), run=True)
     assert all(np.array_equal(a, c) for a, c in zip(grads["nothing"], grads["attention"]))
