@@ -12,7 +12,7 @@ def get_config():
     # baseline | explore_sync | spot_rollout | spotlight | spotlight_pipelined | compare
     c.mode = "spotlight"
     # Emulated devices when running on CPU in the spot modes (0 = leave as is; baseline and
-    # explore_sync use one, builders.cpu_device_count): the deployment below (4 on-demand
+    # explore_sync use one: RunSpec.cpu_device_count): the deployment below (4 on-demand
     # + 4 spot nodes of 2) needs 12 for the scheduler's pool to hold it device for device.
     c.num_cpu_devices = 12
     # Devices of the trainer's mesh (0 = all). On CPU the emulated devices share the cores: a
@@ -187,7 +187,7 @@ def get_config():
     n.anchor = "current"
 
     # Prompt embeddings of a real text encoder (model.text_width=0): a file written by
-    # python -m spotlight_jax.encode_prompts; its train/val splits are the run's prompts
+    # python -m spotlight_jax.tools.encode_prompts; its train/val splits are the run's prompts
     # ("" = the synthetic world's prompts and tokenizer, for a model with a prompt encoder).
     c.prompts = ml_collections.ConfigDict(dict(embeddings_file=""))
     # RL training pool restricted to these task kinds of the synthetic world, comma-separated

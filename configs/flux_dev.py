@@ -11,7 +11,7 @@ it (``spotlight_jax.models.convert.from_diffusers`` of its ``transformer`` folde
 model section; ``--config.base_checkpoint=`` the pipeline folder). 1024x1024 images through
 the 16-channel VAE latent at /8 (128x128 latent cells), patch 2 -> 4096 image tokens; T5-XXL's
 512 tokens of width 4096 and CLIP-L's pooled 768 from a prompt-embedding file
-(``python -m spotlight_jax.encode_prompts --pipeline=<FLUX.1-dev folder>``); bf16 compute and
+(``python -m spotlight_jax.tools.encode_prompts --pipeline=<FLUX.1-dev folder>``); bf16 compute and
 parameters; FSDP x SP mesh; remat and a scan over both block stacks.
 
 FLUX.1 [schnell]: ``--config.model.guidance_embed=False --config.sampler.guidance=1.0

@@ -132,10 +132,11 @@ def main(argv):
     if spec.compilation_cache_dir:
         from spotlight_jax.elastic.exec_cache import enable_persistent_cache  # noqa: PLC0415
         enable_persistent_cache(spec.compilation_cache_dir)
-    from spotlight_jax import train  # noqa: PLC0415
     if FLAGS.dry_run:
-        print(train.dry_run(spec))
+        from spotlight_jax.runner.dry_run import dry_run  # noqa: PLC0415
+        print(dry_run(spec))
         return
+    from spotlight_jax import train  # noqa: PLC0415
     logging.info("config:\n%s", config)
     train.train_and_evaluate(spec, FLAGS.workdir)
 

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler, SamplerConfig, from_image, prompt, sample_t
 from spotlight_jax.evaluate import evaluate
-from spotlight_jax.metrics import MetricWriter
-from spotlight_jax.models.build import is_video
+from spotlight_jax.io.metrics import MetricWriter
+from spotlight_jax.models.factory import is_video
 from spotlight_jax.world import video
 
 T_SAMPLING = ("uniform", "logit_normal")   # diffusion.sample_t's kinds

@@ -33,7 +33,7 @@ def base():
     from helpers import micro_config  # noqa: PLC0415 - after the device count is set
 
     from spotlight_jax.config import model_config  # noqa: PLC0415
-    from spotlight_jax.models.build import create_model
+    from spotlight_jax.models.factory import create_model
     return create_model(model_config(micro_config(1)))
 
 

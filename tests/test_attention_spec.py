@@ -7,7 +7,7 @@ from helpers import micro_config
 from spotlight_jax.config import attention_spec, build_mesh, make_trainer
 from spotlight_jax.config import model_config as mcfg
 from spotlight_jax.models import AttentionSpec
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 
 
 def test_attention_spec_follows_the_config_and_the_mesh():

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from spotlight_jax.config import mesh_config, model_config, sampler_config
-from spotlight_jax.dry_run import dry_run
 from spotlight_jax.emulation import flops
+from spotlight_jax.runner.dry_run import dry_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")

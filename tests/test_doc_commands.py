@@ -71,7 +71,7 @@ def test_the_docs_show_commands_of_every_kind():
     modules = {c.module for c in COMMANDS}
     assert len(COMMANDS) >= 80, len(COMMANDS)
     assert {"spotlight_jax.main", "spotlight_jax.studies.compare_grid",
-            "spotlight_jax.rewards.serve", "spotlight_jax.encode_prompts"} <= modules
+            "spotlight_jax.rewards.serve", "spotlight_jax.tools.encode_prompts"} <= modules
     wheres = {c.where.split(":")[0] for c in COMMANDS}
     assert {"README.md", "docs/spotlight.md", "colab/quickstart.ipynb",
             "launch/local_cluster.sh", "configs/tiny.py"} <= wheres

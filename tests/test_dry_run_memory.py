@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from spotlight_jax import config as conf
-from spotlight_jax.dry_run import activation_bytes
-from spotlight_jax.models.build import abstract_model, create_model
+from spotlight_jax.models.factory import abstract_model, create_model
+from spotlight_jax.runner.dry_run import activation_bytes
 
 
 def _batch(config, mcfg, trainer):

@@ -1,4 +1,4 @@
-"""``python -m spotlight_jax.encode_prompts`` writes what the pipeline's own ``encode_prompt``
+"""``python -m spotlight_jax.tools.encode_prompts`` writes what the pipeline's own ``encode_prompt``
 returns: tiny random SD3 (CLIP-L, CLIP-G, T5), Flux (CLIP-L, T5), Qwen-Image (Qwen2.5-VL) and
 Wan (UMT5) text encoders built
 from configs, with tokenizers built in code (no downloads), saved as diffusers pipelines; the
@@ -115,7 +115,7 @@ def qwen_pipeline():
 
 
 def run_tool(*args):
-    out = subprocess.run([sys.executable, "-m", "spotlight_jax.encode_prompts", *args],
+    out = subprocess.run([sys.executable, "-m", "spotlight_jax.tools.encode_prompts", *args],
                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -227,7 +227,7 @@ def test_qwen_image_file_equals_the_pipelines_encode_prompt(tmp_path):
 
 def test_the_tool_reports_a_bad_pipeline_folder_in_one_line(tmp_path):
     (tmp_path / "p.txt").write_text("a red bar\n")
-    out = subprocess.run([sys.executable, "-m", "spotlight_jax.encode_prompts",
+    out = subprocess.run([sys.executable, "-m", "spotlight_jax.tools.encode_prompts",
                           f"--pipeline={tmp_path}", f"--output={tmp_path / 'x.safetensors'}",
                           f"--prompts={tmp_path / 'p.txt'}"], cwd=ROOT, env=child_env(),
                          capture_output=True, text=True, timeout=300)

@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 from helpers import micro_model
 
-from spotlight_jax import checkpoint
-from spotlight_jax.models.build import create_model
+from spotlight_jax.io import checkpoints
+from spotlight_jax.models.factory import create_model
 
 
 def _velocity(cfg, graphdef, state):
@@ -26,10 +26,10 @@ def _velocity(cfg, graphdef, state):
 @pytest.mark.e2e   # ~25 s of compiles: kept out of the default command's budget (.ci/run runs it)
 def test_grown_pixel_head_model_equals_its_source_then_trains(tmp_path):
     cfg, graphdef, state = micro_model()
-    checkpoint.save_params(str(tmp_path / "small"), state, {})
+    checkpoints.save_params(str(tmp_path / "small"), state, {})
     big_cfg = dataclasses.replace(cfg, pixel_head=4)
     big_graphdef, fresh = create_model(big_cfg, seed=3)
-    grown, loaded, new = checkpoint.grow_params(str(tmp_path / "small"), fresh)
+    grown, loaded, new = checkpoints.grow_params(str(tmp_path / "small"), fresh)
     assert sorted(new) == sorted(f"pixel_{n}" for n in (
         "feat.kernel", "feat.bias", "convs.0.kernel", "convs.0.bias", "convs.1.kernel",
         "convs.1.bias", "convs.2.kernel", "convs.2.bias"))
@@ -51,9 +51,9 @@ def test_grown_pixel_head_model_equals_its_source_then_trains(tmp_path):
 def test_grow_errors_name_the_problem(tmp_path):
     cfg, graphdef, state = micro_model()
     with pytest.raises(ValueError, match="no checkpoint to grow from"):
-        checkpoint.grow_params(str(tmp_path / "missing"), state)
-    checkpoint.save_params(str(tmp_path / "small"), state, {})
+        checkpoints.grow_params(str(tmp_path / "missing"), state)
+    checkpoints.save_params(str(tmp_path / "small"), state, {})
     wider = dataclasses.replace(cfg, width=48, num_heads=4)
     _, other = create_model(wider)
     with pytest.raises(ValueError, match="has shape"):
-        checkpoint.grow_params(str(tmp_path / "small"), other)
+        checkpoints.grow_params(str(tmp_path / "small"), other)

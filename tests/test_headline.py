@@ -3,7 +3,7 @@ speed-up of a curve replayed at twice the speed, censored seeds as bounds, and t
 import numpy as np
 import pytest
 
-from spotlight_jax import headline
+from spotlight_jax.reporting import headline
 
 
 def curve(rewards, s_per_eval=100.0, dollars_per_eval=2.0):

@@ -109,8 +109,9 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):
 
 
 # The entry points (docs/design.md): the only modules that define or read absl flags.
-ENTRY_POINTS = {"spotlight_jax.main", "spotlight_jax.encode_prompts", "spotlight_jax.seed_curves",
-                "spotlight_jax.rewards.serve", "spotlight_jax.convert_reward_head"}
+ENTRY_POINTS = {"spotlight_jax.main", "spotlight_jax.tools.encode_prompts",
+                "spotlight_jax.tools.seed_curves", "spotlight_jax.rewards.serve",
+                "spotlight_jax.tools.convert_reward_head"}
 
 
 def test_only_entry_points_define_flags():

@@ -1,4 +1,4 @@
-"""Mean and spread of held-out curves over runs (python -m spotlight_jax.seed_curves)."""
+"""Mean and spread of held-out curves over runs (python -m spotlight_jax.tools.seed_curves)."""
 import json
 import os
 import subprocess
@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotlight_jax import plots
+from spotlight_jax.reporting import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args):
-    """``python -m spotlight_jax.seed_curves ARGS`` (its absl flags are defined only there)."""
-    return subprocess.run([sys.executable, "-m", "spotlight_jax.seed_curves", *map(str, args)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """``python -m spotlight_jax.tools.seed_curves ARGS`` (its flags are defined only there)."""
+    return subprocess.run([sys.executable, "-m", "spotlight_jax.tools.seed_curves",
+                           *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def _run(path, points):
@@ -80,7 +80,7 @@ def test_alive_series_and_spot_timeline(tmp_path):
 def test_sample_grid_writes_each_prompt_under_its_image(tmp_path):
     from PIL import Image
 
-    from spotlight_jax.plots import save_grid
+    from spotlight_jax.reporting.plots import save_grid
     imgs = np.zeros((3, 8, 8, 3), np.float32)
     save_grid(str(tmp_path / "plain.png"), imgs, cols=3, scale=4)
     save_grid(str(tmp_path / "cap.png"), imgs, cols=3, scale=4,

@@ -12,8 +12,9 @@ import pytest
 from helpers import micro_config, world_prompt_file
 
 from spotlight_jax import prompt_embeddings as pe
-from spotlight_jax import safetensors_io, world
+from spotlight_jax import world
 from spotlight_jax.config import ConfigError, prompt_source, validate
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.train import train_and_evaluate
 
 DIM, TEXT_LEN = 8, 12
@@ -52,7 +53,7 @@ def test_round_trip_keeps_every_tensor_and_the_metadata(tmp_path, dtype):
     np.testing.assert_array_equal(f.embeds, embeds)
     np.testing.assert_array_equal(f.mask, mask)
     np.testing.assert_array_equal(f.pooled, pooled)
-    meta = safetensors_io.metadata(path)
+    meta = safetensors_format.metadata(path)
     assert meta["format"] == pe.FORMAT and meta["version"] == str(pe.VERSION)
     assert json.loads(meta["prompts"])[pe.EMPTY_INDEX] == ""
 
@@ -132,19 +133,19 @@ def test_a_malformed_file_is_refused_at_write(tmp_path, change, message):
 
 def test_a_foreign_or_malformed_file_is_refused_at_read(tmp_path):
     other = tmp_path / "other.safetensors"
-    safetensors_io.save(other, {"w": np.zeros(3, np.float32)})
+    safetensors_format.save(other, {"w": np.zeros(3, np.float32)})
     with pytest.raises(pe.PromptEmbeddingError, match=r"not a prompt-embedding file"):
         pe.read(other)
     # a file written by something else with our metadata but a bad mask
     meta = {"format": pe.FORMAT, "version": "1", "prompts": json.dumps(["", "a"]),
             "splits": json.dumps(["", "train"])}
     bad = tmp_path / "bad.safetensors"
-    safetensors_io.save(bad, {"embeds": np.zeros((2, 3, 4), np.float32),
-                              "mask": np.ones((2, 2), bool)}, meta)
+    safetensors_format.save(bad, {"embeds": np.zeros((2, 3, 4), np.float32),
+                                  "mask": np.ones((2, 2), bool)}, meta)
     with pytest.raises(pe.PromptEmbeddingError, match=r"mask is bool \[2, 2\]"):
         pe.read(bad)
     future = tmp_path / "future.safetensors"
-    safetensors_io.save(future, {"w": np.zeros(1, np.float32)}, {**meta, "version": "9"})
+    safetensors_format.save(future, {"w": np.zeros(1, np.float32)}, {**meta, "version": "9"})
     with pytest.raises(pe.PromptEmbeddingError, match=r"format version '9'"):
         pe.read(future)
 
@@ -263,7 +264,7 @@ def test_a_run_without_a_prompt_encoder_pretrains_and_trains_from_the_file(tmp_p
 
 
 def test_the_encoder_tool_imports_without_torch_and_says_how_to_install_it(monkeypatch):
-    import spotlight_jax.encode_prompts  # noqa: F401 - no torch needed to import the tool
+    import spotlight_jax.tools.encode_prompts  # noqa: F401 - no torch needed to import the tool
     from spotlight_jax.prompt_embeddings import encoders
     monkeypatch.setitem(sys.modules, "torch", None)        # as if torch were not installed
     with pytest.raises(ImportError, match=r"needs torch, transformers and diffusers \(torch is "
@@ -272,7 +273,7 @@ def test_the_encoder_tool_imports_without_torch_and_says_how_to_install_it(monke
 
 
 def test_the_tool_reads_prompt_files_or_the_worlds_prompts(tmp_path):
-    from spotlight_jax.encode_prompts import prompt_lists
+    from spotlight_jax.tools.encode_prompts import prompt_lists
     prompts, splits = prompt_lists(world_image_size=16)
     train, val = world.train_prompts(WORLD16), world.val_prompts(WORLD16)
     assert prompts == train + val and splits == ["train"] * len(train) + ["val"] * len(val)

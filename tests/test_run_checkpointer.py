@@ -4,7 +4,7 @@ import logging
 
 import jax.numpy as jnp
 
-from spotlight_jax.checkpoint import RunCheckpointer
+from spotlight_jax.io.checkpoints import RunCheckpointer
 
 
 def test_retention_deletes_each_old_step_once(tmp_path, caplog):

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from spotlight_jax import safetensors_io as io
+from spotlight_jax.io import safetensors_format as io
 
 
 def test_round_trip_of_every_dtype(tmp_path):

@@ -1,5 +1,5 @@
-"""Model FLOPs and MFU (``spotlight_jax.utilization``): a known matmul program's MFU is its
-FLOPs / time / peak (on a fake clock, so exact), the update's count follows the convention the
+"""Model FLOPs and MFU (``spotlight_jax.emulation.utilization``): a known matmul program's MFU is
+its FLOPs / time / peak (on a fake clock, so exact), the update's count follows the convention the
 gradient's jaxpr shows (three forwards per differentiated row), and a run logs both."""
 
 import itertools
@@ -9,8 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 from helpers import dot_flops
 
-from spotlight_jax import utilization
-from spotlight_jax.emulation import datasheets
+from spotlight_jax.emulation import datasheets, utilization
 from spotlight_jax.emulation.flops import forward_flops
 from spotlight_jax.models import MMDiT, MMDiTConfig
 

@@ -49,10 +49,10 @@ def test_video_config_mismatches_are_one_line_errors(config, overrides, match):
 
 
 def test_an_image_base_for_a_video_run_is_one_line(tmp_path):
-    from spotlight_jax import train  # noqa: PLC0415
-    shipped = train.ASSETS + "/base_tiny"
+    from spotlight_jax.runner import base_model  # noqa: PLC0415
+    shipped = base_model.ASSETS + "/base_tiny"
     spec = RunSpec.from_config(load_config("tiny_video", {"base_checkpoint": shipped}))
     with pytest.raises(ValueError, match=r"holds an image model and this run's model "
                                          r"\(model.family\) draws videos") as e:
-        train.load_or_pretrain_base(spec, str(tmp_path), allow_pretrain=False)
+        base_model.load_or_pretrain_base(spec, str(tmp_path), allow_pretrain=False)
     assert "\n" not in str(e.value)

@@ -7,7 +7,7 @@ import pytest
 from helpers import micro_config, wandb_history
 
 from spotlight_jax.config import ConfigError, RunSpec, load_config
-from spotlight_jax.metrics import MetricWriter
+from spotlight_jax.io.metrics import MetricWriter
 
 
 def test_offline_writer_logs_scalars_and_pictures(tmp_path):
@@ -34,7 +34,7 @@ def test_bad_wandb_setting_is_refused(value, match):
 @pytest.mark.e2e      # a micro run plus W&B's service start (the default suite's budget)
 def test_micro_run_logs_every_scalar_of_rl_jsonl_to_wandb(tmp_path):
     from spotlight_jax import runner
-    from spotlight_jax.models.build import create_model
+    from spotlight_jax.models.factory import create_model
 
     spec = RunSpec.from_config(micro_config(2, **{"logging.wandb": "offline", "rl.eval_every": 2,
                                          "checkpoint.every": 2}))

@@ -23,9 +23,9 @@ import tempfile
 
 from flax import nnx
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.models.vae import LatentVAE, WanVAE
-from spotlight_jax.models.vae.wan import WanVAEConfig, released_vae
+from spotlight_jax.models.vae.wan_vae import WanVAEConfig, released_vae
 from spotlight_jax.rewards import clip_model, learned
 
 PICKSCORE = clip_model.CLIPConfig(
@@ -102,7 +102,7 @@ def write_reward_folder(folder, name: str = "pickscore", layers: int = 0, seed: 
     out.mkdir(parents=True, exist_ok=True)
     model = clip_model.CLIP(cfg, rngs=nnx.Rngs(seed))
     (out / "config.json").write_text(json.dumps(clip_model.transformers_config(cfg), indent=1))
-    safetensors_io.save(out / "model.safetensors", clip_model.transformers_tensors(model))
+    safetensors_format.save(out / "model.safetensors", clip_model.transformers_tensors(model))
     words = sorted({w.lower() for w in words})
     if len(words) + 3 > cfg.vocab:
         raise ValueError(f"{len(words)} words: the model's vocabulary has {cfg.vocab} ids")

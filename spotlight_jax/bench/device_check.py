@@ -211,7 +211,7 @@ def build(config_path: str, depth: int, latent: int, **model):
     """``(model config, graphdef, state)`` of the config's model at ``depth`` blocks and a
     ``latent``^2 input, initialised at random on the default device."""
     from spotlight_jax import config as conf  # noqa: PLC0415
-    from spotlight_jax.models.build import create_model  # noqa: PLC0415
+    from spotlight_jax.models.factory import create_model  # noqa: PLC0415
 
     config = conf.load_config(config_path, {"model.depth": depth, "model.image_size": latent,
                                             "model.scan_blocks": False,
@@ -368,7 +368,7 @@ def run(config_path: str, depth: int, latent: int, batch: int, repeats: int,
     iteration parts time the decode and the reward on (``device_profile.StandIns``)."""
     import jax  # noqa: PLC0415
 
-    from spotlight_jax import provenance  # noqa: PLC0415
+    from spotlight_jax.io import provenance  # noqa: PLC0415
 
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -420,7 +420,7 @@ def _run_part(part, result, state_of, config_path, cfg, graphdef, state, depth, 
     if part == "lora":
         result["lora"] = check_lora(cfg, graphdef, state, batch, repeats)
         if "peak_tflops" not in result:
-            from spotlight_jax import utilization  # noqa: PLC0415
+            from spotlight_jax.emulation import utilization  # noqa: PLC0415
             result["peak_tflops"] = utilization.device_peak(jax.devices()[0])[0] / 1e12
         result["lora"]["train_step_mfu"] = train_step_mfu(
             cfg, batch, result["lora"]["train_step_ms"], result["peak_tflops"] * 1e12)
@@ -463,7 +463,7 @@ def check_iterations(overrides, workdir: str | None = None, reward: str = "",
     import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from spotlight_jax.metrics import read_jsonl  # noqa: PLC0415
+    from spotlight_jax.io.metrics import read_jsonl  # noqa: PLC0415
 
     workdir = workdir or tempfile.mkdtemp(prefix="device_check_runs_")
     out = {"overrides": list(overrides)}
@@ -502,12 +502,13 @@ def profile_path(out: str) -> str:
 
 
 def utilisation(cfg, batch: int, timings: dict) -> dict:
-    """Model FLOP/s and MFU of the forward and the train step (``spotlight_jax.utilization``:
-    matmul FLOPs, the step's backward counted as two forwards) against the device's peak (its
-    datasheet's dense bf16, or a measured f32 matmul where there is none)."""
+    """Model FLOP/s and MFU of the forward and the train step
+    (``spotlight_jax.emulation.utilization``: matmul FLOPs, the step's backward counted as two
+    forwards) against the device's peak (its datasheet's dense bf16, or a measured f32 matmul
+    where there is none)."""
     import jax  # noqa: PLC0415
 
-    from spotlight_jax import utilization  # noqa: PLC0415
+    from spotlight_jax.emulation import utilization  # noqa: PLC0415
     from spotlight_jax.emulation.flops import forward_flops  # noqa: PLC0415
 
     peak, source = utilization.device_peak(jax.devices()[0])
@@ -523,7 +524,7 @@ def utilisation(cfg, batch: int, timings: dict) -> dict:
 def train_step_mfu(cfg, batch: int, step_ms: float, peak: float) -> float:
     """MFU of a train step of ``step_ms`` against ``peak`` FLOP/s (the backward counted as two
     forwards)."""
-    from spotlight_jax import utilization  # noqa: PLC0415
+    from spotlight_jax.emulation import utilization  # noqa: PLC0415
     from spotlight_jax.emulation.flops import forward_flops  # noqa: PLC0415
 
     return utilization.mfu(3 * float(forward_flops(cfg, batch=batch)), step_ms / 1e3, peak, 1)

@@ -24,7 +24,7 @@ cells), on whatever devices JAX has. Timed (median of ``--repeats`` after a comp
 
 Each phase keeps its FLOPs in the cost model's own count and its MFU against the device's peak
 (``utilization.device_peak``); ``--config.cost.profile_file=FILE`` then prices a run from it
-(``emulation.device_profile``). Prints one markdown table; writes the JSON with ``--out``.
+(``emulation.profile_file``). Prints one markdown table; writes the JSON with ``--out``.
 """
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def time_decode_and_reward(spec, rollout, repeats,
     from spotlight_jax.bench import _stand_ins  # noqa: PLC0415
     from spotlight_jax.diffusion import to_image  # noqa: PLC0415
     from spotlight_jax.emulation import median_time  # noqa: PLC0415
-    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+    from spotlight_jax.models.factory import is_video  # noqa: PLC0415
 
     # a trajectory [B, T+1, *latent] (its final latent), or final latents already
     traj = rollout["latents"].ndim == len(spec.model.latent_shape) + 2
@@ -262,12 +262,13 @@ def time_regroup(state, repeats) -> dict:
 
 def profile(config_path: str, depth: int, batches=(1, 4), sps=(1, 2), objectives=OBJECTIVES,
             steps: int = 0, repeats: int = 3, stand_ins: StandIns = STAND_INS) -> dict:
-    """The profile (``emulation.device_profile``'s JSON) of ``config_path`` on this device."""
+    """The profile (``emulation.profile_file``'s JSON) of ``config_path`` on this device."""
     import jax  # noqa: PLC0415
 
-    from spotlight_jax import provenance, utilization  # noqa: PLC0415
-    from spotlight_jax.emulation.device_profile import KIND, VERSION  # noqa: PLC0415
-    from spotlight_jax.models.build import create_model  # noqa: PLC0415
+    from spotlight_jax.emulation import utilization  # noqa: PLC0415
+    from spotlight_jax.emulation.profile_file import KIND, VERSION  # noqa: PLC0415
+    from spotlight_jax.io import provenance  # noqa: PLC0415
+    from spotlight_jax.models.factory import create_model  # noqa: PLC0415
 
     spec = profiled_spec(config_path, depth, steps=steps)
     peak, source = utilization.device_peak(jax.devices()[0])

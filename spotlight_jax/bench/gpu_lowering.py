@@ -194,7 +194,7 @@ def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: 
 def sequence_of(cfg) -> int:
     """The model's self-attention sequence: image and text tokens jointly for an MMDiT, the
     video's tokens for Wan (whose text is attended by cross-attention)."""
-    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+    from spotlight_jax.models.factory import is_video  # noqa: PLC0415
 
     return cfg.num_patches + (0 if is_video(cfg) else cfg.text_len)
 
@@ -235,7 +235,7 @@ def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
     overrides the config's (``""``: the config's); ``latent_width`` makes a video model's
     latent ``latent`` x ``latent_width`` (0: square)."""
     from spotlight_jax import config as conf  # noqa: PLC0415
-    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+    from spotlight_jax.models.factory import is_video  # noqa: PLC0415
 
     model = {"remat_policy": remat_policy} if remat_policy else {}
     if latent_width:
@@ -254,7 +254,7 @@ def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
         rows[f"attention_{strategy}"] = census(lower_for_cuda(fn, *args), lengths)
     import jax  # noqa: PLC0415
 
-    from spotlight_jax import provenance  # noqa: PLC0415
+    from spotlight_jax.io import provenance  # noqa: PLC0415
 
     return {"config": config_path, "depth": depth, "latent": latent,
             "latent_width": latent_width or latent, "batch": batch,

@@ -16,7 +16,7 @@ Time from the event to "weights on the new group's mesh and an executable for it
 * **(a) warm**: ``SpotNode.on_change``: regroup + state move (shrink: re-wrap the survivors'
   buffers, zero copy; grow: one device-to-device copy from a live replica on the node) + lookup of
   the executable precompiled ahead of time. XLA compiles during it are counted (must be 0);
-* **(b) cold**: Orbax restore of the weights from disk (``checkpoint.load_params``, replicated onto
+* **(b) cold**: Orbax restore of the weights from disk (``checkpoints.load_params``, replicated onto
   the new mesh) + trace, lower and compile the rollout program for the new mesh;
 * **(c) restart**: a fresh Python process that imports, restores, compiles and runs the rollout
   once (``--steps`` denoising steps) on the 3 survivors; wall time until its result is printed.
@@ -65,8 +65,8 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from spotlight_jax import checkpoint, programs  # noqa: E402
 from spotlight_jax import config as conf  # noqa: E402
+from spotlight_jax import programs  # noqa: E402
 from spotlight_jax.elastic import (  # noqa: E402
     DevicePool,
     ExecutableCache,
@@ -85,7 +85,8 @@ from spotlight_jax.elastic.node import (  # noqa: E402
     input_specs,
     rollout_fn,
 )
-from spotlight_jax.models.build import abstract_model  # noqa: E402
+from spotlight_jax.io import checkpoints  # noqa: E402
+from spotlight_jax.models.factory import abstract_model  # noqa: E402
 
 _T_IMPORTED = time.perf_counter()
 
@@ -161,7 +162,7 @@ def compile_cold(graphdef, mcfg, scfg, abstract_pure, mesh, batch: int):
 
 def restore(ckpt: str, abstract, mesh):
     shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), nnx.to_pure_dict(abstract))
-    state = checkpoint.load_params(ckpt, abstract, shardings)
+    state = checkpoints.load_params(ckpt, abstract, shardings)
     pure = nnx.to_pure_dict(state)
     jax.block_until_ready(pure)
     return pure
@@ -235,7 +236,7 @@ def run_config(name: str, args, workdir: Path) -> dict:
     size = nbytes(pure)
     nparams = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(pure))
     ckpt = str(workdir / name)
-    checkpoint.save_params(ckpt, as_state(abstract, pure), {"config": name})
+    checkpoints.save_params(ckpt, as_state(abstract, pure), {"config": name})
     inputs = prompt_batch(mcfg, args.batch)
     abstract_pure = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                                  nnx.to_pure_dict(abstract))

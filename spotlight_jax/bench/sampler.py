@@ -68,7 +68,7 @@ def main(argv):
     from spotlight_jax.config import load_config, model_config
     from spotlight_jax.diffusion import Sampler, SamplerConfig
     from spotlight_jax.diffusion.rollout import sampling_compiler_options
-    from spotlight_jax.models.build import create_model
+    from spotlight_jax.models.factory import create_model
 
     config = load_config(FLAGS.config)
     mcfg = model_config(config)

@@ -46,7 +46,7 @@ def reduced_overrides(config_path: str, depth: int, latent: int) -> dict:
     blocks: single-stream ones (FLUX.1) shrink in proportion, and a second attention (SD3.5)
     stays on the blocks that remain."""
     from spotlight_jax import config as conf  # noqa: PLC0415
-    from spotlight_jax.models.build import is_video  # noqa: PLC0415
+    from spotlight_jax.models.factory import is_video  # noqa: PLC0415
 
     full = conf.model_config(conf.load_config(config_path))
     video = is_video(full)
@@ -75,7 +75,7 @@ def step_programs(config_path: str, depth: int, latent: int, batch: int, rank: i
     from flax import nnx  # noqa: PLC0415
 
     from spotlight_jax import config as conf  # noqa: PLC0415
-    from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
+    from spotlight_jax.models.factory import abstract_model  # noqa: PLC0415
     from spotlight_jax.rl import lora as lora_lib  # noqa: PLC0415
 
     config = conf.load_config(config_path, {**reduced_overrides(config_path, depth, latent),

@@ -29,10 +29,10 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from spotlight_jax import checkpoint
 from spotlight_jax.cluster.distributed import broadcast_tree
 from spotlight_jax.diffusion import batches
-from spotlight_jax.models.build import abstract_model
+from spotlight_jax.io import checkpoints
+from spotlight_jax.models.factory import abstract_model
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.rl import trainer_class
 
@@ -277,7 +277,7 @@ def update_from_files(spec, base_dir: str, batch_path: str, out_path: str | None
     # every process reads the checkpoint to host memory, then places it on the global mesh
     # (device_put of identical host values; arrays committed to one process's device cannot
     # be moved onto devices of other processes)
-    host = jax.tree.map(np.asarray, checkpoint.load_params(base_dir, abstract))
+    host = jax.tree.map(np.asarray, checkpoints.load_params(base_dir, abstract))
     base = shard_state(host, mesh)
     trainer = spec.make_trainer(graphdef, base, mesh=mesh)
     batch = None

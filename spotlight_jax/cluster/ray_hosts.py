@@ -196,7 +196,7 @@ class SpotHostImpl:
             jax.config.update("jax_num_cpu_devices", int(cpu_devices))
         from spotlight_jax import rewards  # noqa: PLC0415
         from spotlight_jax.config import RunSpec  # noqa: PLC0415
-        from spotlight_jax.models.build import abstract_model  # noqa: PLC0415
+        from spotlight_jax.models.factory import abstract_model  # noqa: PLC0415
         from spotlight_jax.parallel import make_mesh  # noqa: PLC0415
         from spotlight_jax.sched.worker import InProcessWorker, SamplerCache  # noqa: PLC0415
 

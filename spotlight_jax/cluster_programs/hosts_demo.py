@@ -45,15 +45,16 @@ def main(argv):
     import jax  # noqa: PLC0415
     jax.config.update("jax_num_cpu_devices", 1)
 
-    from spotlight_jax import train, world  # noqa: PLC0415
+    from spotlight_jax import world  # noqa: PLC0415
     from spotlight_jax.cluster import ray_hosts as spot  # noqa: PLC0415
     from spotlight_jax.config import model_config  # noqa: PLC0415
+    from spotlight_jax.runner import base_model  # noqa: PLC0415
     from spotlight_jax.sched import QueueConfig, RequestQueue, make_requests  # noqa: PLC0415
 
     config = _CONFIG.value
     mcfg = model_config(config)
     spec = RunSpec.from_config(config)
-    graphdef, base, source = train.load_or_pretrain_base(spec,
+    graphdef, base, source = base_model.load_or_pretrain_base(spec,
                                                          "/tmp/spotlight_cluster_base")
     env = {"log_to_driver": False,
            "runtime_env": {"env_vars": {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}}}

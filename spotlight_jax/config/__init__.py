@@ -9,7 +9,7 @@ Building: ``build`` (objects from the parsed sections: trainer, base, VAE, promp
 deployment, the rewards that need building). ``spec``: :class:`RunSpec`, parsed once per run,
 whose methods build what a run needs.
 """
-from spotlight_jax.config.build import (
+from spotlight_jax.config.builders import (
     attention_spec,
     build_mesh,
     image_decoder,

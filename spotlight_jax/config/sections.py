@@ -6,7 +6,7 @@ Every library module below takes its own small frozen dataclass, built here from
 own values; a bad one becomes a one-line :class:`~spotlight_jax.config.loading.ConfigError`
 naming the dotted field. :class:`~spotlight_jax.config.spec.RunSpec` calls these once per run.
 Nothing here builds an object or changes global state (the reward registry included): what is
-built from the parsed sections is ``config.build``'s.
+built from the parsed sections is ``config.builders``'s.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from spotlight_jax.emulation import (
     TraceConfig,
     Workload,
 )
-from spotlight_jax.emulation.device_profile import load as load_profile
+from spotlight_jax.emulation.profile_file import load as load_profile
 from spotlight_jax.models import MMDiTConfig, WanConfig, convert
-from spotlight_jax.models.build import is_video
+from spotlight_jax.models.factory import is_video
 from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
 from spotlight_jax.rewards import mix

@@ -11,7 +11,7 @@ import math
 import re
 
 from spotlight_jax import rewards
-from spotlight_jax.config.build import prompt_source
+from spotlight_jax.config.builders import prompt_source
 from spotlight_jax.config.loading import ConfigError, build_section, pick_fields, section_paths
 from spotlight_jax.config.sections import (
     REMOTE_REWARD,
@@ -38,7 +38,7 @@ from spotlight_jax.config.sections import (
 )
 from spotlight_jax.emulation import TraceConfig
 from spotlight_jax.explore.planner import PlannerConfig
-from spotlight_jax.metrics import WANDB_MODES
+from spotlight_jax.io.metrics import WANDB_MODES
 from spotlight_jax.models import MMDiTConfig
 from spotlight_jax.models.mmdit import as_dtype
 from spotlight_jax.parallel import resolve_kernel
@@ -71,7 +71,7 @@ def _check_run_settings(s) -> None:
                                [f"{REMOTE_REWARD} (a reward server: remote_reward.url)"])
     known += [f"{n} (learned: learned_rewards)" for n in LEARNED_NEEDS
               if n not in rewards.names()]
-    # what a run builds before resolving it (config.build.register_rewards)
+    # what a run builds before resolving it (config.builders.register_rewards)
     buildable = set(rewards.names()) | {REMOTE_REWARD, *LEARNED_NEEDS}
     for path, spec in (("rl.reward", s.reward), ("rl.eval_reward", s.eval_reward)):
         try:
@@ -264,7 +264,7 @@ class RunSettings:
 
 def run_settings(config) -> RunSettings:
     """The runner's settings (parsed; the rewards they name are resolved when the run is
-    built, ``config.build.register_rewards``)."""
+    built, ``config.builders.register_rewards``)."""
     r, d = config.rl, config.deployment
     return RunSettings(
         mode=config.mode, objective=objective(config), seed=int(config.seed),

@@ -17,7 +17,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from spotlight_jax import registry
-from spotlight_jax.config import build, sections
+from spotlight_jax.config import builders, sections
 from spotlight_jax.config.loading import apply_overrides, build_section
 from spotlight_jax.config.sections import ProcessConfig
 from spotlight_jax.config.settings import (
@@ -51,7 +51,7 @@ class RunSpec:
     prompts come from (:meth:`prompt_source`); ``remote_reward`` and ``learned_rewards``: where a
     reward server's client and the learned rewards are built from. Built objects (mesh, trainer,
     deployment, prompt source, VAE, the rewards that need building) come from its methods
-    (``config.build``).
+    (``config.builders``).
     """
 
     source: dict = dataclasses.field(repr=False, compare=False)
@@ -137,21 +137,21 @@ class RunSpec:
     def attention_spec(self, mesh: Mesh | None) -> AttentionSpec:
         """How the trainer's forwards (and the samplers on its mesh) lay out attention: the
         ``attention`` strategy over the mesh's ``sp`` axis when it has one, else dense."""
-        return build.attention_for(self.process.attention, mesh, self.process.attention_impl)
+        return builders.attention_for(self.process.attention, mesh, self.process.attention_impl)
 
     def make_trainer(self, graphdef, base, mesh=None):
         """The objective's trainer over ``base`` (placed on ``mesh``)."""
-        return build.trainer_of(self.rl, self.sampler, self.process.attention, graphdef,
-                                base, mesh, self.seed, self.process.attention_impl)
+        return builders.trainer_of(self.rl, self.sampler, self.process.attention, graphdef,
+                                   base, mesh, self.seed, self.process.attention_impl)
 
     def image_decoder(self):
         """The frozen VAE of a diffusers base (None for a model that draws pixels)."""
-        return build.decoder_of(self.diffusers_base, self.model)
+        return builders.decoder_of(self.diffusers_base, self.model)
 
     def load_diffusers_base(self, mesh: Mesh | None = None):
         """``(graphdef, state)`` of the diffusers base's transformer, each parameter streamed
         straight onto its sharding on ``mesh`` (None: the default device)."""
-        return build.transformer_of(self.diffusers_base, self.model, mesh)
+        return builders.transformer_of(self.diffusers_base, self.model, mesh)
 
     def trainer_devices(self) -> list:
         """This process's devices the trainer uses (``trainer_devices`` of them; 0 = all)."""
@@ -160,7 +160,7 @@ class RunSpec:
 
     def prompt_source(self) -> PromptSource:
         """The run's prompts and their model inputs (the world's, or the embedding file's)."""
-        return build.prompts_of(self.model, self.embeddings_file, self.train_kinds)
+        return builders.prompts_of(self.model, self.embeddings_file, self.train_kinds)
 
     def make_deployment(self, rents_spot: bool | None = None) -> Deployment:
         """The emulated deployment (on-demand devices, spot nodes, trace, cost model).
@@ -168,13 +168,13 @@ class RunSpec:
         for the spot nodes (a ``baseline`` run pays for its on-demand devices only)."""
         if rents_spot is None:
             rents_spot = registry.mode_spec(self.settings.mode).uses_spot
-        return build.deployment_of(self.deployment, self.trace, self.cost, self.workload,
-                                   self.sampler.num_steps, rents_spot)
+        return builders.deployment_of(self.deployment, self.trace, self.cost, self.workload,
+                                      self.sampler.num_steps, rents_spot)
 
     def register_rewards(self) -> None:
         """Registers the rewards this run names that have to be built first (a reward server's
         client, learned rewards), so that they resolve by name (``rewards.resolve``)."""
-        build.register_rewards(self)
+        builders.register_rewards(self)
 
     def cpu_device_count(self) -> int:
         """Emulated CPU devices this run needs (0 = the backend's default)."""

@@ -31,7 +31,6 @@ from typing import Any
 
 from spotlight_jax.emulation.clock import ROLES, Clock
 from spotlight_jax.emulation.datasheets import DEVICES, device_spec
-from spotlight_jax.emulation.device_profile import DeviceProfile
 from spotlight_jax.emulation.flops import (
     forward_flops,
     lora_param_count,
@@ -39,9 +38,10 @@ from spotlight_jax.emulation.flops import (
     remat_recompute_fraction,
     vae_decode_flops,
 )
-from spotlight_jax.models.build import is_video
+from spotlight_jax.emulation.profile_file import DeviceProfile
+from spotlight_jax.models.factory import is_video
 from spotlight_jax.models.mmdit import MMDiTConfig
-from spotlight_jax.models.vae.wan import released_vae
+from spotlight_jax.models.vae.wan_vae import released_vae
 
 COST_MODELS = ("profile", "measured")
 REGROUP_KINDS = ("shrink", "grow", "cold")

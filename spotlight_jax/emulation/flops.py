@@ -51,7 +51,7 @@ import functools
 import math
 
 from spotlight_jax.models.mmdit import MMDiTConfig
-from spotlight_jax.models.wan import WanConfig
+from spotlight_jax.models.wan_transformer import WanConfig
 
 
 def _prompt_encoder(cfg, text_tokens: int) -> int:
@@ -247,7 +247,7 @@ def vae_decode_flops(vae_cfg, latent_shape: tuple[int, ...]) -> int:
     import jax  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
 
-    from spotlight_jax.models.vae.wan import WanVAE  # noqa: PLC0415
+    from spotlight_jax.models.vae.wan_vae import WanVAE  # noqa: PLC0415
 
     graphdef, state = nnx.split(nnx.eval_shape(lambda: WanVAE(vae_cfg, rngs=nnx.Rngs(0))))
     z = jax.ShapeDtypeStruct((1, *latent_shape), jax.numpy.float32)

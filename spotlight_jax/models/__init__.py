@@ -7,7 +7,7 @@ from spotlight_jax.models.mmdit import (
     as_dtype,
     count_params,
 )
-from spotlight_jax.models.wan import WanConfig, WanTransformer
+from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 
 __all__ = ["MMDiT", "AttentionSpec", "MMDiTConfig", "WanConfig", "WanTransformer", "as_dtype",
            "count_params"]

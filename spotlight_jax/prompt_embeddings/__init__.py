@@ -6,7 +6,7 @@ the empty prompt in row 0, prompts and splits in the metadata), its writer and i
 batched lookup. ``source``: the object a run takes its prompts and model inputs from (the
 synthetic world's tokenizer, or a file's embeddings when the model has no prompt encoder).
 ``encoders``: the real text encoders of a diffusers pipeline (torch, the ``[encode]`` extra),
-used by ``python -m spotlight_jax.encode_prompts``.
+used by ``python -m spotlight_jax.tools.encode_prompts``.
 """
 from spotlight_jax.prompt_embeddings.file import (
     EMPTY_INDEX,

@@ -1,7 +1,7 @@
 """The prompt-embedding file: a real text encoder's output for a fixed list of prompts, computed
 once on a machine that has the encoder's weights, read at run time without torch or downloads.
 
-Format (version 1): one safetensors file (``spotlight_jax.safetensors_io``) with
+Format (version 1): one safetensors file (``spotlight_jax.io.safetensors_format``) with
 
 * ``embeds`` ``[N + 1, L, D]``: the encoder's per-token embeddings (float32, bfloat16 or float16,
   as the encoder produced them);
@@ -27,13 +27,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 
 FORMAT = "spotlight_jax.prompt_embeddings"
 VERSION = 1
 EMPTY_INDEX = 0
 SPLITS = ("train", "val")
-_HOW_TO_WRITE = "write one with python -m spotlight_jax.encode_prompts"
+_HOW_TO_WRITE = "write one with python -m spotlight_jax.tools.encode_prompts"
 
 
 class PromptEmbeddingError(ValueError):
@@ -81,7 +81,7 @@ def write(path, prompts: Sequence[str], embeds, mask, pooled=None, *, splits=Non
             "encoder": str(encoder), "prompts": json.dumps(prompts),
             "splits": json.dumps(splits), "info": json.dumps(info or {})}
     check(path, prompts, splits, tensors)
-    safetensors_io.save(path, tensors, meta)
+    safetensors_format.save(path, tensors, meta)
 
 
 def check(path, prompts: list, splits: list, tensors: dict) -> None:
@@ -125,9 +125,9 @@ def read(path) -> PromptEmbeddings:
     if not path.is_file():
         raise PromptEmbeddingError(f"{path}: no such prompt-embedding file; {_HOW_TO_WRITE}")
     try:
-        meta = safetensors_io.metadata(path)
-        tensors = safetensors_io.load(path)
-    except safetensors_io.SafetensorsError as e:
+        meta = safetensors_format.metadata(path)
+        tensors = safetensors_format.load(path)
+    except safetensors_format.SafetensorsError as e:
         raise PromptEmbeddingError(f"{e}; {_HOW_TO_WRITE}") from e
     if meta.get("format") != FORMAT:
         raise PromptEmbeddingError(f"{path}: not a prompt-embedding file (metadata format="
@@ -136,7 +136,7 @@ def read(path) -> PromptEmbeddings:
     if meta.get("version") != str(VERSION):
         raise PromptEmbeddingError(f"{path}: format version {meta.get('version')!r}; this "
                                    f"reader reads version {VERSION}: re-run "
-                                   "python -m spotlight_jax.encode_prompts")
+                                   "python -m spotlight_jax.tools.encode_prompts")
     try:
         prompts, splits = json.loads(meta["prompts"]), json.loads(meta["splits"])
         info = json.loads(meta.get("info", "{}"))
@@ -189,7 +189,7 @@ class PromptEmbeddings:
             if row is None:
                 raise PromptEmbeddingError(
                     f"prompt {p!r} is not in {self.path} ({len(self._row) - 1} prompts); add it: "
-                    "re-run python -m spotlight_jax.encode_prompts with it among the prompts")
+                    "re-run python -m spotlight_jax.tools.encode_prompts with it among the prompts")
             out[i] = row
         return out
 

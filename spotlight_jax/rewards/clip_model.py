@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 
 ACTIVATIONS = ("quick_gelu", "gelu")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)     # OpenAI CLIP's, CLIPImageProcessor's default
@@ -380,11 +380,11 @@ def from_open_clip(path, arch: str = "ViT-H-14",
                    heads: tuple[int, int] | None = None) -> tuple[CLIP, CLIPConfig]:
     """``(model, config)`` of an open_clip CLIP state dict saved as safetensors (a published
     torch pickle, e.g. HPSv2.1's, converted once: ``python -m
-    spotlight_jax.convert_reward_head --open_clip=IN.pt --output=OUT.safetensors``)."""
+    spotlight_jax.tools.convert_reward_head --open_clip=IN.pt --output=OUT.safetensors``)."""
     p = pathlib.Path(path)
     if not p.is_file():
         raise CLIPLoadError(f"{p}: no such file (an open_clip state dict as .safetensors)")
-    tensors = safetensors_io.load(p)
+    tensors = safetensors_format.load(p)
     cfg = open_clip_config(tensors, arch, str(p), heads)
     graphdef, state = load_weights(cfg, tensors, str(p), rules=_open_clip_rules(cfg))
     return nnx.merge(graphdef, state), cfg
@@ -410,7 +410,7 @@ def from_transformers(folder) -> tuple[CLIP, CLIPConfig]:
                             "once with transformers' save_pretrained(safe_serialization=True))")
     tensors = {}
     for f in files:
-        tensors.update(safetensors_io.load(f))
+        tensors.update(safetensors_format.load(f))
     graphdef, state = load_weights(cfg, tensors, str(d))
     return nnx.merge(graphdef, state), cfg
 

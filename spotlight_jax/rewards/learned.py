@@ -8,13 +8,13 @@ predictor, on a Flax CLIP (``rewards.clip_model``) jitted and batched on the dev
 * ``aesthetic``: the LAION improved aesthetic predictor v2: its MLP (768 -> 1024 -> 128 -> 64 ->
   16 -> 1, no activations between, as published) on the L2-normalised CLIP ViT-L/14 image
   embedding; scores about 1-10. The head is published as a torch pickle: convert it once with
-  ``python -m spotlight_jax.convert_reward_head --aesthetic=IN.pth --output=OUT.safetensors``
+  ``python -m spotlight_jax.tools.convert_reward_head --aesthetic=IN.pth --output=OUT.safetensors``
   (needs torch).
 * ``hpsv2``: HPSv2.1's score, ``cos(image, text)`` of its fine-tuned open_clip ViT-H/14 (about
   0.2-0.35), from the published ``HPS_v2.1_compressed.pt`` converted once (``python -m
-  spotlight_jax.convert_reward_head --open_clip=HPS_v2.1_compressed.pt --output=hps.safetensors``)
-  and the ViT-H/14 tokenizer's ``tokenizer.json``; open_clip's preprocessing (torchvision's
-  centre crop rounds where transformers' floors).
+  spotlight_jax.tools.convert_reward_head --open_clip=HPS_v2.1_compressed.pt
+  --output=hps.safetensors``) and the ViT-H/14 tokenizer's ``tokenizer.json``; open_clip's
+  preprocessing (torchvision's centre crop rounds where transformers' floors).
 
 Each is a :class:`LearnedReward` with the registry's contract (host images ``[B, H, W, 3]`` in
 [0, 1] and prompts in, ``float32 [B]`` out; images preprocessed on the host exactly as
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.rewards import clip_model
 
 KINDS = ("clip_score", "pickscore", "aesthetic", "hpsv2")
@@ -182,9 +182,9 @@ def load_aesthetic_head(path) -> tuple:
     if p is None or not p.is_file():
         raise FileNotFoundError(f"aesthetic head {path!r}: no such file (convert the published "
                                 "sac+logos+ava1-l14-linearMSE.pth once: python -m "
-                                "spotlight_jax.convert_reward_head --aesthetic=IN.pth "
+                                "spotlight_jax.tools.convert_reward_head --aesthetic=IN.pth "
                                 "--output=OUT.safetensors)")
-    t = safetensors_io.load(p)
+    t = safetensors_format.load(p)
     try:
         return tuple((jnp.asarray(np.asarray(t[f"layers.{i}.weight"], np.float32).T),
                       jnp.asarray(np.asarray(t[f"layers.{i}.bias"], np.float32)))
@@ -202,7 +202,7 @@ def convert_open_clip(src, dst) -> None:
     sd = sd.get("state_dict", sd)
     out = {k.removeprefix("module."): v.float().numpy() for k, v in sd.items()
            if hasattr(v, "numpy")}
-    safetensors_io.save(dst, out, {"format": "pt", "source": str(src)})
+    safetensors_format.save(dst, out, {"format": "pt", "source": str(src)})
 
 
 def convert_aesthetic(src, dst) -> None:
@@ -210,5 +210,5 @@ def convert_aesthetic(src, dst) -> None:
     import torch  # noqa: PLC0415
     sd = torch.load(src, map_location="cpu", weights_only=True)
     keys = [f"layers.{i}.{n}" for i in AESTHETIC_LAYERS for n in ("weight", "bias")]
-    safetensors_io.save(dst, {k: sd[k].float().numpy() for k in keys},
-                        {"format": "pt", "source": str(src)})
+    safetensors_format.save(dst, {k: sd[k].float().numpy() for k in keys},
+                            {"format": "pt", "source": str(src)})

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 
 # (stream path inside a block, projection) -> diffusers module names under transformer_blocks.{i}
 _MODULES = {
@@ -91,5 +91,5 @@ def export(lora: dict, scale: float, path, *, rank: int, base: str = "") -> dict
     tensors = to_diffusers(lora, scale)
     meta = {"format": "pt", "spotlight_jax": json.dumps({"rank": int(rank), "base": base,
                                                          "scale_folded_into_lora_B": True})}
-    safetensors_io.save(path, tensors, meta)
+    safetensors_format.save(path, tensors, meta)
     return tensors

@@ -15,13 +15,14 @@ import jax
 import numpy as np
 from absl import logging
 
-from spotlight_jax import registry, rewards, utilization, world
+from spotlight_jax import registry, rewards, world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion import Sampler
 from spotlight_jax.diffusion.engine import RolloutEngine
+from spotlight_jax.emulation import utilization
 from spotlight_jax.explore.explorer import LocalExplorer
 from spotlight_jax.explore.planner import Planner, PlannerConfig
-from spotlight_jax.metrics import MetricWriter
+from spotlight_jax.io.metrics import MetricWriter
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.runner.backends.ray_fleet import RayFleet
 from spotlight_jax.runner.backends.ray_rollouts import RayRollouts
@@ -107,7 +108,7 @@ def build_run(spec: RunSpec, workdir: str, graphdef, base, devices=None,
     if not source.val_prompts:
         raise ValueError(f"prompts.embeddings_file={spec.embeddings_file!r}: has no held-out "
                          "prompts (split 'val') to evaluate on; re-run python -m "
-                         "spotlight_jax.encode_prompts with --val_prompts")
+                         "spotlight_jax.tools.encode_prompts with --val_prompts")
     engine = RolloutEngine(sampler, mcfg.text_len, reward, chunk=max(st.group_size, 32),
                            tokenize=source.tokenize)
     deploy = spec.make_deployment()

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from spotlight_jax.checkpoint import RunCheckpointer
+from spotlight_jax.io.checkpoints import RunCheckpointer
 
 
 class RunCheckpoints:

@@ -13,8 +13,8 @@ from absl import logging
 
 from spotlight_jax.config import RunSpec
 from spotlight_jax.emulation.cost_models import Assumption
-from spotlight_jax.plots import spot_timeline
-from spotlight_jax.reports import write_report, write_seed_report
+from spotlight_jax.reporting.compare_report import write_report, write_seed_report
+from spotlight_jax.reporting.plots import spot_timeline
 from spotlight_jax.runner.build import build_and_run
 from spotlight_jax.runner.modes import MODES
 

@@ -31,8 +31,9 @@ import jax
 import numpy as np
 from absl import logging
 
-from spotlight_jax import registry, utilization
+from spotlight_jax import registry
 from spotlight_jax.diffusion import batches
+from spotlight_jax.emulation import utilization
 from spotlight_jax.rl import group_stats
 from spotlight_jax.runner import update
 from spotlight_jax.runner.backends.emulated_fleet import STAT_KEYS as FLEET_KEYS

@@ -14,11 +14,11 @@ import jax
 import numpy as np
 from PIL import Image
 
-from spotlight_jax import provenance
 from spotlight_jax.evaluate import evaluate as evaluate_policy
+from spotlight_jax.io import provenance
 from spotlight_jax.models import as_dtype
 from spotlight_jax.parallel import kernels
-from spotlight_jax.plots import plot_curves, plot_panels, save_grid
+from spotlight_jax.reporting.plots import plot_curves, plot_panels, save_grid
 from spotlight_jax.rl import lora_export
 
 LORA_EXPORT = "lora_diffusers.safetensors"

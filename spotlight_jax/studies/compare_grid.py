@@ -26,8 +26,8 @@ they are archived once per seed under ``DIR/on_demand`` and every trace's report
 (``runner.reports.write_report``), then per trace the ratios' mean and [min, max] over seeds
 (``report_seeds.md``), ``DIR/grid.md``: one table of every mode's speed-up, cost, iteration
 and per-iteration time ratios on every trace, and which runs are still missing, and
-``DIR/headline.md`` (``spotlight_jax.headline``: several targets, interpolated crossings, the
-curve-level speed-up, bootstrap intervals over seeds, censored seeds as bounds).
+``DIR/headline.md`` (``spotlight_jax.reporting.headline``: several targets, interpolated
+crossings, the curve-level speed-up, bootstrap intervals over seeds, censored seeds as bounds).
 """
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ import sys
 
 from absl import app, flags
 
-from spotlight_jax import headline, registry
-from spotlight_jax.metrics import read_jsonl
+from spotlight_jax import registry
+from spotlight_jax.io.metrics import read_jsonl
 from spotlight_jax.registry import BASELINE
+from spotlight_jax.reporting import headline
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "archive", "report")  # the program's first word
@@ -273,8 +274,8 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
     ``baseline_dollars_per_hour`` > 0: the trace-free modes' dollars re-priced at that rate
     (their on-demand devices): runs recorded before such modes stopped paying for the
     deployment's idle spot nodes."""
-    from spotlight_jax import reports  # noqa: PLC0415
     from spotlight_jax.emulation.cost_models import Assumption  # noqa: PLC0415
+    from spotlight_jax.reporting import compare_report  # noqa: PLC0415
 
     runs = grid_runs(grid)
     try:
@@ -312,7 +313,7 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
             out = os.path.join(grid, trace, f"seed_{seed}")
             os.makedirs(out, exist_ok=True)
             assumptions = next(iter(loaded.values()))[1]["assumptions"]
-            reports.write_report(
+            compare_report.write_report(
                 out, {m: h for m, (h, _) in loaded.items()}, target_frac=target_frac,
                 target_gain=target_gain, phases={m: i["phases"] for m, (_, i) in loaded.items()},
                 assumptions=[Assumption(**a) for a in assumptions],
@@ -321,20 +322,20 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
             seed_dirs[seed] = out
         if not seed_dirs:
             continue
-        reports.write_seed_report(os.path.join(grid, trace), seed_dirs,
-                                  header=f"Trace: {trace}.")
+        compare_report.write_seed_report(os.path.join(grid, trace), seed_dirs,
+                                         header=f"Trace: {trace}.")
         with open(os.path.join(grid, trace, "compare_seeds.json")) as f:
             ratios = json.load(f)["ratios"]
         lines += [f"## {trace}", "", f"Seeds: {', '.join(map(str, seed_dirs))} "
                   f"([report]({trace}/report_seeds.md)).", "",
-                  "| mode | " + " | ".join(n for n, _ in reports.RATIOS) + " |",
-                  "|---|" + "---|" * len(reports.RATIOS)]
+                  "| mode | " + " | ".join(n for n, _ in compare_report.RATIOS) + " |",
+                  "|---|" + "---|" * len(compare_report.RATIOS)]
         for m in all_modes:
             if m not in ratios:
                 continue
             lines.append(f"| {m} | " + " | ".join(
-                reports.ratio_cell(ratios[m][name], len(seed_dirs))
-                for name, _ in reports.RATIOS) + " |")
+                compare_report.ratio_cell(ratios[m][name], len(seed_dirs))
+                for name, _ in compare_report.RATIOS) + " |")
         lines.append("")
     # what a seed lacks of the modes the grid runs (those archived for some trace and seed)
     grid_modes = [m for m in all_modes if any(m in by_mode for seeds in runs.values()

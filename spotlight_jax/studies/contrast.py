@@ -61,10 +61,9 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import numpy as np
 
-    from spotlight_jax import train
     from spotlight_jax.config import load_config, rl_config
     from spotlight_jax.diffusion.engine import candidate_seeds
-    from spotlight_jax.runner import build_run
+    from spotlight_jax.runner import base_model, build_run
 
     config = load_config(FLAGS.config)
     config.mode, config.seed = "baseline", FLAGS.seed
@@ -73,7 +72,7 @@ def main(argv):
         raise app.UsageError(f"--pool={FLAGS.pool} is smaller than the group size {G}")
     workdir = tempfile.mkdtemp(prefix="contrast_")
     spec = RunSpec.from_config(config)
-    graphdef, base, source = train.load_or_pretrain_base(spec, workdir)
+    graphdef, base, source = base_model.load_or_pretrain_base(spec, workdir)
     run = build_run(spec, workdir, graphdef, base)
     pool = run.train_prompts
     rng = np.random.default_rng(FLAGS.seed)

@@ -103,10 +103,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     programs.emulate_devices(12, cpu=False)
-    from spotlight_jax import train
     from spotlight_jax.config import load_config
     from spotlight_jax.rl import grpo
-    from spotlight_jax.runner import build_run
+    from spotlight_jax.runner import base_model, build_run
 
     for p in (int(x) for x in FLAGS.patches.split(",")):
         over = {"mode": "baseline", "rl.objective": "flow_grpo",
@@ -116,7 +115,7 @@ def main(argv):
         config = load_config("tiny", over)
         with tempfile.TemporaryDirectory() as wd:
             spec = RunSpec.from_config(config)
-            graphdef, base, _ = train.load_or_pretrain_base(spec, wd, progress=False)
+            graphdef, base, _ = base_model.load_or_pretrain_base(spec, wd, progress=False)
             run = build_run(spec, wd, graphdef, base)
             grads, spread = step_gradients(run, FLAGS.batches)
             sampler = run.trainer.sampler

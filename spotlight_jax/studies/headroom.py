@@ -49,12 +49,13 @@ def constraint_headroom(config, workdir: str | None = None, seeds: int = 32) -> 
     (``rewards.shape_binding``) of the same samples."""
     import numpy as np
 
-    from spotlight_jax import train, world
+    from spotlight_jax import world
     from spotlight_jax.rewards.geneval import constraint_breakdown, shape_binding
+    from spotlight_jax.runner import base_model
     from spotlight_jax.studies._policy_run import policy_run
 
     spec = RunSpec.from_config(config)
-    graphdef, base, _ = train.load_or_pretrain_base(spec, tempfile.mkdtemp())
+    graphdef, base, _ = base_model.load_or_pretrain_base(spec, tempfile.mkdtemp())
     prompts = world.val_prompts()
     flat = [p for p in prompts for _ in range(seeds)]
     ids = np.arange(len(flat), dtype=np.uint32) + 1000       # not the training seeds

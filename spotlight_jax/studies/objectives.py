@@ -52,7 +52,7 @@ def run_one(out: str, objective: str, seed: int, minutes: float, eval_seeds: int
 def curve(workdir: str, images_per_iteration: int) -> dict:
     """The run's evaluations: RL minutes, iterations, trained images, held-out reward (+ CI)
     and each constraint's exact accuracy."""
-    from spotlight_jax.metrics import read_jsonl  # noqa: PLC0415
+    from spotlight_jax.io.metrics import read_jsonl  # noqa: PLC0415
 
     rows = read_jsonl(os.path.join(workdir, "rl.jsonl"))
     out = {"minutes": [], "iteration": [], "images": [], "reward": [], "ci95": [], "acc": {}}

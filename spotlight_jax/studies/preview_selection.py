@@ -152,16 +152,16 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import numpy as np
 
-    from spotlight_jax import train
     from spotlight_jax.config import RunSpec
     from spotlight_jax.diffusion.engine import candidate_seeds
+    from spotlight_jax.runner import base_model
     from spotlight_jax.studies._policy_run import policy_run
 
     config = FLAGS.config
     with config.unlocked():
         config.mode = "baseline"            # one trainer device, no spot fleet to build
     spec = RunSpec.from_config(config)
-    graphdef, base, _ = train.load_or_pretrain_base(spec, tempfile.mkdtemp())
+    graphdef, base, _ = base_model.load_or_pretrain_base(spec, tempfile.mkdtemp())
     try:
         run = policy_run(spec, graphdef, base, FLAGS.workdir)
     except FileNotFoundError as e:

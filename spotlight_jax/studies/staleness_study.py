@@ -75,14 +75,13 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     import jax
     from tqdm.auto import tqdm
 
-    from spotlight_jax import train
     from spotlight_jax.config import load_config, rl_config, sampler_config
     from spotlight_jax.diffusion import Sampler
     from spotlight_jax.diffusion.engine import RolloutEngine, candidate_seeds
     from spotlight_jax.explore import LocalExplorer
     from spotlight_jax.explore.staleness import ranking_agreement, summarize_agreement
-    from spotlight_jax.plots import plot_curves
-    from spotlight_jax.runner import build_run
+    from spotlight_jax.reporting.plots import plot_curves
+    from spotlight_jax.runner import base_model, build_run
 
     config = load_config(config_path)
     config.mode, config.seed, config.rl.objective = "baseline", seed, objective
@@ -92,7 +91,7 @@ def run_study(config_path: str, *, iterations: int, at, num_prompts: int, num_se
     os.makedirs(out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="staleness_")
     spec = RunSpec.from_config(config)
-    graphdef, base, source = train.load_or_pretrain_base(spec, workdir)
+    graphdef, base, source = base_model.load_or_pretrain_base(spec, workdir)
     run = build_run(spec, workdir, graphdef, base)
     G = config.rl.group_size
     snap = {0: run.trainer.sampling_state()}

@@ -86,9 +86,10 @@ def main(argv):
     import numpy as np
     from flax import nnx
 
-    from spotlight_jax import train, world
+    from spotlight_jax import world
     from spotlight_jax.config import RunSpec
-    from spotlight_jax.models.build import is_video
+    from spotlight_jax.models.factory import is_video
+    from spotlight_jax.runner import base_model
     from spotlight_jax.world import video
 
     spec = RunSpec.from_config(FLAGS.config)
@@ -96,7 +97,7 @@ def main(argv):
         raise app.UsageError(f"--config={FLAGS.config!r} is an image model's; this study reads "
                              "the video world's prompts (e.g. --config=configs/tiny_video.py)")
     with tempfile.TemporaryDirectory() as workdir:    # no run: only a shipped or named base
-        graphdef, state, source = train.load_or_pretrain_base(spec, workdir,
+        graphdef, state, source = base_model.load_or_pretrain_base(spec, workdir,
                                                               allow_pretrain=False)
     wcfg = world.WorldConfig(image_size=spec.model.image_size)
     rng = np.random.default_rng(FLAGS.seed)

@@ -11,7 +11,7 @@ import pytest
 
 from spotlight_jax.bench import device_check
 from spotlight_jax.bench import device_profile as device_profile_bench
-from spotlight_jax.emulation import device_profile
+from spotlight_jax.emulation import profile_file
 from spotlight_jax.models.mmdit import REMAT_POLICIES
 from spotlight_jax.programs import TINY_CONFIG
 
@@ -58,7 +58,7 @@ def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     text = device_check.table(result)
     assert all(line.count("|") in (3, 4) for line in text.splitlines() if line.startswith("| "))
     # the profile: every phase the cost model charges, loadable as cost.profile_file
-    profile = device_profile.load(device_check.profile_path(out))
+    profile = profile_file.load(device_check.profile_path(out))
     assert {(b, sp) for b, sp, _ in profile.rollout} == {(1, 1), (4, 1), (1, 2), (4, 2)}
     assert set(profile.update) == {"nft", "flow_grpo"}
     assert profile.regroup_shrink_s > 0 and profile.decode_s_per_image is None   # pixels

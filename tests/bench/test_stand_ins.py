@@ -15,7 +15,7 @@ from spotlight_jax.bench import _stand_ins as stand_ins
 from spotlight_jax.bench import device_profile
 from spotlight_jax.config import RunSpec
 from spotlight_jax.models.vae import WanVAE
-from spotlight_jax.models.vae.wan import WanVAEConfig
+from spotlight_jax.models.vae.wan_vae import WanVAEConfig
 from spotlight_jax.rewards import clip_model, learned
 
 SMALL_VAE = WanVAEConfig(base_dim=8, dim_mult=(1, 2), num_res_blocks=1,

@@ -8,7 +8,7 @@ from helpers import TINY
 
 from spotlight_jax import config as conf
 from spotlight_jax.bench import step_flops
-from spotlight_jax.models.build import abstract_model
+from spotlight_jax.models.factory import abstract_model
 from spotlight_jax.rl import lora as lora_lib
 
 

@@ -13,7 +13,7 @@ from spotlight_jax import world
 from spotlight_jax.config import load_config, model_config
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.diffusion.rollout import initial_noise
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 
 torch = pytest.importorskip("torch")
 from spotlight_jax.bench._torch_reference import TorchMMDiT  # noqa: E402

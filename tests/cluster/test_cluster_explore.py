@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[c
 from spotlight_jax import runner  # noqa: E402
 from spotlight_jax.config import RunSpec, model_config  # noqa: E402
 from spotlight_jax.diffusion.engine import candidate_seeds  # noqa: E402
-from spotlight_jax.models.build import create_model  # noqa: E402
+from spotlight_jax.models.factory import create_model  # noqa: E402
 from spotlight_jax.runner import outputs  # noqa: E402
 
 pytestmark = pytest.mark.cluster

@@ -27,8 +27,9 @@ from helpers import (
     qwen_fixture_overrides,
 )
 
-from spotlight_jax import checkpoint, runner
+from spotlight_jax import runner
 from spotlight_jax.config import RunSpec
+from spotlight_jax.io import checkpoints
 from spotlight_jax.runner import checkpointing
 
 ITERATIONS = 3
@@ -95,7 +96,7 @@ def test_two_process_job_matches_single_process_run_and_restores_there(tmp_path)
     c = micro_config(ITERATIONS, **{"rl.eval_every": ITERATIONS})
     _, graphdef, base = micro_model()    # perturbed: diverse images, so groups have signal
     base_dir = str(tmp_path / "base")
-    checkpoint.save_params(base_dir, base, {})
+    checkpoints.save_params(base_dir, base, {})
     _job(tmp_path / "job", _overrides(base_dir))
     _matches_reference(RunSpec.from_config(c), tmp_path / "job", tmp_path / "ref", graphdef, base)
 

@@ -30,7 +30,7 @@ jax.config.update("jax_num_cpu_devices", 2)
 from helpers import mode_config
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec, model_config
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 c = mode_config("spotlight", iterations=3)
 c.checkpoint.every = 1
 c.deployment.update(dict(transport="ray", ray_address={address!r}, ray_spot_resource="spot_node",

@@ -152,7 +152,7 @@ def test_controller_rollouts_on_ray_spot_hosts_survive_a_lost_host(cluster, tmp_
     import numpy as np
 
     from spotlight_jax import runner
-    from spotlight_jax.models.build import create_model
+    from spotlight_jax.models.factory import create_model
 
     c = load_config("tiny", {**MICRO_RUN_OVERRIDES, "mode": "spot_rollout", "rl.iterations": 2,
                              "deployment.transport": "ray", "deployment.spot_nodes": 2,

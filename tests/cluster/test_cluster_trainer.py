@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from helpers import MICRO_RUN_OVERRIDES, TINY, child_env, config_flags, free_port, micro_config
 
-from spotlight_jax import checkpoint, runner
+from spotlight_jax import runner
 from spotlight_jax.config import RunSpec, build_mesh, model_config, rl_config, sampler_config
-from spotlight_jax.models.build import create_model
+from spotlight_jax.io import checkpoints
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.parallel.sharding import shard_state
 from spotlight_jax.rl import GRPOTrainer, advantages
 from spotlight_jax.runner.backends.rollouts import group_seeds
@@ -29,7 +30,7 @@ def test_two_process_gloo_update_equals_single_process(tmp_path):
     c = micro_config(1)
     graphdef, base = create_model(model_config(c))
     base_dir = str(tmp_path / "base")
-    checkpoint.save_params(base_dir, base, {})
+    checkpoints.save_params(base_dir, base, {})
     run = runner.build_run(RunSpec.from_config(c), str(tmp_path / "run"), graphdef, base,
                            jax.devices()[:1])
     prompts = run.prompts(0)

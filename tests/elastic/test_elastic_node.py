@@ -23,7 +23,7 @@ from helpers import MICRO
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.elastic import DevicePool, PoolConfig, StateLostError, count_backend_compiles
 from spotlight_jax.elastic.node import SpotFleet, SpotNode, StaleGroupsError
-from spotlight_jax.models.build import abstract_model
+from spotlight_jax.models.factory import abstract_model
 
 LAYOUT = PoolConfig(nodes=(("od0", "on_demand", 4), ("spot0", "spot", 2), ("spot1", "spot", 2)))
 SPOT = (4, 5, 6, 7)

@@ -8,7 +8,7 @@ import pytest
 from helpers import micro_config
 
 from spotlight_jax.config import ConfigError, RunSpec
-from spotlight_jax.emulation import device_profile
+from spotlight_jax.emulation import profile_file
 from spotlight_jax.emulation.cost_models import ProfileCost
 from spotlight_jax.emulation.datasheets import device_spec
 
@@ -17,7 +17,7 @@ ROLLOUT = [{"batch": 1, "sp": 1, "mfu": 0.10}, {"batch": 4, "sp": 1, "mfu": 0.30
 
 
 def write_profile(tmp_path, model, **over):
-    data = {"kind": device_profile.KIND, "version": device_profile.VERSION,
+    data = {"kind": profile_file.KIND, "version": profile_file.VERSION,
             "device": "NVIDIA H100 80GB HBM3", "peak_tflops": 989.0,
             "model": {**dataclasses.asdict(model), "depth": 2}, "rollout": ROLLOUT,
             "update": {"nft": {"mfu": 0.25}, "flow_grpo": {"mfu": 0.15}},

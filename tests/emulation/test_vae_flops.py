@@ -10,7 +10,13 @@ from flax import nnx
 
 from spotlight_jax import config as conf
 from spotlight_jax.emulation import cost_models, flops
-from spotlight_jax.models.vae.wan import WAN21_VAE, WAN22_VAE, WanVAE, WanVAEConfig, released_vae
+from spotlight_jax.models.vae.wan_vae import (
+    WAN21_VAE,
+    WAN22_VAE,
+    WanVAE,
+    WanVAEConfig,
+    released_vae,
+)
 
 TINY_21 = WanVAEConfig(base_dim=8, z_dim=4, dim_mult=(1, 2, 2), num_res_blocks=1,
                        temperal_downsample=(False, True))

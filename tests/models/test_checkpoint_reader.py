@@ -5,15 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from spotlight_jax import safetensors_io
-from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
+from spotlight_jax.io import safetensors_format
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError, read_component
 
 
 def _folder(tmp_path, shards):
     (tmp_path / "config.json").write_text(json.dumps({"_class_name": "X", "num_layers": 1}))
     weight_map = {}
     for name, tensors in shards.items():
-        safetensors_io.save(tmp_path / name, tensors)
+        safetensors_format.save(tmp_path / name, tensors)
         weight_map.update({k: name for k in tensors})
     return weight_map
 
@@ -46,6 +46,6 @@ def test_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no \\*.safetensors weights"):
         read_component(tmp_path)
     for n in ("a", "b"):
-        safetensors_io.save(tmp_path / f"{n}.safetensors", {n: np.ones(1, np.float32)})
+        safetensors_format.save(tmp_path / f"{n}.safetensors", {n: np.ones(1, np.float32)})
     with pytest.raises(CheckpointError, match="2 safetensors files and no index"):
         read_component(tmp_path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spotlight_jax.config.build import base_shardings
+from spotlight_jax.config.builders import base_shardings
 from spotlight_jax.models.convert import from_diffusers
 from spotlight_jax.models.convert.transformer import host_peak_bytes
 from spotlight_jax.parallel import MeshConfig, make_mesh

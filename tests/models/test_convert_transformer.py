@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spotlight_jax import safetensors_io
 from spotlight_jax.emulation import flops
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.models import AttentionSpec, MMDiTConfig
 from spotlight_jax.models.convert import CheckpointError, convert_tensors, from_diffusers
-from spotlight_jax.models.convert.checkpoint import read_component
+from spotlight_jax.models.convert.diffusers_folder import read_component
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.rl import lora
 
@@ -126,13 +126,13 @@ def copy_with(tmp_path, name, tensors=None, shards=1, config=None):
     (out / "config.json").write_text(json.dumps(config or cfg0))
     keys = sorted(tensors)
     if shards == 1:
-        safetensors_io.save(out / "diffusion_pytorch_model.safetensors", tensors)
+        safetensors_format.save(out / "diffusion_pytorch_model.safetensors", tensors)
         return out
     weight_map = {}
     for i in range(shards):
         fname = f"diffusion_pytorch_model-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = {k: tensors[k] for k in keys[i::shards]}
-        safetensors_io.save(out / fname, part)
+        safetensors_format.save(out / fname, part)
         weight_map.update({k: fname for k in part})
     (out / "diffusion_pytorch_model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}))

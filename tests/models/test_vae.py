@@ -16,9 +16,9 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.models.convert import vae_from_diffusers
-from spotlight_jax.models.convert.checkpoint import CheckpointError
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import shard_state
 
@@ -33,7 +33,7 @@ def loaded(request):
     contract's ``decode``/``encode`` (jitted) and the unclipped raw decode."""
     family = request.param
     ref = {k: np.array(v) for k, v in
-           safetensors_io.load(FIXTURES / f"{family}.reference.safetensors").items()}
+           safetensors_format.load(FIXTURES / f"{family}.reference.safetensors").items()}
     vae = vae_from_diffusers(FIXTURES / family)
     raw_decode = jax.jit(lambda state, z: nnx.merge(vae.graphdef, state).decode(z))
     with jax.default_matmul_precision("highest"):
@@ -130,8 +130,8 @@ def _copy_with(tmp_path, family, edit) -> pathlib.Path:
     folder = tmp_path / family
     shutil.copytree(FIXTURES / family, folder)
     path = folder / "diffusion_pytorch_model.safetensors"
-    tensors = {k: np.array(v) for k, v in safetensors_io.load(path).items()}
-    safetensors_io.save(path, edit(tensors), {"format": "pt"})
+    tensors = {k: np.array(v) for k, v in safetensors_format.load(path).items()}
+    safetensors_format.save(path, edit(tensors), {"format": "pt"})
     return folder
 
 

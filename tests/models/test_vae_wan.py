@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.models.convert import vae_from_diffusers
-from spotlight_jax.models.convert.checkpoint import CheckpointError
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
 from spotlight_jax.models.vae import WanVAE, WanVAEConfig
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers" / "vae"
@@ -34,7 +34,7 @@ FAMILIES = ["wan", "wan22"]
 
 def _reference(family):
     return {k: np.array(v) for k, v in
-            safetensors_io.load(FIXTURES / f"{family}.reference.safetensors").items()}
+            safetensors_format.load(FIXTURES / f"{family}.reference.safetensors").items()}
 
 
 @pytest.fixture(scope="module")

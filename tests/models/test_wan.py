@@ -13,7 +13,7 @@ import pytest
 
 from spotlight_jax.models import convert
 from spotlight_jax.models.convert import wan as convert_wan
-from spotlight_jax.models.wan import WanConfig, WanTransformer
+from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers" / "transformer"
 
@@ -153,9 +153,9 @@ def test_remat_gives_the_same_gradient(wan):
     import jax
     from flax import nnx
 
-    from spotlight_jax.models.convert import checkpoint
+    from spotlight_jax.models.convert import diffusers_folder
     ref = np.load(FIXTURE / "wan.npz")
-    config, tensors = checkpoint.read_component(FIXTURE / "wan")
+    config, tensors = diffusers_folder.read_component(FIXTURE / "wan")
     grads = []
     for remat, scan in ((False, False), (True, False), (True, True)):
         model, _ = convert_wan.wan_model(config, tensors, remat=remat, scan_blocks=scan)

@@ -137,7 +137,7 @@ def test_clip_score_and_pickscore_formulas(kind):
 
 
 def test_aesthetic_head_on_the_normalised_image_embedding(tmp_path):
-    from spotlight_jax import safetensors_io
+    from spotlight_jax.io import safetensors_format
     model, cfg, ref = _loaded("clip_quick_gelu")
     rng = np.random.default_rng(0)
     dims = (cfg.projection, 1024, 128, 64, 16, 1)
@@ -145,7 +145,7 @@ def test_aesthetic_head_on_the_normalised_image_embedding(tmp_path):
     for i, (a, b) in zip(learned.AESTHETIC_LAYERS, zip(dims, dims[1:])):
         tensors[f"layers.{i}.weight"] = (rng.normal(size=(b, a)) / a ** 0.5).astype(np.float32)
         tensors[f"layers.{i}.bias"] = rng.normal(size=(b,)).astype(np.float32) * 0.1
-    safetensors_io.save(tmp_path / "head.safetensors", tensors)
+    safetensors_format.save(tmp_path / "head.safetensors", tensors)
     head = learned.load_aesthetic_head(tmp_path / "head.safetensors")
     graphdef, state = nnx.split(model)
     got = np.asarray(learned.score(graphdef, "aesthetic", state, ref["pixels"], None, head))
@@ -304,9 +304,9 @@ def test_a_reward_mesh_splits_the_batch_and_scores_alike():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_writing_back_gives_transformers_own_tensors(name):
-    from spotlight_jax import safetensors_io
+    from spotlight_jax.io import safetensors_format
     model, cfg = clip_model.from_transformers(FIXTURES / name)
-    theirs = safetensors_io.load(FIXTURES / name / "model.safetensors")
+    theirs = safetensors_format.load(FIXTURES / name / "model.safetensors")
     ours = clip_model.transformers_tensors(model)
     assert set(ours) == set(theirs) - {"text_model.embeddings.position_ids",
                                        "vision_model.embeddings.position_ids"}

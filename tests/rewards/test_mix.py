@@ -130,7 +130,7 @@ def test_config_names_the_bad_mix(key):
 @pytest.mark.parametrize("advantage", ["reward", "decoupled"])
 def test_micro_run_with_a_mix_logs_every_term(tmp_path, advantage):
     from spotlight_jax import runner
-    from spotlight_jax.models.build import create_model
+    from spotlight_jax.models.factory import create_model
 
     c = micro_config(3, **{"rl.reward": MIX, "rl.eval_reward": MIX, "rl.eval_every": 3,
                            "rl.advantage": advantage, "checkpoint.every": 3})

@@ -16,8 +16,8 @@ import pytest
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.diffusion.rollout import sampling_compiler_options
 from spotlight_jax.models import AttentionSpec
-from spotlight_jax.models.build import create_model
 from spotlight_jax.models.convert import from_diffusers, vae_from_diffusers
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer

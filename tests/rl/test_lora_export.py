@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.models import MMDiTConfig
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.rl import lora as lora_lib
 from spotlight_jax.rl import lora_export
 
@@ -33,7 +33,7 @@ def test_exported_deltas_equal_the_merged_kernels(tmp_path):
     merged = nnx.to_pure_dict(lora_lib.merge(state, lora, scale))
     base = nnx.to_pure_dict(state)
     tensors = lora_export.export(lora, scale, tmp_path / "lora.safetensors", rank=4)
-    back = safetensors_io.load(tmp_path / "lora.safetensors")
+    back = safetensors_format.load(tmp_path / "lora.safetensors")
     assert sorted(back) == sorted(tensors)
     d = CFG.width
 

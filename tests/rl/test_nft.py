@@ -285,7 +285,7 @@ def test_builders_objective_sampler_and_errors():
         rl_config(micro_config(1, **{"rl.objective": "nft", "rl.nft.anchor": "latest"}))
     with pytest.raises(ValueError, match="rl.nft.times=9"):
         from spotlight_jax.config import model_config
-        from spotlight_jax.models.build import create_model
+        from spotlight_jax.models.factory import create_model
         graphdef, base = create_model(model_config(c))
         make_trainer(micro_config(1, **{"rl.objective": "nft", "rl.nft.times": 9}),
                      graphdef, base)

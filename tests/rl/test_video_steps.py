@@ -11,7 +11,7 @@ from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.diffusion.sde import block_project
 from spotlight_jax.models import AttentionSpec, WanConfig
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.parallel import MeshConfig, make_mesh
 from spotlight_jax.rl import GRPOConfig, GRPOTrainer, advantages
 from spotlight_jax.rl.nft import NFTConfig, NFTTrainer

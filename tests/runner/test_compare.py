@@ -5,8 +5,8 @@ import os
 import pytest
 from helpers import mode_config
 
-from spotlight_jax import reports
 from spotlight_jax.config import RunSpec
+from spotlight_jax.reporting import compare_report
 from spotlight_jax.runner import compare
 
 
@@ -23,11 +23,11 @@ def _hist(points, start=0.5):
 def test_target_and_time_to_target_ratios(tmp_path):
     hist = {"baseline": _hist([(1, 10, 0.55), (2, 20, 0.60), (3, 30, 0.58)]),
             "spotlight": _hist([(0.25, 5, 0.59), (0.5, 8, 0.62)])}
-    target = reports.target_reward(hist, 0.8)
+    target = compare_report.target_reward(hist, 0.8)
     assert target == pytest.approx(0.5 + 0.8 * 0.1)   # best baseline gain is 0.1
-    assert reports.first_reaching(hist["baseline"], target, "vtime_s") == 2 * 3600
-    assert reports.first_reaching(hist["spotlight"], target, "dollars") == 5
-    path = reports.write_report(str(tmp_path), hist, target_frac=0.8)
+    assert compare_report.first_reaching(hist["baseline"], target, "vtime_s") == 2 * 3600
+    assert compare_report.first_reaching(hist["spotlight"], target, "dollars") == 5
+    path = compare_report.write_report(str(tmp_path), hist, target_frac=0.8)
     text = open(path).read()
     # baseline: 2 h, $20 to target; spotlight: 0.25 h, $5 -> 8x faster, 4x cheaper
     assert "| spotlight | 2 | 0.500 → 0.620 (0.620) | 0.50 | 8.00 | 0.25 | 5.00 | 8.00x | 4.00x |" \
@@ -47,7 +47,7 @@ def test_the_report_says_where_a_shared_updates_rows_ran(tmp_path):
         h.update(update_s=15.0, update_trainer_s=24.0, update_shards=8, update_shards_spot=3,
                  update_split=split)
     hist = {"baseline": _hist([(1, 10, 0.55), (2, 20, 0.60)]), "spotlight_pipelined": shared}
-    text = open(reports.write_report(str(tmp_path), hist, target_frac=0.8)).read()
+    text = open(compare_report.write_report(str(tmp_path), hist, target_frac=0.8)).read()
     assert "## The shared update" in text
     # windows 2 x 15 s against 2 x 24 s alone, the mean split, 6 of 16 shards on spot groups
     assert "| spotlight_pipelined | 30 | 48 | 0.50 | 6 of 16 (38%) |" in text
@@ -56,21 +56,21 @@ def test_the_report_says_where_a_shared_updates_rows_ran(tmp_path):
 
 def test_no_target_when_the_baseline_does_not_improve(tmp_path):
     hist = {"baseline": _hist([(1, 10, 0.45)]), "spotlight": _hist([(1, 5, 0.6)])}
-    assert reports.target_reward(hist, 0.8) is None
-    text = open(reports.write_report(str(tmp_path), hist, target_frac=0.8)).read()
+    assert compare_report.target_reward(hist, 0.8) is None
+    text = open(compare_report.write_report(str(tmp_path), hist, target_frac=0.8)).read()
     assert "No target" in text and "| spotlight | 1 |" in text
     with pytest.raises(ValueError, match="target_frac"):
-        reports.target_reward(hist, 0.0)
+        compare_report.target_reward(hist, 0.0)
 
 
 def test_a_fixed_target_gain_over_the_baselines_start():
     hist = {"baseline": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
             "spotlight": _hist([(0.5, 5, 0.59)])}
-    assert reports.target_reward(hist, 0.8, gain=0.08) == pytest.approx(0.58)
-    assert reports.first_reaching(hist["baseline"], 0.58, "vtime_s") is None
-    assert reports.first_reaching(hist["spotlight"], 0.58, "iteration") == 1
+    assert compare_report.target_reward(hist, 0.8, gain=0.08) == pytest.approx(0.58)
+    assert compare_report.first_reaching(hist["baseline"], 0.58, "vtime_s") is None
+    assert compare_report.first_reaching(hist["spotlight"], 0.58, "iteration") == 1
     with pytest.raises(ValueError, match="target_gain"):
-        reports.target_reward(hist, 0.8, gain=-0.1)
+        compare_report.target_reward(hist, 0.8, gain=-0.1)
 
 
 def test_a_target_only_one_run_reached_bounds_the_ratio(tmp_path):
@@ -80,16 +80,17 @@ def test_a_target_only_one_run_reached_bounds_the_ratio(tmp_path):
     hist = {"baseline": _hist([(1, 10, 0.52), (2, 20, 0.54)]),
             "spotlight": _hist([(0.5, 5, 0.59)]),
             "spot_rollout": _hist([(1, 4, 0.51)])}
-    text = open(reports.write_report(str(tmp_path), hist, target_frac=1.0,
-                                     target_gain=0.08)).read()
+    text = open(compare_report.write_report(str(tmp_path), hist, target_frac=1.0,
+                                            target_gain=0.08)).read()
     assert "| 0.50 | 5.00 | > 4.00x | > 4.00x | 1 | > 2.00x | 2.00x |" in text
     rows = json.loads((tmp_path / "compare.json").read_text())["modes"]
-    assert reports.ratio_bound(rows["baseline"], rows["spotlight"], "cost_to_target") == \
+    assert compare_report.ratio_bound(rows["baseline"], rows["spotlight"], "cost_to_target") == \
         (">", 4.0)
-    assert reports.ratio_bound(rows["baseline"], rows["spot_rollout"], "cost_to_target") is None
+    assert compare_report.ratio_bound(rows["baseline"], rows["spot_rollout"],
+                                      "cost_to_target") is None
     reached = {**rows["baseline"], "cost_to_target": 8.0}       # baseline: $8 to target
-    assert reports.ratio_bound(reached, rows["spot_rollout"], "cost_to_target") == ("<", 2.0)
-    assert reports.ratio_bound(reached, rows["spotlight"], "cost_to_target") == ("=", 1.6)
+    assert compare_report.ratio_bound(reached, rows["spot_rollout"], "cost_to_target") == ("<", 2.0)
+    assert compare_report.ratio_bound(reached, rows["spotlight"], "cost_to_target") == ("=", 1.6)
 
 def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     """Three config seeds' comparisons -> each ratio's mean [min, max] over the seeds where both
@@ -100,10 +101,10 @@ def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     for s in seeds:
         dirs[s] = str(tmp_path / f"seed_{s}")
         os.makedirs(dirs[s])
-        reports.write_report(dirs[s], {"baseline": _hist(seeds[s]),
-                                       "spotlight": _hist(spot[s])},
-                             target_frac=0.8, target_gain=0.08)
-    path = reports.write_seed_report(str(tmp_path), dirs)
+        compare_report.write_report(dirs[s], {"baseline": _hist(seeds[s]),
+                                              "spotlight": _hist(spot[s])},
+                                    target_frac=0.8, target_gain=0.08)
+    path = compare_report.write_seed_report(str(tmp_path), dirs)
     r = json.loads((tmp_path / "compare_seeds.json").read_text())["ratios"]["spotlight"]
     # baseline 1 h / $10 and 2 h / $20 against spotlight 0.25 h / $5 and 1 h / $5
     assert r["speed-up"]["by_seed"] == {"0": 4.0, "1": 2.0, "2": None}
@@ -118,7 +119,7 @@ def test_seed_report_gives_every_ratios_mean_and_spread(tmp_path):
     assert "[seed 2](seed_2/report.md)" in text
     os.remove(tmp_path / "seed_1" / "compare.json")
     with pytest.raises(ValueError, match="seed 1: cannot read .*compare.json"):
-        reports.write_seed_report(str(tmp_path), dirs)
+        compare_report.write_seed_report(str(tmp_path), dirs)
 
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from helpers import QWEN_PIPE, flux_fixture_config, qwen_fixture_config
 
-from spotlight_jax import safetensors_io
 from spotlight_jax.config import ConfigError, image_decoder, model_config, validate
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.train import train_and_evaluate
 
 PIPE = QWEN_PIPE
@@ -71,7 +71,7 @@ def test_post_training_a_diffusers_base_decodes_with_its_vae(tmp_path):
     grid = list((tmp_path / "run" / "samples").glob("*.png"))
     assert grid, "the held-out sample grid (decoded pixels) was not written"
     # the post-trained LoRA, exported for diffusers at the end of the run
-    lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
+    lora = safetensors_format.load(tmp_path / "run" / "lora_diffusers.safetensors")
     assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in lora
     assert any(np.abs(v).max() > 0 for k, v in lora.items() if "lora_B" in k)
 
@@ -93,7 +93,7 @@ def test_post_training_a_flux_dev_base_with_its_distilled_guidance(tmp_path):
     # the rollout's log-probs and the trainer's recomputation agree (the same one-pass velocity)
     assert rows[0]["rollout_logp_dev"] < 1e-3
     assert all(np.isfinite(h["val_reward"]) for h in history if "val_reward" in h)
-    lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
+    lora = safetensors_format.load(tmp_path / "run" / "lora_diffusers.safetensors")
     assert "transformer.single_transformer_blocks.0.proj_out.lora_A.weight" in lora
     assert "transformer.transformer_blocks.0.attn.add_q_proj.lora_B.weight" in lora
 

@@ -16,8 +16,8 @@ from helpers import spotlight_config
 
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec, model_config
-from spotlight_jax.metrics import read_jsonl
-from spotlight_jax.models.build import create_model
+from spotlight_jax.io.metrics import read_jsonl
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.runner import checkpointing
 from spotlight_jax.runner.modes import WALL_CLOCK_KEYS
 
@@ -31,7 +31,7 @@ enable_persistent_cache({cache!r})   # the resumed process loads the killed one'
 from helpers import spotlight_config
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec, model_config
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 c = spotlight_config({objective!r}, {mode!r})
 graphdef, state = create_model(model_config(c))
 runner.build_and_run(RunSpec.from_config(c), {workdir!r}, graphdef, state, progress=False)

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from helpers import mode_config
 
-from spotlight_jax import runner, utilization, world
+from spotlight_jax import runner, world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.diffusion.engine import candidate_seeds
+from spotlight_jax.emulation import utilization
 from spotlight_jax.explore import max_variance_subset
 from spotlight_jax.rl import work_of
 from spotlight_jax.runner import outputs

@@ -10,7 +10,7 @@ from helpers import MICRO, micro_config  # noqa: F401
 
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec, model_config
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.runner import checkpointing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, base, caplo
 
 
 def test_metric_writer_drops_rows_a_resumed_run_redoes(tmp_path):
-    from spotlight_jax.metrics import MetricWriter, read_jsonl
+    from spotlight_jax.io.metrics import MetricWriter, read_jsonl
     w = MetricWriter(str(tmp_path), "rl", tensorboard=False)
     for step in range(6):
         w.write(step, x=float(step))

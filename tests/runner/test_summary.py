@@ -3,7 +3,7 @@ import pathlib
 import runpy
 
 from spotlight_jax.config import RunSpec
-from spotlight_jax.train import summary
+from spotlight_jax.runner.summary import summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_summary_reports_reward_change_and_paths(tmp_path):
 
 
 def test_gain_line_says_whether_the_gain_is_beyond_the_interval():
-    from spotlight_jax.train import gain_line
+    from spotlight_jax.runner.summary import gain_line
     a = {"val_reward": 0.60, "val_reward_ci95": 0.03}
     assert gain_line(a, {"val_reward": 0.70, "val_reward_ci95": 0.04}) == (
         "gain +0.100: beyond the 95% interval of the difference (±0.050)")

@@ -7,10 +7,11 @@ import pytest
 from helpers import WAN_PIPE as WAN_PIPE_DIR
 from helpers import wan_fixture_overrides
 
-from spotlight_jax import runner, safetensors_io
+from spotlight_jax import runner
 from spotlight_jax.config import ConfigError, RunSpec, load_config
+from spotlight_jax.io import safetensors_format
 from spotlight_jax.models import WanConfig
-from spotlight_jax.models.build import create_model
+from spotlight_jax.models.factory import create_model
 
 MICRO_VIDEO = {
     "model.num_layers": 1, "model.num_attention_heads": 2, "model.attention_head_dim": 12,
@@ -81,5 +82,5 @@ def test_post_training_a_diffusers_wan_base_decodes_clips_with_its_vae(tmp_path)
     assert len(rows) == 1 and np.isfinite(rows[0]["loss"]) and rows[0]["grad_norm"] > 0
     assert all(np.isfinite(r["val_reward"]) for r in h if "val_reward" in r)
     assert list((tmp_path / "run" / "samples").glob("val_*.png"))
-    lora = safetensors_io.load(tmp_path / "run" / "lora_diffusers.safetensors")
+    lora = safetensors_format.load(tmp_path / "run" / "lora_diffusers.safetensors")
     assert "transformer.blocks.0.attn1.to_q.lora_A.weight" in lora

@@ -9,7 +9,7 @@ from helpers import mode_config
 
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec
-from spotlight_jax.metrics import MetricWriter, read_jsonl
+from spotlight_jax.io.metrics import MetricWriter, read_jsonl
 from spotlight_jax.studies import compare_grid
 
 CLOCK = ("iteration", "val_reward", "vtime_s", "dollars", "reward_mean")
@@ -164,7 +164,7 @@ def test_the_report_refuses_runs_of_different_commits_unless_told(tmp_path):
 
 
 def test_a_run_records_the_commit_it_was_made_by():
-    from spotlight_jax import provenance
+    from spotlight_jax.io import provenance
     code = provenance.code_version()
     head = provenance._git("rev-parse", "HEAD")
     assert code["commit"] == head and (head is None or len(head) == 40)

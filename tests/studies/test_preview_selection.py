@@ -38,7 +38,7 @@ def test_selected_variance_is_the_brute_force_maximum_when_scored_on_the_final_r
 def test_the_preview_after_the_last_ode_step_is_the_final_image():
     from spotlight_jax import runner
     from spotlight_jax.config import RunSpec
-    from spotlight_jax.models.build import create_model
+    from spotlight_jax.models.factory import create_model
 
     c = micro_config(1, **{"sampler.sde_type": "ode", "rl.reward": "geneval_lite_shaped"})
     spec = RunSpec.from_config(c)

@@ -12,9 +12,10 @@ from spotlight_jax import train, world
 from spotlight_jax.config import RunSpec, model_config, sampler_config
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.evaluate import evaluate
-from spotlight_jax.metrics import read_jsonl
-from spotlight_jax.models.build import create_model
+from spotlight_jax.io.metrics import read_jsonl
+from spotlight_jax.models.factory import create_model
 from spotlight_jax.pretrain import PretrainConfig, pretrain
+from spotlight_jax.runner import base_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -22,8 +23,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_shipped_checkpoint_loads_and_scores_as_recorded(tmp_path):
     c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
     spec = RunSpec.from_config(c)
-    graphdef, state, source = train.load_or_pretrain_base(spec, str(tmp_path))
-    assert source == train.shipped_base_dir(spec.model) and source.endswith("base_tiny")
+    graphdef, state, source = base_model.load_or_pretrain_base(spec, str(tmp_path))
+    assert source == base_model.shipped_base_dir(spec.model) and source.endswith("base_tiny")
     meta = json.loads((pathlib.Path(source) / "meta.json").read_text())
     rec = meta["recorded_check"]
     prompts = world.val_prompts(world.WorldConfig())[:16]
@@ -65,7 +66,7 @@ def test_a_base_of_another_world_is_not_used(tmp_path, monkeypatch):
     # the world fingerprint resolves derived sizes: a base pretrained when text was drawn at 3 px
     # per font cell (recorded as text_scale null then) does not match today's default world
     c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
-    shipped = pathlib.Path(train.shipped_base_dir(RunSpec.from_config(c).model))
+    shipped = pathlib.Path(base_model.shipped_base_dir(RunSpec.from_config(c).model))
     meta = json.loads((shipped / "meta.json").read_text())
     assert meta["world"]["text_scale"] == world.WorldConfig().glyph_scale == 4
     for scale in (None, 3):
@@ -74,9 +75,9 @@ def test_a_base_of_another_world_is_not_used(tmp_path, monkeypatch):
         (fake / "meta.json").write_text(json.dumps(
             {**meta, "world": {**meta["world"], "text_scale": scale}}))
         monkeypatch.setattr(train, "ASSETS", str(fake.parent))
-        assert train.shipped_base_dir(RunSpec.from_config(c).model) is None
+        assert base_model.shipped_base_dir(RunSpec.from_config(c).model) is None
     monkeypatch.setattr(train, "ASSETS", str(shipped.parent))
-    assert train.shipped_base_dir(RunSpec.from_config(c).model) == str(shipped)
+    assert base_model.shipped_base_dir(RunSpec.from_config(c).model) == str(shipped)
 
 
 def _color_mass(x, color):
@@ -99,7 +100,7 @@ def test_shipped_base_puts_related_objects_on_the_asked_sides(tmp_path):
     from flax import nnx
 
     c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
-    graphdef, state, _ = train.load_or_pretrain_base(RunSpec.from_config(c), str(tmp_path),
+    graphdef, state, _ = base_model.load_or_pretrain_base(RunSpec.from_config(c), str(tmp_path),
                                                      allow_pretrain=False)
     model = nnx.merge(graphdef, state)
     cfg = world.WorldConfig()
@@ -135,7 +136,7 @@ def test_shipped_base_velocity_sees_which_object_gets_which_shape(tmp_path):
     from flax import nnx
 
     c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
-    graphdef, state, _ = train.load_or_pretrain_base(RunSpec.from_config(c), str(tmp_path),
+    graphdef, state, _ = base_model.load_or_pretrain_base(RunSpec.from_config(c), str(tmp_path),
                                                      allow_pretrain=False)
     model = nnx.merge(graphdef, state)
     third = {frozenset(("bar", "column")): "square", frozenset(("bar", "square")): "column",

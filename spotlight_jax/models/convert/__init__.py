@@ -1,7 +1,7 @@
 """Converters from diffusers-format checkpoints to the project's Flax models: ``from_diffusers``
 (Qwen-Image, SD3/SD3.5 transformers into the one MMDiT, by table-driven layout rules) and
 ``vae_from_diffusers``."""
-from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError, read_component
 from spotlight_jax.models.convert.transformer import (
     FAMILIES,
     config_from_diffusers,

@@ -16,7 +16,7 @@ as the timestep is), 3-axis RoPE on q/k after QK-norm with Flux's positions (ima
 from __future__ import annotations
 
 from spotlight_jax.models.convert import layout
-from spotlight_jax.models.convert.checkpoint import CheckpointError
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
 from spotlight_jax.models.mmdit import MMDiTConfig
 
 CLASS_NAME = "FluxTransformer2DModel"

@@ -17,7 +17,7 @@ import functools
 
 import numpy as np
 
-from spotlight_jax.models.convert.checkpoint import CheckpointError
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
 
 Path = tuple  # our parameter path, e.g. ("blocks", 0, "img", "qkv", "kernel")
 

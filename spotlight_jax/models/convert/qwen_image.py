@@ -12,7 +12,7 @@ does (it divides the scheduler's ``sigma * 1000`` by 1000).
 from __future__ import annotations
 
 from spotlight_jax.models.convert import layout
-from spotlight_jax.models.convert.checkpoint import CheckpointError
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
 from spotlight_jax.models.mmdit import MMDiTConfig
 
 CLASS_NAME = "QwenImageTransformer2DModel"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from spotlight_jax.models.convert import layout
-from spotlight_jax.models.convert.checkpoint import CheckpointError
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
 from spotlight_jax.models.layers import sd3_sincos_rows
 from spotlight_jax.models.mmdit import MMDiTConfig
 

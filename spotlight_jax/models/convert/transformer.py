@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from spotlight_jax.models.convert import flux, layout, placement, qwen_image, sd3, wan
-from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError, read_component
 from spotlight_jax.models.mmdit import MMDiT, MMDiTConfig
 
 FAMILIES = {m.CLASS_NAME: m for m in (flux, qwen_image, sd3)}
@@ -62,7 +62,7 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
                    **overrides) -> tuple[MMDiT, MMDiTConfig]:
     """``(model, config)`` of a diffusers transformer component folder (``.../transformer``:
     ``config.json`` and one or sharded safetensors, fp32/bf16/fp16); for a Wan video
-    transformer ``(models.wan.WanTransformer, WanConfig)`` (``convert.wan``, its ``x``
+    transformer ``(models.wan_transformer.WanTransformer, WanConfig)`` (``convert.wan``, its ``x``
     ``[B, F, H, W, C]``; each parameter placed on its sharding in turn).
 
     ``dtype`` is the parameter and compute dtype. The model takes unpacked latents ``x``
@@ -119,7 +119,7 @@ def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> in
     ``shardings`` (``(path, shape) -> Sharding``): the largest parameter's distinct local
     shard buffers plus one converted source tensor (the memory-mapped files themselves are
     page cache, not counted)."""
-    from spotlight_jax.models.build import abstract_model  # noqa: PLC0415  (the family's)
+    from spotlight_jax.models.factory import abstract_model  # noqa: PLC0415  (the family's)
     _, abstract = abstract_model(cfg)
     item = np.dtype(cfg.param_dtype).itemsize
     peak = 0

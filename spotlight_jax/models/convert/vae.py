@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax.models.convert.checkpoint import CheckpointError, read_component
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError, read_component
 from spotlight_jax.models.vae.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
 from spotlight_jax.models.vae.latent_vae import LatentVAE
-from spotlight_jax.models.vae.wan import WanVAE, WanVAEConfig
+from spotlight_jax.models.vae.wan_vae import WanVAE, WanVAEConfig
 
 SD_CLASS, QWEN_CLASS, WAN_CLASS = "AutoencoderKL", "AutoencoderKLQwenImage", "AutoencoderKLWan"
 VIDEO_CLASSES = (WAN_CLASS,)

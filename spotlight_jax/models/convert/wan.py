@@ -1,4 +1,4 @@
-"""diffusers' ``WanTransformer3DModel`` tensors -> ``models.wan.WanTransformer`` parameters.
+"""diffusers' ``WanTransformer3DModel`` tensors -> ``models.wan_transformer.WanTransformer`` parameters.
 
 ``wan_config(config_json)`` reads a transformer folder's ``config.json`` into a ``WanConfig``;
 ``wan_params(tensors, cfg)`` maps its state dict (name -> array) onto the model's pure-dict
@@ -17,8 +17,8 @@ import numpy as np
 from flax import nnx
 
 from spotlight_jax.models.convert import placement
-from spotlight_jax.models.convert.checkpoint import CheckpointError
-from spotlight_jax.models.wan import WanConfig, WanTransformer
+from spotlight_jax.models.convert.diffusers_folder import CheckpointError
+from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 
 CLASS_NAME = "WanTransformer3DModel"
 _FIELDS = {f.name for f in dataclasses.fields(WanConfig)}

@@ -4,6 +4,6 @@ channels-last, and ``LatentVAE``, the frozen wrapper that speaks the DiT's norma
 Loading from diffusers folders is ``models.convert.vae``."""
 from spotlight_jax.models.vae.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
 from spotlight_jax.models.vae.latent_vae import LatentVAE
-from spotlight_jax.models.vae.wan import WanVAE, WanVAEConfig
+from spotlight_jax.models.vae.wan_vae import WanVAE, WanVAEConfig
 
 __all__ = ["AutoencoderKL", "AutoencoderKLConfig", "LatentVAE", "WanVAE", "WanVAEConfig"]

@@ -1,7 +1,7 @@
 """Held-out curves of several runs (e.g. seeds) as mean and min-max band, with a table.
 
-  python -m spotlight_jax.seed_curves --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]
-  python -m spotlight_jax.seed_curves --out c.png --group baseline=A0,A1,A2 \\
+  python -m spotlight_jax.tools.seed_curves --out curve.png RUN_DIR [RUN_DIR ...] [--label NAME]
+  python -m spotlight_jax.tools.seed_curves --out c.png --group baseline=A0,A1,A2 \\
       --group explore_sync=B0,B1,B2 [--key reward_mean] [--title T]
 
 ``--group NAME=RUN_DIR,RUN_DIR,...`` (repeatable) draws one band per named group in the same
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from spotlight_jax.plots import group_curves, parse_groups
+from spotlight_jax.reporting.plots import group_curves, parse_groups
 
 POSITIONAL_RUN_DIRS = True        # its positional words are run directories (one group)
 

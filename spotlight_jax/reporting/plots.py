@@ -1,7 +1,7 @@
 """Plots people would rather look at than read: image grids and reward curves (matplotlib Agg).
 
 Several runs' held-out curves as mean and spread: :func:`group_curves` (its command line is
-``python -m spotlight_jax.seed_curves``).
+``python -m spotlight_jax.tools.seed_curves``).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from spotlight_jax.metrics import read_jsonl
+from spotlight_jax.io.metrics import read_jsonl
 
 
 def filmstrips(clips, gap: int = 1) -> np.ndarray:

@@ -4,7 +4,7 @@ The LAION improved aesthetic predictor v2 ships its MLP as ``sac+logos+ava1-l14-
 the ``aesthetic`` reward reads it as safetensors (``learned_rewards.aesthetic_head``). Needs torch,
 once, on any machine:
 
-  python -m spotlight_jax.convert_reward_head --aesthetic=sac+logos+ava1-l14-linearMSE.pth \
+  python -m spotlight_jax.tools.convert_reward_head --aesthetic=sac+logos+ava1-l14-linearMSE.pth \
       --output=aesthetic.safetensors
 """
 from __future__ import annotations

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from spotlight_jax.plots import plot_curves
 from spotlight_jax.registry import BASELINE, RENAMED_MODES
+from spotlight_jax.reporting.plots import plot_curves
 
 
 def evals(history: list[dict]) -> list[dict]:

@@ -11,7 +11,7 @@ import pathlib
 
 import numpy as np
 
-from spotlight_jax import safetensors_io
+from spotlight_jax.io import safetensors_format
 
 
 class CheckpointError(ValueError):
@@ -64,7 +64,7 @@ def read_component(checkpoint_dir) -> tuple[dict, dict[str, np.ndarray]]:
     config = read_config(checkpoint_dir)
     tensors: dict[str, np.ndarray] = {}
     for f in weight_files(checkpoint_dir):
-        for name, a in safetensors_io.load(f).items():
+        for name, a in safetensors_format.load(f).items():
             if name in tensors:
                 raise CheckpointError(f"{checkpoint_dir}: tensor {name!r} is in two shards")
             tensors[name] = a

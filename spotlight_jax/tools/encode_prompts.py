@@ -4,9 +4,9 @@ Run it once, on a machine that has the pipeline's weights; training runs then re
 without torch and without downloads (``spotlight_jax.prompt_embeddings``):
 
   pip install -e ".[encode]"         # torch, transformers, diffusers: needed here only
-  python -m spotlight_jax.encode_prompts --pipeline=/models/stable-diffusion-3.5-medium \\
+  python -m spotlight_jax.tools.encode_prompts --pipeline=/models/stable-diffusion-3.5-medium \\
       --prompts=train.txt --val_prompts=val.txt --output=/data/sd35_prompts.safetensors
-  python -m spotlight_jax.encode_prompts --pipeline=/models/Qwen-Image --world \\
+  python -m spotlight_jax.tools.encode_prompts --pipeline=/models/Qwen-Image --world \\
       --output=/data/qwen_world.safetensors --device=cuda --dtype=bfloat16
 
 ``--prompts``/``--val_prompts``: text files, one prompt per line (blank lines and repeats

@@ -203,7 +203,7 @@ def cell(row: dict) -> str:
 def _plot(path: str, runs: dict, result: dict, gain: float) -> None:
     """``headline.png``: per trace, every seed's held-out gain over emulated hours, baseline
     and each reported mode."""
-    from spotlight_jax import plots  # noqa: PLC0415
+    from spotlight_jax.reporting import plots  # noqa: PLC0415
 
     panels = {}
     for trace, modes in result.items():
@@ -227,7 +227,7 @@ def write_headline(grid: str, runs: dict[str, dict[int, dict[str, list[dict]]]],
         "evaluations; a seed whose baseline never reached the target is censored and shown "
         "as a bound (its mean at the bound is a lower bound). Curve-level: the geometric mean "
         f"over {LEVELS} reward levels both runs reach of the time ratio to first reach each. "
-        "Built by `studies.compare_grid report` (`spotlight_jax.headline`).", ""]
+        "Built by `studies.compare_grid report` (`spotlight_jax.reporting.headline`).", ""]
     if code_line:
         lines += [code_line, ""]
     for trace, by_seed in runs.items():

@@ -18,11 +18,11 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from spotlight_jax.config import RunSpec
-from spotlight_jax.config.build import base_shardings
+from spotlight_jax.config.builders import base_shardings
 from spotlight_jax.diffusion import prompt, velocity
 from spotlight_jax.models import AttentionSpec, as_dtype
-from spotlight_jax.models.build import abstract_model, is_video
 from spotlight_jax.models.convert.transformer import host_peak_bytes
+from spotlight_jax.models.factory import abstract_model, is_video
 from spotlight_jax.parallel import kernels, make_mesh
 from spotlight_jax.parallel.sharding import param_specs
 from spotlight_jax.rl import lora as lora_lib

@@ -41,7 +41,7 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.models import AttentionSpec, MMDiTConfig, as_dtype, convert
-from spotlight_jax.models.build import abstract_model, is_video
+from spotlight_jax.models.factory import abstract_model, is_video
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_shardings
 from spotlight_jax.prompt_embeddings import (
@@ -228,7 +228,7 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
                           "train split (set --config.prompts.train_kinds='')")
     if not path:
         bad("model.text_width=0 feeds precomputed prompt embeddings; give a file written by "
-            "python -m spotlight_jax.encode_prompts")
+            "python -m spotlight_jax.tools.encode_prompts")
     try:
         source = EmbeddingPrompts(read_prompt_embeddings(path))
     except PromptEmbeddingError as e:          # its message starts with the path: named above
@@ -252,7 +252,7 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
             f"{m.pooled_dim}; set --config.model.pooled_dim={f.pooled_dim}")
     if not source.train_prompts:
         bad("has no training prompts (split 'train'); re-run python -m "
-            "spotlight_jax.encode_prompts with them")
+            "spotlight_jax.tools.encode_prompts with them")
     return source
 
 

@@ -9,7 +9,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from spotlight_jax.models.mmdit import MMDiT, MMDiTConfig
-from spotlight_jax.models.wan import WanConfig, WanTransformer
+from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 from spotlight_jax.parallel.sharding import param_specs
 
 ModelConfig = MMDiTConfig | WanConfig
