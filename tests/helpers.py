@@ -1,4 +1,5 @@
 """Shared test fixtures: a micro model that compiles in seconds, configs and subprocess helpers."""
+import json
 import os
 import socket
 from pathlib import Path
@@ -66,6 +67,14 @@ def config_flags(overrides: dict) -> list[str]:
 
 
 TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py")
+
+
+def write_stand_in_trace(path) -> None:
+    """A trace file of the SkyPilot format where a test needs one that only the real traces
+    have (4 nodes alive for 10 days in 300 s ticks)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [4] * 2880}))
 
 
 def free_port() -> int:

@@ -122,3 +122,49 @@ def test_only_entry_points_define_flags():
                and not m.startswith(("spotlight_jax.bench.", "spotlight_jax.studies.",
                                      "spotlight_jax.cluster_programs."))}
     assert library == set(), f"library modules define or read flags: {sorted(library)}"
+
+
+def private_uses(path: pathlib.Path, module: str) -> list[str]:
+    """Private names (``_x``, not dunders) of another package that ``path`` (the module
+    ``module``) takes: ``from pkg.mod import _x``, or ``mod._x`` where ``mod`` is a project
+    module imported by name."""
+    tree = ast.parse(path.read_text())
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.startswith("spotlight_jax"):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if (ROOT / (sub.replace(".", "/") + ".py")).exists() or (
+                        ROOT / sub.replace(".", "/") / "__init__.py").exists():
+                    aliases[a.asname or a.name] = sub
+                elif a.name.startswith("_") and not a.name.startswith("__") \
+                        and top(node.module) != top(module):
+                    found.append(f"{module}: from {node.module} import {a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("spotlight_jax") and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in aliases and node.attr.startswith("_") \
+                and not node.attr.startswith("__") and top(aliases[node.value.id]) != top(module):
+            found.append(f"{module}: {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_taken_across_packages():
+    """A name with a leading underscore is its package's own business: another package that
+    needs it asks for a public one."""
+    bad = [use for p in PKG.rglob("*.py") for use in private_uses(p, module_name(p))]
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from spotlight_jax.explore.planner import _greedy_allocate\n"
+                     "from spotlight_jax.rl import grpo\nx = grpo._policy\n"
+                     "from spotlight_jax.studies import _policy_run\n")
+    assert private_uses(probe, "spotlight_jax.studies.probe") == [
+        "spotlight_jax.studies.probe: from spotlight_jax.explore.planner import _greedy_allocate",
+        "spotlight_jax.studies.probe: spotlight_jax.rl.grpo._policy"]

@@ -191,7 +191,7 @@ def gain_curve(rewards, group_size: int, max_extra: int, n_resamples: int,
     return np.maximum(_nonincreasing(np.diff(f)), 0.0)
 
 
-def _greedy_allocate(values: Sequence[np.ndarray], costs: Sequence[float], budget: float,
+def greedy_allocate(values: Sequence[np.ndarray], costs: Sequence[float], budget: float,
                      forced: Sequence[int], max_extra: int) -> tuple[list[int], Fraction]:
     """Forced extras round-robin, then greedy by value/cost; exact budget accounting.
 
@@ -375,7 +375,7 @@ class Planner:
                 if arm not in curves:
                     curves[arm] = self._arm_value(arm, prior)
                 values.append(curves[arm])
-            extra, spent = _greedy_allocate(values, costs, budget, forced, m)
+            extra, spent = greedy_allocate(values, costs, budget, forced, m)
 
         for pid, e in zip(ids, extra):
             if e > 0 and pid in self._prompts:
@@ -418,7 +418,7 @@ class Planner:
         def gain(budget_s: float) -> float:
             if budget_s <= 0:
                 return 0.0
-            extra, _ = _greedy_allocate(values, costs, float(budget_s), [0] * len(ids),
+            extra, _ = greedy_allocate(values, costs, float(budget_s), [0] * len(ids),
                                         cfg.max_extra_per_prompt)
             return float(math.fsum(float(np.sum(v[:e])) for v, e in zip(values, extra)))
 

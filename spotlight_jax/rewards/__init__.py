@@ -1,11 +1,13 @@
-"""Reward registry: `get(name)` returns a reward function, `register(name, fn)` adds one.
+"""Reward registry: `resolve(name)` turns a reward name, or a weighted mix of names, into the one
+:class:`Reward` a run and every caller use; `register(name, fn)` adds a reward.
 
 Contract (docs/design.md, Rewards): a reward is a callable
 `(images: float32 [B, H, W, 3] in [0, 1] (numpy or jax), prompts: list[str]) -> np.float32 [B]`.
 Rewards are host-side numpy so they can run while the accelerator samples the next batch.
-`get` wraps every function so that its output is checked (shape [B], finite) and converted to
-np.float32: a reward bug then fails loudly at the call instead of turning into a silent NaN
-advantage several layers down. A reward that is the mean of parts can register them
+Every registered function is wrapped so that its output is checked (shape [B], finite) and
+converted to np.float32: a reward bug then fails loudly at the call instead of turning into a
+silent NaN advantage several layers down (`get(name)` is that checked function alone, for a
+caller that needs no terms or parts). A reward that is the mean of parts can register them
 (`register(name, fn, components=parts_fn)`); the resolved reward's `parts` returns them as
 `[B, K]` (NaN where a part does not apply) for GRPO's decoupled advantages.
 

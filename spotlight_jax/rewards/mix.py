@@ -77,15 +77,6 @@ def names(spec: str) -> list[str]:
     return [t.name for t in parse(spec)]
 
 
-def mentions(spec: str, name: str) -> bool:
-    """Whether ``spec`` uses the reward ``name`` (False for a malformed spec: the config's
-    validation names its error)."""
-    try:
-        return name in names(spec)
-    except ValueError:
-        return False
-
-
 def weights(terms: tuple[Term, ...]) -> np.ndarray:
     return np.asarray([t.weight for t in terms], np.float64)
 

@@ -430,10 +430,6 @@ def _program_config(cfg: GRPOConfig) -> GRPOConfig:
                                minibatches=1, inner_epochs=1, rescore=False, advantage="reward")
 
 
-def _policy(graphdef, cfg: GRPOConfig, trainable, base):
-    return policy_model(graphdef, cfg, trainable, base)
-
-
 def _shard_rows(sub: dict, start: int, stop: int) -> dict:
     """Trajectories ``start:stop`` of a minibatch (its flattened ``logp_old`` [n * k] too)."""
     n = sub["latents"].shape[0]
@@ -460,7 +456,7 @@ def _sharded_programs(graphdef, cfg: GRPOConfig, sampler: SamplerConfig,
         ref = nnx.merge(graphdef, base) if cfg.beta > 0 or cfg.detail_beta else None
 
         def loss_fn(t):
-            return grpo_loss(_policy(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
+            return grpo_loss(policy_model(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
                              on_policy, attn, denom=denom)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
@@ -484,7 +480,7 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig, attn=Attentio
         ref = nnx.merge(graphdef, base) if cfg.beta > 0 or cfg.detail_beta else None
 
         def loss_fn(t):
-            return grpo_loss(_policy(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
+            return grpo_loss(policy_model(graphdef, cfg, t, base), batch, idx, sampler, cfg, ref,
                              on_policy, attn)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
@@ -502,7 +498,7 @@ def _train_step(graphdef, cfg: GRPOConfig, sampler: SamplerConfig, attn=Attentio
 def _score_fn(graphdef, cfg: GRPOConfig, sampler: SamplerConfig, attn=AttentionSpec()):
     """Log-probs of the recorded transitions under the given (pre-update) policy."""
     def score(trainable, base, batch, idx):
-        logp, logp_old, _, _, _ = step_terms(_policy(graphdef, cfg, trainable, base),
+        logp, logp_old, _, _, _ = step_terms(policy_model(graphdef, cfg, trainable, base),
                                              batch["latents"], batch["log_probs"], idx,
                                              batch["tokens"], batch["mask"], sampler, None,
                                              attn)

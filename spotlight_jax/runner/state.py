@@ -12,11 +12,35 @@ evaluations, plots and exports are ``outputs``, called by the loop's hooks.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
+import jax
 import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
 
 from spotlight_jax.runner.backends.scheduled import ScheduledRollouts
+
+if TYPE_CHECKING:       # types only: the modules below hold the state, they are not its parts
+    from spotlight_jax.config import RunSpec
+    from spotlight_jax.config.settings import RunSettings
+    from spotlight_jax.diffusion import Sampler, SamplerConfig
+    from spotlight_jax.diffusion.engine import RolloutEngine
+    from spotlight_jax.emulation.deployment import Deployment
+    from spotlight_jax.explore.explorer import Explorer
+    from spotlight_jax.explore.planner import Planner
+    from spotlight_jax.io.metrics import MetricWriter
+    from spotlight_jax.models import AttentionSpec
+    from spotlight_jax.models.factory import ModelConfig
+    from spotlight_jax.models.vae.latent_vae import LatentVAE
+    from spotlight_jax.prompt_embeddings.source import PromptSource
+    from spotlight_jax.rewards import Reward
+    from spotlight_jax.rl.policy import Trainer
+    from spotlight_jax.runner.backends.ray_fleet import RayFleet
+    from spotlight_jax.runner.backends.ray_shards import RayShards
+    from spotlight_jax.runner.backends.rollouts import DirectRollouts, Rollouts
+    from spotlight_jax.runner.modes import Mode
+    from spotlight_jax.runner.shared_update import SharedUpdate
 
 
 def iteration_prompts(prompts, k: int, n: int, seed: int):
@@ -38,45 +62,45 @@ class RunState:
     hold it.
     """
 
-    spec: Any
-    settings: Any
+    spec: RunSpec
+    settings: RunSettings
     workdir: str
-    devices: list
-    mesh: Any
-    base_state: Any
-    graphdef: Any
-    mcfg: Any
-    train_sampler_cfg: Any
-    image_shape: tuple
-    trainer: Any
+    devices: list[jax.Device]
+    mesh: Mesh
+    base_state: nnx.State
+    graphdef: nnx.GraphDef
+    mcfg: ModelConfig
+    train_sampler_cfg: SamplerConfig
+    image_shape: tuple[int, ...]
+    trainer: Trainer
     peak_flops: float
     update_devices: int
-    reward: Any
-    eval_reward: Any
-    decoder: Any
-    attn: Any
-    sampler: Any
-    eval_sampler: Any
-    prompt_source: Any
-    train_prompts: list
-    val_prompts: list
-    engine: Any
-    explorer: Any
-    deploy: Any
-    shared_update: Any
-    planner: Any
-    writer: Any
-    key: Any
+    reward: Reward
+    eval_reward: Reward
+    decoder: LatentVAE | None
+    attn: AttentionSpec
+    sampler: Sampler
+    eval_sampler: Sampler
+    prompt_source: PromptSource
+    train_prompts: list[str]
+    val_prompts: list[str]
+    engine: RolloutEngine
+    explorer: Explorer
+    deploy: Deployment
+    shared_update: SharedUpdate
+    planner: Planner
+    writer: MetricWriter
+    key: jax.Array
     # the transports and the mode, which hold the state (set by build_run)
-    direct: Any = None
-    spot_rollouts: Any = None
-    ray_fleet: Any = None
-    ray_shards: Any = None
-    mode: Any = None
+    direct: DirectRollouts | None = None
+    spot_rollouts: Rollouts | None = None
+    ray_fleet: RayFleet | None = None
+    ray_shards: RayShards | None = None
+    mode: Mode | None = None
     # what changes as the run goes
     iteration: int = 0
-    history: list = dataclasses.field(default_factory=list)
-    next_seeds: list | None = None       # spotlight: S_{k+1}
+    history: list[dict] = dataclasses.field(default_factory=list)
+    next_seeds: list[list[int]] | None = None       # spotlight: S_{k+1}, per prompt
 
     @property
     def scheduler_on(self) -> bool:

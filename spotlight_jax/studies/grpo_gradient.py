@@ -34,6 +34,7 @@ def step_gradients(run, batches: int):
     import numpy as np
 
     from spotlight_jax.rl import grpo
+    from spotlight_jax.rl.policy import policy_model
     from spotlight_jax.runner.backends.rollouts import group_seeds
 
     tr = run.trainer
@@ -42,7 +43,7 @@ def step_gradients(run, batches: int):
     @jax.jit
     def grad(trainable, batch, idx):
         def loss(t):
-            return grpo.grpo_loss(grpo._policy(graphdef, cfg, t, base), batch, idx, smp, cfg,
+            return grpo.grpo_loss(policy_model(graphdef, cfg, t, base), batch, idx, smp, cfg,
                                   None, True)[0]
         return jax.grad(loss)(trainable)
 

@@ -28,7 +28,7 @@ import numpy as np
 from absl import app, flags
 
 # The oracle allocates with the planner's own greedy rule, so the two differ only in the values.
-from spotlight_jax.explore.planner import Planner, PlannerConfig, _greedy_allocate
+from spotlight_jax.explore.planner import Planner, PlannerConfig, greedy_allocate
 from spotlight_jax.explore.selection import max_subset_variance
 from spotlight_jax.explore.stats import MeanCI, bootstrap_mean_ci
 
@@ -131,7 +131,7 @@ def simulate(algorithm: str = "ucb", *, n_prompts: int = 48, batch_size: int = 1
             spent = planner.last_plan["spent_s"]
         elif algorithm == "oracle":
             values = [bernoulli_gain_curve(p[pid], g, m) for pid in batch]
-            extra, spent = _greedy_allocate(values, [cost_map[b] for b in batch], budget,
+            extra, spent = greedy_allocate(values, [cost_map[b] for b in batch], budget,
                                             [0] * len(batch), m)
             n_cand = {pid: g + e for pid, e in zip(batch, extra)}
             spent = float(spent)

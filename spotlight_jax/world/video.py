@@ -110,15 +110,6 @@ def video_val_prompts(cfg: WorldConfig = DEFAULT, max_count: int = 2) -> list[st
     return _split(cfg, max_count)[1]
 
 
-def is_video_prompt(prompt: str, cfg: WorldConfig = DEFAULT) -> bool:
-    """Whether ``prompt`` is one of the video world's (the image world's prompts are not)."""
-    try:
-        parse_video(prompt, cfg)
-    except ValueError:
-        return False
-    return True
-
-
 def video_stream(prompts: Sequence[str], batch_size: int, seed: int, frames: int,
                  speed: int = SPEED, cfg: WorldConfig = DEFAULT):
     """Endless pretraining stream of ``(prompts [B], clips float32 [B, frames, H, W, 3])``, the

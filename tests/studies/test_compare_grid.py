@@ -178,9 +178,17 @@ def _overrides(cmd: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("trace", sorted(compare_grid.TRACES))
-def test_a_grid_runs_command_is_the_grids_settings_on_its_trace(tmp_path, trace):
+def test_a_grid_runs_command_is_the_grids_settings_on_its_trace(tmp_path, trace, monkeypatch):
+    from helpers import write_stand_in_trace
+
     from spotlight_jax.config import load_config
     from spotlight_jax.emulation.traces import default_trace_dir
+    # the grid's trace files as stand-ins in a trace folder of the test's own (the real
+    # SkyPilot traces are not part of a clone)
+    monkeypatch.setenv("SPOTLIGHT_TRACES", str(tmp_path / "traces"))
+    for path in compare_grid.TRACES[trace].get("trace.path", "").split(","):
+        if path:
+            write_stand_in_trace(tmp_path / "traces" / path)
     cmd = compare_grid.run_command(str(tmp_path), trace, 4, "spotlight_pipelined", 160,
                                    ["deployment.spot_nodes=8", "rl.eval_every=10"])
     assert cmd[1:4] == ["-m", "spotlight_jax.main", "--config=configs/tiny.py"]

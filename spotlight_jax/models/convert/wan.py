@@ -1,4 +1,5 @@
-"""diffusers' ``WanTransformer3DModel`` tensors -> ``models.wan_transformer.WanTransformer`` parameters.
+"""diffusers' ``WanTransformer3DModel`` tensors -> ``models.wan_transformer.WanTransformer``
+parameters.
 
 ``wan_config(config_json)`` reads a transformer folder's ``config.json`` into a ``WanConfig``;
 ``wan_params(tensors, cfg)`` maps its state dict (name -> array) onto the model's pure-dict
