@@ -168,3 +168,28 @@ def test_every_relative_link_in_the_docs_reaches_its_file_and_heading():
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert checked > 50, checked
     assert not broken, "\n".join(broken)
+
+
+def _user_pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted((ROOT / "results").rglob("*.md")), *sorted((ROOT / "colab").glob("*.ipynb"))]
+
+
+def test_user_facing_text_names_no_internal_issue_numbers():
+    """A reader cannot open the project's internal tickets: pages name the feature or the
+    measurement, and provenance is a commit."""
+    ticket = re.compile(r"\b[Ii]ssues? ?#?\d+\b")
+    found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)}" for p in _user_pages()
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             for m in ticket.finditer(line)]
+    assert not found, "\n".join(found)
+    assert ticket.search("see issue 53") and ticket.search("Issue #7") \
+        and not ticket.search("the issue of cost")
+
+
+def test_docs_pages_stay_readable_in_length():
+    """A page a reader scrolls (README, docs/) stays within 600 lines: longer ones are split by
+    topic."""
+    long = {str(p.relative_to(ROOT)): n for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long

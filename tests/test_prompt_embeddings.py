@@ -90,7 +90,7 @@ def test_pad_rows_pads_ragged_rows_with_zeros_and_false():
 def test_a_missing_file_names_it_and_the_tool(tmp_path):
     with pytest.raises(pe.PromptEmbeddingError,
                        match=r"nope\.safetensors: no such prompt-embedding file; write one with "
-                             r"python -m spotlight_jax\.encode_prompts"):
+                             r"python -m spotlight_jax\.tools\.encode_prompts"):
         pe.read(tmp_path / "nope.safetensors")
 
 
@@ -99,7 +99,7 @@ def test_a_prompt_not_in_the_file_is_named_with_how_to_add_it(tmp_path):
     small_file(path)
     with pytest.raises(pe.PromptEmbeddingError,
                        match=r"prompt 'three red bars' is not in .*p\.safetensors \(3 prompts\); "
-                             r"add it: re-run python -m spotlight_jax\.encode_prompts"):
+                             r"add it: re-run python -m spotlight_jax\.tools\.encode_prompts"):
         pe.read(path).lookup(["a red bar", "three red bars"])
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from spotlight_jax.diffusion import batches
@@ -38,7 +39,8 @@ class RolloutEngine:
         for ps, ss, n in batches.padded_chunks(prompts, seeds, self.chunk):
             tokens, mask = self.tokenize(ps, self.text_len)
             out = self.sampler.rollout(state, tokens, mask, ss)
-            out = {k: np.asarray(v)[:n] for k, v in out.items()}   # waits for this chunk only
+            # an explicit read, which waits for this chunk only
+            out = {k: np.asarray(v)[:n] for k, v in jax.device_get(out).items()}
             out["tokens"], out["mask"] = batches.take(tokens, slice(0, n)), mask[:n]
             futures.append(self.pool.submit(self.reward_fn, out["images"], ps[:n]))
             outs.append(out)

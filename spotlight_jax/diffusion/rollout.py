@@ -32,7 +32,7 @@ from spotlight_jax.diffusion import prompt
 from spotlight_jax.diffusion.schedule import shifted_sigmas
 from spotlight_jax.diffusion.sde import block_project, cps_step, ode_step, sde_step
 from spotlight_jax.models import AttentionSpec
-from spotlight_jax.parallel.mesh import place_batch
+from spotlight_jax.parallel.mesh import on_device, place_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,13 +328,13 @@ class Sampler:
     def rollout(self, state, tokens, mask, seeds):
         p = self._place
         extra = () if self.decoder is None else (self.decoder.state,)
-        return self._rollout(state, p(tokens), p(mask), p(jnp.asarray(seeds, jnp.uint32)),
+        return self._rollout(state, p(tokens), p(mask), p(np.asarray(seeds, np.uint32)),
                              *extra)
 
     def segment(self, state, x, start, tokens, mask, seeds, num: int):
         p = self._place
-        return self._segment(state, p(x), jnp.asarray(start, jnp.int32), p(tokens), p(mask),
-                             p(jnp.asarray(seeds, jnp.uint32)), int(num))
+        return self._segment(state, p(x), on_device(np.int32(start)), p(tokens), p(mask),
+                             p(np.asarray(seeds, np.uint32)), int(num))
 
 
 def sampling_compiler_options() -> dict[str, str] | None:

@@ -79,9 +79,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def place_batch(x, mesh: Mesh | None):
     """Puts a per-sample array (or a pytree of them, e.g. a prompt with its pooled embedding) on
     ``mesh``, each split over its (data, fsdp) axes when they divide the batch (else
-    replicated), so replicated-parameter meshes run data-parallel, not redundantly."""
+    replicated), so replicated-parameter meshes run data-parallel, not redundantly. Without a
+    mesh, on the default device. Always an explicit ``device_put``: the loop's programs take no
+    host array implicitly (``tests/runner/test_transfer_guard.py``)."""
     if mesh is None:
-        return x
+        return jax.tree.map(jax.device_put, x)
     n = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
 
     def place(a):
@@ -92,6 +94,18 @@ def place_batch(x, mesh: Mesh | None):
 
 
 # -- where the explorers and the emulated spot nodes live -----------------------------------
+
+def fold_in(key: jax.Array, data: int) -> jax.Array:
+    """``jax.random.fold_in(key, data)`` with the host integer ``data`` put explicitly where
+    ``key`` lives (a Python number handed to an eager op is an implicit transfer)."""
+    return jax.random.fold_in(key, jax.device_put(np.uint32(data), key.sharding))
+
+
+def on_device(x, like: jax.Array | None = None) -> jax.Array:
+    """A host scalar or array put explicitly on ``like``'s devices (default: the default
+    device), for a jitted program's non-batch argument."""
+    return jax.device_put(np.asarray(x), None if like is None else like.sharding)
+
 
 def explore_mesh(trainer_mesh: Mesh, devices=None, batch_multiple: int = 1) -> Mesh | None:
     """Where ``spotlight`` mode explores while the trainer updates: a data-parallel mesh over

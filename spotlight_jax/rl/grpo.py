@@ -21,6 +21,7 @@ from flax import nnx
 from spotlight_jax.diffusion import SamplerConfig, batches, velocity
 from spotlight_jax.diffusion.rollout import project_at, resolve_window, step_at
 from spotlight_jax.models import AttentionSpec
+from spotlight_jax.parallel.mesh import fold_in, on_device
 from spotlight_jax.rl import shards as shards_lib
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
@@ -304,7 +305,7 @@ class GRPOTrainer(PolicyTrainer):
         for i, (sub, idx) in enumerate(plan):
             self.trainable, self.opt_state, self.ema, m = self._step(
                 self.trainable, self.opt_state, self.ema, self.base, sub, idx,
-                np.bool_(i == 0))
+                on_device(np.bool_(i == 0)))
             metrics.append(m)
         return self._summary(metrics, devs, step)
 
@@ -400,14 +401,14 @@ class GRPOTrainer(PolicyTrainer):
         if n % mb:
             raise ValueError(f"batch of {n} trajectories does not split into {mb} minibatches")
         size = n // mb
-        key = jax.random.fold_in(key, step)
+        key = fold_in(key, step)
         plan = []
         for epoch in range(self.cfg.inner_epochs):
-            perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 2 * epoch), n))
+            perm = np.asarray(jax.random.permutation(fold_in(key, 2 * epoch), n))
             for i in range(mb):
                 sel = perm[i * size:(i + 1) * size]
                 sub = self._place(batches.take(jax.tree.map(np.asarray, batch), sel))
-                idx = self._select(jax.random.fold_in(key, 2 * (epoch * mb + i) + 1), size)
+                idx = self._select(fold_in(key, 2 * (epoch * mb + i) + 1), size)
                 plan.append((sub, idx))
         devs = []
         for sub, idx in plan[1:] if (self.cfg.rescore if rescore is None else rescore) else ():

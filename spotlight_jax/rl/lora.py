@@ -14,6 +14,8 @@ The reference policy is the base (LoRA off) for free, and the optimizer only see
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -48,18 +50,24 @@ def init_lora(base_state, rank: int, key):
 
 
 def merge(base_state, lora, scale: float):
-    pure = nnx.to_pure_dict(base_state)
+    """``base_state`` with ``scale * a @ b`` added to each adapted kernel, as one compiled
+    program (merged eagerly, every leaf would be its own dispatch and take ``scale`` from the
+    host)."""
+    merged = _merged_weights(nnx.to_pure_dict(base_state), lora, float(scale))
+    state = jax.tree.map(lambda x: x, base_state)
+    nnx.replace_by_pure_dict(state, merged)
+    return state
 
+
+@functools.partial(jax.jit, static_argnums=2)
+def _merged_weights(pure: dict, lora: dict, scale: float) -> dict:
     def add(path, w):
         ad = lora.get(jax.tree_util.keystr(path))
         if ad is None:
             return w
         return w + (scale * jnp.einsum("...ir,...ro->...io", ad["a"], ad["b"])).astype(w.dtype)
 
-    merged = jax.tree_util.tree_map_with_path(add, pure)
-    state = jax.tree.map(lambda x: x, base_state)
-    nnx.replace_by_pure_dict(state, merged)
-    return state
+    return jax.tree_util.tree_map_with_path(add, pure)
 
 
 def adapted_model(graphdef, base_state, lora, scale: float):

@@ -35,6 +35,7 @@ from flax import nnx
 
 from spotlight_jax.diffusion import SamplerConfig, batches, encode_prompt, velocity
 from spotlight_jax.models import AttentionSpec
+from spotlight_jax.parallel.mesh import fold_in, on_device
 from spotlight_jax.rl import shards as shards_lib
 from spotlight_jax.rl.policy import (
     PolicyTrainer,
@@ -340,7 +341,7 @@ class NFTTrainer(PolicyTrainer):
                 "group": np.asarray(batch["prompt_ids"], np.int32)}
         args = {k: self._place(v) for k, v in args.items()}
         return (self.trainable, self.opt_state, self.ema, self.old, self.base, args,
-                jax.random.fold_in(key, step), np.float32(eta(self.cfg, step)), generator)
+                fold_in(key, step), on_device(np.float32(eta(self.cfg, step))), generator)
 
 
 @functools.lru_cache(maxsize=16)

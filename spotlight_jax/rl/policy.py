@@ -223,4 +223,4 @@ class PolicyTrainer:
 
     def _place(self, x):
         """A per-sample array or pytree (``tokens`` of a prompt-embedding file) on the mesh."""
-        return jax.tree.map(jnp.asarray, x) if self.mesh is None else place_batch(x, self.mesh)
+        return place_batch(x, self.mesh)

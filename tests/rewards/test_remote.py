@@ -355,8 +355,8 @@ def test_the_remote_client_is_registered_once_per_server(monkeypatch):
         def __call__(self, images, prompts):
             return np.zeros(len(prompts), np.float32)
 
-    monkeypatch.setattr(conf.build, "RemoteReward", Fake)
-    monkeypatch.setattr(conf.build, "_registered_remote", {})
+    monkeypatch.setattr(conf.builders, "RemoteReward", Fake)
+    monkeypatch.setattr(conf.builders, "_registered_remote", {})
     over = {"rl.reward": "remote", "remote_reward.url": "http://127.0.0.1:1"}
     try:
         for _ in range(3):

@@ -8,8 +8,8 @@ import runpy
 import numpy as np
 import pytest
 
-from spotlight_jax import train, world
-from spotlight_jax.config import RunSpec, model_config, sampler_config
+from spotlight_jax import world
+from spotlight_jax.config import RunSpec, model_config, pretrain_config, sampler_config
 from spotlight_jax.diffusion import Sampler, SamplerConfig
 from spotlight_jax.evaluate import evaluate
 from spotlight_jax.io.metrics import read_jsonl
@@ -51,7 +51,7 @@ def test_short_pretraining_lowers_loss(tmp_path):
 def test_short_run_of_the_pretraining_command_raises_the_detector_reward(tmp_path):
     """The tiny config's own pretraining (same code path as the shipped checkpoint), shortened."""
     c = runpy.run_path(str(ROOT / "configs" / "tiny.py"))["get_config"]()
-    cfg = dataclasses.replace(train.pretrain_config(c), steps=400, eval_every=400,
+    cfg = dataclasses.replace(pretrain_config(c), steps=400, eval_every=400,
                               eval_prompts=32)
     graphdef, state = create_model(model_config(c))
     _, _, _, history = pretrain(graphdef, state, model_config(c), cfg,
@@ -74,9 +74,9 @@ def test_a_base_of_another_world_is_not_used(tmp_path, monkeypatch):
         fake.mkdir(parents=True)
         (fake / "meta.json").write_text(json.dumps(
             {**meta, "world": {**meta["world"], "text_scale": scale}}))
-        monkeypatch.setattr(train, "ASSETS", str(fake.parent))
+        monkeypatch.setattr(base_model, "ASSETS", str(fake.parent))
         assert base_model.shipped_base_dir(RunSpec.from_config(c).model) is None
-    monkeypatch.setattr(train, "ASSETS", str(shipped.parent))
+    monkeypatch.setattr(base_model, "ASSETS", str(shipped.parent))
     assert base_model.shipped_base_dir(RunSpec.from_config(c).model) == str(shipped)
 
 
