@@ -71,6 +71,10 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "JAX_PLATFORMS": "cpu",
        "RAY_health_check_failure_threshold": "20"}
 
 
+# what ``ray start`` prints once a node's processes are up and registered with the head
+RAY_STARTED = "Ray runtime started."
+
+
 class LocalCluster:
     """A Ray head (no spot resource) and spot node processes on this machine."""
 
@@ -83,15 +87,8 @@ class LocalCluster:
         self.nodes: dict[str, subprocess.Popen] = {}
         self.joins = 0
         self.nodes["head"] = self._ray("head", ["--head", f"--port={self.port}", "--num-cpus=1"])
-        deadline = time.monotonic() + 120
-        while True:          # the head's GCS accepts connections
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError as e:
-                if time.monotonic() > deadline or self.nodes["head"].poll() is not None:
-                    raise RuntimeError(f"the Ray head did not come up; see {self.logdir}") from e
-                time.sleep(0.5)
+        # up once its GCS (which the nodes and drivers dial) and raylet are
+        self._wait_started("head", os.path.join(self.logdir, "head_0.log"), 120.0)
 
     def _ray(self, name: str, args) -> subprocess.Popen:
         """``ray start ... --block`` as its own process group (killed as a whole), listening on
@@ -103,11 +100,31 @@ class LocalCluster:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=ENV)
 
-    def add_node(self, name: str) -> None:
+    def add_node(self, name: str, wait: bool = True, timeout_s: float = 120.0) -> None:
+        """Starts spot node ``name``; with ``wait``, returns once its ``ray start`` says the
+        node's runtime is up (two nodes started back to back on one machine would otherwise
+        race for the same socket names and one of them die)."""
+        log = os.path.join(self.logdir, f"{name}_{self.joins}.log")
         self.nodes[name] = self._ray(name, [f"--address={self.address}",
                                             f"--num-cpus={self.cpus}",
                                             '--resources={"spot_node": 1}'])
         self.joins += 1
+        if wait:
+            self._wait_started(name, log, timeout_s)
+
+    def _wait_started(self, name: str, log: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with open(log) as f:
+                text = f.read()
+            if RAY_STARTED in text:
+                return
+            if self.nodes[name].poll() is not None or time.monotonic() > deadline:
+                why = "exited" if self.nodes[name].poll() is not None else \
+                    f"not up after {timeout_s:.0f} s"
+                raise RuntimeError(f"Ray node {name!r} {why}; its log {log} ends:\n"
+                                   f"{text[-2000:]}")
+            time.sleep(0.2)
 
     def _tree(self, name: str):
         import psutil  # noqa: PLC0415 - the chaos run's own dependency
@@ -220,7 +237,7 @@ def _replay(cluster: LocalCluster, events, proc, speedup: float, lead_s: float) 
             elif e.kind == "join":
                 applied["join"] += 1
                 cluster.kill(e.node)        # a node lost with notice may still be running
-                cluster.add_node(e.node)
+                cluster.add_node(e.node, wait=False)    # joins as the trace says, mid-run
         for due, node in [k for k in kills if k[0] <= time.monotonic()]:
             kills.remove((due, node))
             cluster.kill(node)
