@@ -18,19 +18,18 @@ from absl import logging
 from spotlight_jax import world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.io import checkpoints
-from spotlight_jax.models import MMDiTConfig
-from spotlight_jax.models.factory import abstract_model, create_model, is_video
+from spotlight_jax.models.factory import ModelConfig, abstract_model, create_model, is_video
 from spotlight_jax.pretrain import pretrain
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 
 
-def model_fingerprint(cfg: MMDiTConfig) -> dict:
+def model_fingerprint(cfg: ModelConfig) -> dict:
     """The model config as its meta.json records it (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
-def world_fingerprint(cfg: MMDiTConfig) -> dict:
+def world_fingerprint(cfg: ModelConfig) -> dict:
     """The world a base model is pretrained on (the default world at the model's image size),
     with derived sizes resolved (a default that changes how the world is drawn changes it)."""
     w = world.WorldConfig(image_size=cfg.image_size)
@@ -40,7 +39,7 @@ def world_fingerprint(cfg: MMDiTConfig) -> dict:
     return json.loads(json.dumps(fingerprint))
 
 
-def shipped_base_dir(cfg: MMDiTConfig) -> str | None:
+def shipped_base_dir(cfg: ModelConfig) -> str | None:
     """The shipped base checkpoint whose model config and world equal ``cfg``'s, if any (a
     checkpoint that records no world was pretrained on an earlier world and never matches)."""
     if not os.path.isdir(ASSETS):
