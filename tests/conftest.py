@@ -57,3 +57,23 @@ def _shared_compilation_cache(tmp_path_factory):
     path = enable_persistent_cache(root / "xla_cache")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)     # child processes share it
     yield
+
+
+# -- the tests that skip, for .ci/run to run again once the extras are installed ------------------
+def _log_skipped(nodeid: str) -> None:
+    path = os.environ.get("SPOTLIGHT_SKIPPED_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(nodeid + "\n")
+
+
+def pytest_runtest_logreport(report):
+    """With ``SPOTLIGHT_SKIPPED_LOG`` set, each test that skips is appended to that file."""
+    if report.skipped:
+        _log_skipped(report.nodeid)
+
+
+def pytest_collectreport(report):
+    """A test module skipped whole at collection (``pytest.importorskip`` at its top) too."""
+    if report.skipped:
+        _log_skipped(report.nodeid)
