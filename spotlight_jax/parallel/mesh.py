@@ -96,15 +96,18 @@ def place_batch(x, mesh: Mesh | None):
 # -- where the explorers and the emulated spot nodes live -----------------------------------
 
 def fold_in(key: jax.Array, data: int) -> jax.Array:
-    """``jax.random.fold_in(key, data)`` with the host integer ``data`` put explicitly where
-    ``key`` lives (a Python number handed to an eager op is an implicit transfer)."""
-    return jax.random.fold_in(key, jax.device_put(np.uint32(data), key.sharding))
+    """``jax.random.fold_in(key, data)`` with the host integer ``data`` put on a device
+    explicitly (a Python number handed to an eager op is an implicit transfer). Uncommitted, so
+    it follows ``key`` and the result keeps ``key``'s placement: a program that takes the new
+    key is not compiled again for a new one."""
+    return jax.random.fold_in(key, on_device(np.uint32(data)))
 
 
-def on_device(x, like: jax.Array | None = None) -> jax.Array:
-    """A host scalar or array put explicitly on ``like``'s devices (default: the default
-    device), for a jitted program's non-batch argument."""
-    return jax.device_put(np.asarray(x), None if like is None else like.sharding)
+def on_device(x) -> jax.Array:
+    """A host scalar or array put on the default device explicitly and uncommitted (a jitted
+    program places it with its other arguments, as it would a host value), for a program's
+    non-batch argument."""
+    return jax.device_put(np.asarray(x))
 
 
 def explore_mesh(trainer_mesh: Mesh, devices=None, batch_multiple: int = 1) -> Mesh | None:
