@@ -18,8 +18,9 @@ pytest.importorskip("ray", reason="cluster tests need: pip install -e '.[cluster
 pytest.importorskip("psutil", reason="cluster tests need: pip install -e '.[cluster]'")
 from spotlight_jax.studies.ray_chaos import LocalCluster  # noqa: E402
 
-# slow, not cluster: on 2 shared cores a node process's raylet can starve long enough for the
-# head to declare the node dead mid-run (seen once in 3 runs); run it with -m slow
+# slow, not cluster (~80 s; CI's 30 minutes have no room for it): run it with -m slow. Its
+# nodes start one after the other, each once its runtime is up (LocalCluster.add_node): two
+# started back to back raced for one socket and failed the run about 2 times in 3
 pytestmark = pytest.mark.slow
 
 CHILD = """
