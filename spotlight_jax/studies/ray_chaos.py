@@ -88,14 +88,14 @@ class LocalCluster:
         self.joins = 0
         self.nodes["head"] = self._ray("head", ["--head", f"--port={self.port}", "--num-cpus=1"])
         # up once its GCS (which the nodes and drivers dial) and raylet are
-        self._wait_started("head", os.path.join(self.logdir, "head_0.log"), 120.0)
+        self._wait_started("head", 120.0)
 
     def _ray(self, name: str, args) -> subprocess.Popen:
         """``ray start ... --block`` as its own process group (killed as a whole), listening on
         127.0.0.1 only (``ray_hosts.ray_start_command``)."""
         from spotlight_jax.cluster.ray_hosts import ray_start_command  # noqa: PLC0415
 
-        log = open(os.path.join(self.logdir, f"{name}_{self.joins}.log"), "w")  # noqa: SIM115
+        log = open(self._log(name), "w")  # noqa: SIM115
         cmd = ray_start_command([*args, "--block"])
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=ENV)
@@ -104,15 +104,19 @@ class LocalCluster:
         """Starts spot node ``name``; with ``wait``, returns once its ``ray start`` says the
         node's runtime is up (two nodes started back to back on one machine would otherwise
         race for the same socket names and one of them die)."""
-        log = os.path.join(self.logdir, f"{name}_{self.joins}.log")
         self.nodes[name] = self._ray(name, [f"--address={self.address}",
                                             f"--num-cpus={self.cpus}",
                                             '--resources={"spot_node": 1}'])
-        self.joins += 1
         if wait:
-            self._wait_started(name, log, timeout_s)
+            self._wait_started(name, timeout_s)
+        self.joins += 1
 
-    def _wait_started(self, name: str, log: str, timeout_s: float) -> None:
+    def _log(self, name: str) -> str:
+        """The log of node ``name``'s current ``ray start`` (one per join)."""
+        return os.path.join(self.logdir, f"{name}_{self.joins}.log")
+
+    def _wait_started(self, name: str, timeout_s: float) -> None:
+        log = self._log(name)
         deadline = time.monotonic() + timeout_s
         while True:
             with open(log) as f:
