@@ -21,6 +21,26 @@ from spotlight_jax.emulation.cost_models import CostConfig, Workload, make_cost_
 from spotlight_jax.emulation.traces import TraceConfig, replay
 
 SHARED_UPDATES = ("off", "fixed", "auto", "payoff")
+PRICING_RULE = 2
+"""The version of the rule this module prices phases by, recorded in every run's ``phases.json``.
+1 (runs before it was recorded): ``baseline``'s rewards charged one image after another on the
+critical path, a spot group's at twice one device's price, spot losses only between iterations,
+regroups not charged. 2: one price per image on every device, split over the devices that hold
+the images (:meth:`Deployment.reward_s`); a loss costs the work it interrupts and a join its
+regroup (:meth:`Deployment.spot_phase`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SpotPhase:
+    """What the live spot nodes take for a phase's work (:meth:`Deployment.spot_phase`):
+    ``seconds`` until they finish (or stop: no node left), the device-seconds redone after
+    abrupt losses, the seconds no node was working, and the device-seconds left for the
+    on-demand devices."""
+
+    seconds: float
+    lost_device_s: float
+    stalled_s: float
+    handover_device_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,9 +134,10 @@ class Deployment:
         self.clock.set_alive("spot", self.spot_devices if self.rents_spot else 0,
                              at=self.clock.now())
 
-    def advance(self, busy_spot_phase_s: float = 0.0):
-        """Applies the trace events up to the clock's time. A loss while spot groups were busy
-        costs lost work (abrupt: since the last commit) or a commit+regroup (notice)."""
+    def advance(self):
+        """Applies the trace events up to the clock's time to the alive nodes and the event
+        counts. What a loss or a join costs the work in flight is charged by the phase it fell
+        into (:meth:`spot_phase`, or the pull scheduler's simulation of a rollout phase)."""
         for e in self.events.events_until(self.clock.now()):
             if e.kind == "join":
                 self.alive_nodes.add(e.node)
@@ -130,15 +151,80 @@ class Deployment:
                 self.stats["regroup_s"] += self.cost.regroup("shrink")
                 if e.abrupt:
                     self.stats["abrupt_losses"] += 1
-                    if busy_spot_phase_s > 0:
-                        step = busy_spot_phase_s / max(self.num_steps, 1)
-                        self.stats["lost_work_s"] += step * self.cfg.commit_every
         self._sync_alive()
 
+    def spot_phase(self, work_device_s: float) -> SpotPhase:
+        """How long the live spot nodes take for ``work_device_s`` device-seconds of pulled work
+        (rollouts, exploration candidates, gradient shards) starting now, with the trace's
+        events inside the phase (read ahead, not consumed: :meth:`advance` applies them):
+
+        * a lost node stops at its loss; without notice it also loses its in-flight work since
+          its last commit (``commit_every`` denoising steps of a batch of 8 on each of its
+          devices), which the survivors redo; with notice it commits and hands its requests
+          back, so nothing is redone;
+        * a joined node works from its join plus its regroup (``cost.regroup('grow')``: the
+          weights copied device to device onto it);
+        * each node is its own SP group, so a loss regroups no survivor.
+
+        Work still queued when no node is left (none regrouping to join) goes to the
+        on-demand devices (``SpotPhase.handover_device_s``), which the caller charges after
+        they are free."""
+        per_node = self.cfg.spot_devices_per_node
+        sp = self.cfg.spot_sp
+        redo = (per_node * self.cfg.commit_every
+                * self.cost.rollout(8, sp=sp) / max(self.num_steps, 1))
+        grow = self.cost.regroup("grow")
+        now = self.clock.now()
+        working = set(self.alive_nodes)
+        joining: dict[str, float] = {}          # node -> when it starts working (phase time)
+        upcoming = list(self.events.events[self.events.position:])
+        while upcoming and upcoming[0].time < now:      # fell in an earlier phase: settled
+            e = upcoming.pop(0)
+            if e.kind == "join":
+                working.add(e.node)
+            elif e.kind == "loss":
+                working.discard(e.node)
+        t, left, lost, stalled, i = 0.0, float(work_device_s), 0.0, 0.0, 0
+        while left > 1e-12:
+            rate = per_node * len(working)
+            next_event = upcoming[i].time - now if i < len(upcoming) else math.inf
+            next_join = min(joining.values(), default=math.inf)
+            nxt = min(next_event, next_join)
+            if rate == 0 and not joining:
+                break                   # no node left: the on-demand devices take the rest
+            if rate > 0 and t + left / rate <= nxt:
+                t += left / rate
+                left = 0.0
+                break
+            if rate == 0:
+                stalled += nxt - t
+            left -= rate * (nxt - t)
+            t = nxt
+            if next_join <= next_event:
+                node = min(joining, key=joining.get)
+                working.add(node)
+                del joining[node]
+                continue
+            e = upcoming[i]
+            i += 1
+            if e.kind == "join" and e.node not in working:
+                joining.setdefault(e.node, t + grow)
+            elif e.kind == "loss":
+                joining.pop(e.node, None)
+                if e.node in working:
+                    working.discard(e.node)
+                    if e.abrupt:
+                        lost += redo
+                        left += redo
+        return SpotPhase(seconds=t, lost_device_s=lost, stalled_s=stalled,
+                         handover_device_s=max(left, 0.0))
+
     # -- phase durations -------------------------------------------------------------------
-    def rollout_s(self, n: int, use_spot: bool) -> float:
-        """Rollouts of ``n`` trajectories on the on-demand devices (data parallel) plus, when
-        ``use_spot``, the live spot groups; pull-based sizing balances them (capacity-weighted)."""
+    # -- phase durations -------------------------------------------------------------------
+    def rollout_split(self, n: int, use_spot: bool) -> tuple[float, float]:
+        """Seconds of a rollout phase of ``n`` trajectories on the on-demand devices (data
+        parallel) and on the live spot groups (0.0 without ``use_spot``), each taking its
+        capacity-weighted share (pull-based sizing balances them)."""
         od_groups = self.cfg.on_demand_devices
         sp = self.cfg.spot_sp
         spot_groups = self.spot_devices // sp if use_spot else 0
@@ -146,28 +232,57 @@ class Deployment:
         cap_od = 8 / self.cost.rollout(8, sp=1)
         cap_sp = 8 / self.cost.rollout(8, sp=sp)
         total = od_groups * cap_od + spot_groups * cap_sp
-        per_od = max(1, math.ceil(n * cap_od / total))
-        t = self.cost.rollout(per_od, sp=1)
-        if spot_groups:
-            per_sp = max(1, math.ceil(n * cap_sp / total))
-            t = max(t, self.cost.rollout(per_sp, sp=sp))
-        return t
+        od_s = self.cost.rollout(max(1, math.ceil(n * cap_od / total)), sp=1)
+        spot_s = (self.cost.rollout(max(1, math.ceil(n * cap_sp / total)), sp=sp)
+                  if spot_groups else 0.0)
+        return od_s, spot_s
+
+    def rollout_s(self, n: int, use_spot: bool) -> float:
+        """Rollouts of ``n`` trajectories on the on-demand devices plus, when ``use_spot``, the
+        live spot groups, every spot node staying up (:meth:`rollout_split`)."""
+        return max(self.rollout_split(n, use_spot))
+
+    def charge_spot_work(self, phase, label: str, work_device_s: float) -> SpotPhase:
+        """Charges ``work_device_s`` device-seconds of work on the live spot nodes into the
+        open ``phase`` as :meth:`spot_phase` prices it: busy under ``label``, then the time the
+        nodes lost to the trace (``spot_stall``: no node working, or the survivors redoing an
+        abrupt loss's work). Returns the :class:`SpotPhase`; its ``handover_device_s`` is the
+        caller's to charge on the on-demand devices."""
+        spot = self.spot_phase(work_device_s)
+        group = self.spot_group()
+        done = work_device_s + spot.lost_device_s - spot.handover_device_s
+        busy = min(done / group.num_devices, spot.seconds)
+        with phase.sequential() as seq:
+            seq.charge(group, busy, label)
+            if spot.seconds > busy:
+                seq.wait(spot.seconds - busy, "spot_stall")
+        self.stats["lost_work_s"] += spot.lost_device_s
+        return spot
 
     def spot_seconds_per_candidate(self) -> float:
         """Device-seconds of one exploration candidate on a spot group: its rollout (batch of
-        8) and its reward, which the group computes itself (so a candidate's image never leaves
-        the group, and a pipelined batch arrives rewarded)."""
+        8, on the group's ``spot_sp`` devices) and its reward (:meth:`reward_s`'s price, the
+        same on every device), which the group computes itself (so a candidate's image never
+        leaves the group, and a pipelined batch arrives rewarded)."""
         sp = self.cfg.spot_sp
-        return sp * (self.cost.rollout(8, sp=sp) / 8 + self.cost.reward(1))
+        return sp * self.cost.rollout(8, sp=sp) / 8 + self.cost.reward(1)
 
     def od_seconds_per_candidate(self) -> float:
-        return self.cost.rollout(8, sp=1) / 8
+        """Device-seconds of one candidate on an on-demand device: its rollout and reward."""
+        return self.cost.rollout(8, sp=1) / 8 + self.cost.reward(1)
 
     def train_s(self, n: int) -> float:
         return self.cost.train(n, self.cfg.on_demand_devices)
 
-    def reward_s(self, n: int) -> float:
-        return self.cost.reward(n)
+    def reward_s(self, n: int, devices: int) -> float:
+        """Seconds to decode and score ``n`` images split over the ``devices`` devices that hold
+        them. The price is one rule for every device kind and mode: ``cost.reward(1)``
+        device-seconds per image, added to the rollouts' device time on the same devices (an
+        accelerator that samples the next chunk while a reward runs shares its compute between
+        them: the engine's overlap hides the host's wait, not device time)."""
+        if devices < 1:
+            raise ValueError(f"reward_s: {n} images need at least one device, got {devices}")
+        return self.cost.reward(n) / devices
 
     def dollars(self) -> float:
         return self.cost.dollars(self.clock)
@@ -176,8 +291,9 @@ class Deployment:
     def scheduler_setup(self, num_devices: int, horizon_s: float) -> dict:
         """What ``sched.Simulation`` needs to run a rollout phase starting now: the pool layout
         (``od0`` + the spot nodes, with the trace's node names), the step-time model from the
-        cost model, the trace events of the next ``horizon_s`` seconds in phase-relative time,
-        and the spot nodes that are down at the start.
+        cost model, the trace events of the next ``horizon_s`` seconds in phase-relative time
+        (a join once the node has regrouped: ``cost.regroup('grow')`` later), and the spot
+        nodes that are down at the start.
 
         The layout is the deployment's when ``num_devices`` real devices hold it; otherwise
         (8 emulated CPU devices for 4 + 4 x 2) each spot node gets one device and ``od0`` the
@@ -198,10 +314,13 @@ class Deployment:
             (f"spot{i}", "spot", per_node) for i in range(c.spot_nodes))
         now = self.clock.now()
         upcoming = self.events.events[self.events.position:]
-        events = [SimEvent(e.time - now, e.kind, e.node,
-                           deadline=None if e.deadline is None else e.deadline - now,
-                           abrupt=e.abrupt)
-                  for e in upcoming if 0.0 <= e.time - now <= horizon_s]
+        grow = self.cost.regroup("grow")     # a joined node pulls only once it has regrouped
+        events = sorted((SimEvent(e.time - now + (grow if e.kind == "join" else 0.0), e.kind,
+                                  e.node,
+                                  deadline=None if e.deadline is None else e.deadline - now,
+                                  abrupt=e.abrupt)
+                         for e in upcoming if 0.0 <= e.time - now <= horizon_s),
+                        key=lambda e: e.time)
         step = self.cost.rollout_step(8, sp=1) / 8
         return {"pool": PoolConfig(nodes=nodes),
                 "cost": StepCost(sample_step_s=step, call_overhead_s=0.0,

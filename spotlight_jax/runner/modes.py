@@ -98,6 +98,19 @@ class Mode:
         backend.charge(len(batch["rewards"]), info)
         return batch, info, backend
 
+    def reward_phase(self, s, n: int, backend, info: dict) -> None:
+        """Decodes and scores the batch's ``n`` images on the devices that hold them, at the
+        one price every phase pays (``Deployment.reward_s``); nothing when the backend's batch
+        arrived rewarded (a ready batch: its spot groups' exploration charge holds it)."""
+        if backend.rewarded:
+            return
+        d = s.deploy
+        seconds = d.reward_s(n, backend.reward_devices())
+        with d.clock.concurrent() as phase:
+            phase.run("reward", d.od, seconds)
+            if backend.use_spot and d.spot_devices > 0:
+                phase.run("reward", d.spot_group(), seconds)
+
     def train_phase(self, s, k: int, batch, prompts, train_s: float) -> tuple[dict, dict]:
         """The update (and whatever runs concurrently with it); returns (metrics, row info)."""
         with s.deploy.clock.concurrent() as phase:
@@ -131,11 +144,10 @@ class Mode:
         t0 = time.time()
         batch, info, backend = self.rollout_phase(s, k, prompts)
         row.update(info)
-        if not backend.rewarded:              # a ready batch was rewarded on the spot groups
-            clock.run("reward", d.od, d.reward_s(n))
-        t1 = time.time()
-        backend.settle(n, row, self.uses_spot)
+        backend.settle(row)
         self.sync(s, row)
+        self.reward_phase(s, n, backend, info)
+        t1 = time.time()
         m, train_info = self.train_phase(s, k, batch, prompts, d.train_s(n))
         t2 = time.time()
         if self.uses_spot and d.spot_devices > 0:
@@ -184,6 +196,10 @@ class ExploreSyncMode(Mode):
         batch["prompt_ids"] = np.repeat(np.arange(P), G)
         d.clock.run("explore_sync", d.od, d.rollout_s(info["explore_candidates"], use_spot=False))
         return batch, info, s.direct
+
+    def reward_phase(self, s, n, backend, info):
+        """Every candidate was scored to choose the batch: their rewards, not just the batch's."""
+        super().reward_phase(s, info["explore_candidates"], backend, info)
 
 
 class SpotlightMode(Mode):
@@ -240,8 +256,10 @@ class SpotlightMode(Mode):
             self.spot.update_done(t_train[1] - t_train[0])
             (cands, chosen, cbatch, info), t_explore = future.result()
             info.update(self.spot.info())
-            phase.run("explore", d.spot_group(),
-                      (info["explore_candidates"] * per + shard_s) / max(d.spot_devices, 1))
+            handover = self.charge_exploration(s, phase, info["explore_candidates"] * per
+                                               + shard_s, info)
+        if handover > 0:        # no spot node was left: the trainer finishes the candidates
+            d.clock.run("explore", d.od, handover / d.od.num_devices)
         if shared is not None:
             info.update(shared.info())
             if s.ray_shards is not None:    # where the shards really ran (the Ray hosts)
@@ -258,6 +276,21 @@ class SpotlightMode(Mode):
         info.setdefault("explore_lost", 0)
         info.setdefault("explore_dropped", 0)
         return m, info
+
+    def charge_exploration(self, s, phase, work_device_s: float, info: dict) -> float:
+        """Charges the exploration's (and the update's shards') ``work_device_s`` on the spot
+        nodes into ``phase``: on the emulated spot nodes with the trace's events inside the
+        update's window (``Deployment.charge_spot_work``: a loss costs the work it interrupts,
+        a join its regroup); the Ray hosts' own deadline bounds theirs. Returns the
+        device-seconds left for the on-demand devices."""
+        d = s.deploy
+        if self.spot.ray is not None:
+            phase.run("explore", d.spot_group(), work_device_s / max(d.spot_devices, 1))
+            return 0.0
+        spot = d.charge_spot_work(phase, "explore", work_device_s)
+        info.update(explore_lost_device_s=spot.lost_device_s, explore_stall_s=spot.stalled_s,
+                    explore_handover_device_s=spot.handover_device_s)
+        return spot.handover_device_s
 
     def exploration_progress(self, s, k: int, per: float, base_candidates: int):
         """``progress(plan)`` for the ``payoff`` split: the expected learning progress of

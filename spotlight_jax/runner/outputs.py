@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from PIL import Image
 
+from spotlight_jax.emulation.deployment import PRICING_RULE
 from spotlight_jax.evaluate import evaluate as evaluate_policy
 from spotlight_jax.io import provenance
 from spotlight_jax.models import as_dtype
@@ -139,11 +140,13 @@ def attention_kernel(attn, mcfg) -> dict:
 
 def write_phases(run) -> None:
     """``phases.json``: the emulated clock's per-phase breakdown, the cost model's assumptions
-    (read by the comparison report), the code that ran (``provenance.code_version``) and the
+    (read by the comparison report), the pricing rule (``deployment.PRICING_RULE``), the code
+    that ran (``provenance.code_version``) and the
     attention kernel the model computed with (:func:`attention_kernel`)."""
     info = {"phases": run.deploy.clock.breakdown(),
             "assumptions": [dataclasses.asdict(a) for a in run.deploy.assumptions()],
             "code": provenance.code_version(),
+            "pricing": PRICING_RULE,
             "attention": attention_kernel(run.attn, run.mcfg)}
     with open(os.path.join(run.workdir, "phases.json"), "w") as f:
         json.dump(info, f, indent=1, default=str)

@@ -77,17 +77,23 @@ TRACES = {
 }
 """The grid's traces by name -> their config overrides (``trace.path`` relative to the trace
 folder, ``$SPOTLIGHT_TRACES`` or ``../shared/traces``)."""
+SEED_WINDOW_S = 4 * 3600.0
+"""A recorded trace's window per config seed: seed ``s`` replays it from ``trace.start_s + s x``
+this (longer than any grid run's emulated span), so the seeds of a trace are independent
+stretches of it, not one realisation; the synthetic trace draws its own (``trace.seed = s``)."""
 
 
-def trace_overrides(trace: str, trace_dir=None) -> dict:
-    """The config overrides of the grid's trace ``trace`` (:data:`TRACES`), paths absolute."""
+def trace_overrides(trace: str, seed: int = 0, trace_dir=None) -> dict:
+    """The config overrides of the grid's trace ``trace`` (:data:`TRACES`) for config seed
+    ``seed`` (its own trace draw or window, :data:`SEED_WINDOW_S`), paths absolute."""
     from spotlight_jax.emulation.traces import default_trace_dir  # noqa: PLC0415
     if trace not in TRACES:
         raise ValueError(f"--trace={trace!r}: the grid's traces are {', '.join(TRACES)}")
     root = pathlib.Path(trace_dir) if trace_dir else default_trace_dir()
-    out = dict(TRACES[trace])
+    out = {**TRACES[trace], "trace.seed": seed}
     if "trace.path" in out:
         out["trace.path"] = ",".join(str(root / p) for p in out["trace.path"].split(","))
+        out["trace.start_s"] = out.get("trace.start_s", 0) + seed * SEED_WINDOW_S
     return out
 
 
@@ -98,7 +104,7 @@ def run_command(workdir: str, trace: str, seed: int, mode: str, iterations: int,
     if mode not in modes():
         raise ValueError(f"--modes: unknown {mode!r}; the modes are {', '.join(modes())}")
     keys = {"mode": mode, "seed": seed, "rl.iterations": iterations, **GRID_SETTINGS,
-            **trace_overrides(trace, trace_dir)}
+            **trace_overrides(trace, seed, trace_dir)}
     return [sys.executable, "-m", "spotlight_jax.main", "--config=configs/tiny.py",
             f"--workdir={os.path.join(workdir, mode)}",
             *(f"--config.{k}={v}" for k, v in keys.items()),

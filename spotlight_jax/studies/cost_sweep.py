@@ -68,7 +68,8 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     d.alive_nodes = {f"spot{i}" for i in range(d.cfg.spot_nodes)}
     d.events.position = len(d.events.events)      # every node alive: no event in the window
     spot = d.cfg.spot_nodes * d.cfg.spot_devices_per_node
-    reward, train, broadcast = d.reward_s(n), d.train_s(n), d.cost.broadcast()
+    od = d.cfg.on_demand_devices
+    train, broadcast = d.train_s(n), d.cost.broadcast()
     # the spot groups sample and reward the next batch's candidates (prompts x G at least)
     # during the update
     sample_next_s = n * d.spot_seconds_per_candidate()            # device-seconds
@@ -82,10 +83,11 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     on_demand_rate = d.cfg.on_demand_devices * d.cost.price_per_hour("on_demand") / 3600.0
     rate = on_demand_rate + spot * d.cost.price_per_hour("spot") / 3600.0
     phases = {
-        "baseline": {"rollout": d.rollout_s(n, use_spot=False), "reward": reward,
+        "baseline": {"rollout": d.rollout_s(n, use_spot=False), "reward": d.reward_s(n, od),
                       "train": train},
-        "spotlight": {"rollout": d.rollout_s(n, use_spot=True), "reward": reward,
-                      "train": window, "broadcast": broadcast},
+        "spotlight": {"rollout": d.rollout_s(n, use_spot=True),
+                      "reward": d.reward_s(n, od + spot), "train": window,
+                      "broadcast": broadcast},
         "spotlight_pipelined": {"rollout": 0.0, "reward": 0.0,   # rewarded on the spot groups
                                 "train": window, "broadcast": broadcast},
     }

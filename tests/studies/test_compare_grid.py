@@ -201,7 +201,10 @@ def test_a_grid_runs_command_is_the_grids_settings_on_its_trace(tmp_path, trace,
     files = keys.get("trace.path", "").split(",") if trace != "synthetic" else []
     assert len(files) == {"synthetic": 0, "aws": 1, "gcp": 4}[trace]
     assert all(f.startswith(str(default_trace_dir())) and f.endswith(".json") for f in files)
-    assert keys.get("trace.start_s", 0) == {"synthetic": 0, "aws": 529800, "gcp": 2730}[trace]
+    # config seed 4: its own draw of the synthetic trace, its own window of a recorded one
+    assert keys["trace.seed"] == 4
+    assert keys.get("trace.start_s", 0) == {"synthetic": 0, "aws": 529800 + 4 * 4 * 3600,
+                                            "gcp": 2730 + 4 * 4 * 3600}[trace]
     with pytest.raises(ValueError, match="the grid's traces are synthetic, aws, gcp"):
         compare_grid.run_command(str(tmp_path), "azure", 0, "baseline", 1)
     with pytest.raises(ValueError, match="unknown 'nope'"):

@@ -43,11 +43,16 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared)
         assert 0 < rows[0]["update_s"] < rows[0]["update_trainer_s"]
         assert rows[0]["update_shards_spot"] > 0 and rows[0]["pipelined"] == 1
     crit = {k: v["critical_s"] for k, v in r.deploy.clock.breakdown().items()}
-    reward = r.deploy.reward_s(c.rl.prompts_per_iter * c.rl.group_size)
+    n, od = c.rl.prompts_per_iter * c.rl.group_size, c.deployment.on_demand_devices
+    # one price per image, split over the devices that hold the images
+    per_image = r.deploy.cost.reward(1)
     if mode == "baseline":
-        assert predicted.phases["reward"] == reward
+        reward = r.deploy.reward_s(n, od)
+        assert predicted.phases["reward"] == reward == pytest.approx(n * per_image / od)
         assert crit["reward"] == pytest.approx(2 * reward, rel=1e-9)
-    else:       # iteration 1's ready batch was rewarded on the spot groups: only 0 charges it
+    else:       # iteration 1's ready batch was rewarded on the spot groups: only 0 charges it,
+        # over the on-demand and spot devices that rolled it out
+        reward = r.deploy.reward_s(n, od + r.deploy.spot_devices)
         assert predicted.phases["reward"] == 0.0
         assert crit["reward"] == pytest.approx(reward, rel=1e-9)
     r.close()

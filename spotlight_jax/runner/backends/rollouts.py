@@ -3,9 +3,10 @@
 A rollout phase turns an iteration's prompts and seeds into a training batch (``latents``,
 ``log_probs``, ``images``, ``tokens``, ``mask``, ``rewards``, ``prompt_ids``, ``seeds``) with the
 trainer's current sampling state, charges its emulated duration to the deployment's clock
-(:meth:`Rollouts.charge`) and, once the reward phase is charged too, applies the trace events
-that fell inside it (:meth:`Rollouts.settle`). Every backend produces the same batch for the same
-(prompts, seeds, state): a seed fixes the rollout's noise, wherever it runs.
+(:meth:`Rollouts.charge`; the trace's losses inside it cost the work they interrupt), then
+applies the trace events that fell inside it (:meth:`Rollouts.settle`). Every backend produces
+the same batch for the same (prompts, seeds, state): a seed fixes the rollout's noise, wherever
+it runs.
 
 * :class:`DirectRollouts`: chunked rollouts on the trainer's mesh; time from the cost model's
   capacity-weighted split over the on-demand devices and (``use_spot``) the live spot groups.
@@ -92,19 +93,26 @@ class Rollouts:
 
     def charge(self, n: int, info: dict) -> None:
         """Emulated time of a phase not simulated request by request: the cost model's
-        capacity-weighted split, every live group busy until the phase ends."""
+        capacity-weighted split; the spot groups' share as ``Deployment.charge_spot_work``
+        prices it (the trace's losses inside the phase cost the work they interrupt), what no
+        spot node is left to finish done by the on-demand devices after their own share."""
         d = self.state.deploy
-        dur = d.rollout_s(n, self.use_spot)
+        od_s, spot_s = d.rollout_split(n, self.use_spot)
         with d.clock.concurrent() as phase:
-            phase.run("rollout", d.od, dur)
-            if self.use_spot:
-                phase.run("rollout", d.spot_group(), dur)
+            if not spot_s:
+                phase.run("rollout", d.od, od_s)
+                return
+            spot = d.charge_spot_work(phase, "rollout", spot_s * d.spot_devices)
+            phase.run("rollout", d.od, od_s + spot.handover_device_s / d.od.num_devices)
 
-    def settle(self, n: int, row: dict, spot_mode: bool) -> None:
-        """Applies the trace events up to now; an abrupt loss while spot groups were busy costs
-        the work since their last commit."""
+    def reward_devices(self) -> int:
+        """The devices that hold the phase's images and score them (``Deployment.reward_s``)."""
         d = self.state.deploy
-        d.advance(busy_spot_phase_s=d.rollout_s(n, True) if spot_mode else 0.0)
+        return d.cfg.on_demand_devices + (d.spot_devices if self.use_spot else 0)
+
+    def settle(self, row: dict) -> None:
+        """Applies the trace events up to now (what they cost the phase was charged with it)."""
+        self.state.deploy.advance()
 
     def batch_from_results(self, results, rids, flat, seeds_per_prompt) -> dict:
         """A training batch from a drained queue's finished requests."""
@@ -144,12 +152,11 @@ class ReadyBatch(Rollouts):
     def charge(self, n, info):
         pass
 
-    def settle(self, n, row, spot_mode):
-        super().settle(n, row, spot_mode=False)
-
 
 class DirectRollouts(Rollouts):
-    """Chunked rollouts on the trainer's mesh (rewards of a chunk overlap the next chunk)."""
+    """Chunked rollouts on the trainer's mesh. The engine scores chunk ``i`` while chunk
+    ``i + 1`` samples, which hides the host's wait; on an accelerator both share the same
+    devices, so the clock adds the rewards' device time (``Deployment.reward_s``)."""
 
     def rollout(self, k, prompts, seeds_per_prompt):
         s = self.state

@@ -86,7 +86,7 @@ class ScheduledRollouts(Rollouts):
             spot = d.spot_group()
             phase.charge(spot, info["sched_spot_busy_device_s"] / spot.num_devices, "rollout")
 
-    def settle(self, n, row, spot_mode):
+    def settle(self, row):
         # the scheduler measured the work preemptions cost (abrupt losses since the last
         # commit); the trace events it saw are applied to the deployment here
         d = self.state.deploy
