@@ -47,6 +47,50 @@ def test_censored_seeds_are_bounds_and_the_interval_comes_from_the_seeds():
     assert "censored: > 2.50x" in text
 
 
+def test_a_crossing_by_evaluation_is_the_first_evaluation_at_or_above_the_target():
+    h = curve([0.50, 0.55, 0.70, 0.65])
+    assert headline.crossing(h, 0.60, interpolate=False) == 200.0
+    assert headline.crossing(h, 0.60, "dollars", interpolate=False) == 4.0
+    assert headline.crossing(h, 0.71, interpolate=False) is None
+    base, fast = curve([0.50, 0.54, 0.58], 100.0), curve([0.50, 0.57, 0.59], 60.0)
+    # by evaluation: 200 s against 120 s; interpolated: 200 s against 60 + 60 / 2 s
+    assert headline.seed_ratio(base, fast, 0.08, "vtime_s", interpolate=False) == {
+        "value": pytest.approx(200 / 120)}
+    assert headline.seed_ratio(base, fast, 0.08, "vtime_s") == {"value": pytest.approx(200 / 90)}
+
+
+def test_the_t_interval_is_students_and_wider_than_the_bootstrap_on_five_seeds():
+    x = [2.08, 2.5, 2.7, 2.9, 3.57]
+    low, high = headline.t_interval(x)
+    half = 2.7764451051977934 * np.std(x, ddof=1) / np.sqrt(5)     # t(0.975, 4)
+    assert (low, high) == (pytest.approx(np.mean(x) - half), pytest.approx(np.mean(x) + half))
+    _, b_low, b_high = headline.bootstrap_mean(x)
+    assert low < b_low and high > b_high
+    assert headline.t_interval([3.0]) is None
+    row = headline.summarise([{"value": v} for v in x])
+    assert (row["t_low"], row["t_high"]) == (low, high)
+    assert f"t [{low:.2f}, {high:.2f}]" in headline.cell(row)
+
+
+def test_a_mode_is_set_against_each_reference_the_grid_has(tmp_path):
+    from spotlight_jax import registry
+    assert set(headline.REFERENCES) <= set(registry.mode_names())
+    base = curve([0.50, 0.54, 0.58], 100.0)              # on-demand only: 200 s to +0.08
+    same_hw = curve([0.50, 0.54, 0.58], 80.0)            # the same curve, faster iterations
+    fast = curve([0.50, 0.58], 60.0)
+    runs = {"aws": {0: {"baseline": base, "spot_rollout": same_hw, "spotlight": fast}}}
+    rows = headline.trace_rows(runs["aws"], "spotlight", reference="spot_rollout")
+    assert rows["time to +0.08"]["mean"] == pytest.approx(160 / 60)
+    text = open(headline.write_headline(str(tmp_path), runs,
+                                        ["baseline", "spot_rollout", "spotlight"])).read()
+    assert "## aws: against `baseline`" in text and "## aws: against `spot_rollout`" in text
+    against_same_hw = text.split("against `spot_rollout`")[1]
+    assert "| measure | spotlight |" in against_same_hw       # not set against itself
+    for gain in ("0.06", "0.07", "0.08", "0.09"):
+        assert f"| time to +{gain} |" in text
+    assert text.index("| curve-level speed-up |") < text.index("| time to +0.06 |")
+
+
 def test_bootstrap_of_the_mean():
     mean, low, high = headline.bootstrap_mean([1.0, 1.0, 1.0])
     assert (mean, low, high) == (1.0, 1.0, 1.0)
@@ -65,7 +109,8 @@ def test_the_time_ratio_splits_into_iterations_and_seconds_per_iteration(tmp_pat
     assert headline.per_iteration_ratio(base, fast, 0.08) == {"value": pytest.approx(20 / 12)}
     assert headline.crossing(base, 0.56, "iteration") == pytest.approx(7.5)   # interpolated
     assert headline.per_iteration_ratio(base, curve([0.50, 0.52]), 0.08) == {}
-    rows = headline.trace_rows({0: {"baseline": base, "spotlight": fast}}, "spotlight")
+    gains = (0.06, 0.07, 0.08)
+    rows = headline.trace_rows({0: {"baseline": base, "spotlight": fast}}, "spotlight", gains)
     assert rows["iterations to +0.08"]["mean"] == pytest.approx(2.0)
     assert rows["s per iteration to +0.08"]["mean"] == pytest.approx(20 / 12)
     assert (rows["iterations to +0.08"]["mean"] * rows["s per iteration to +0.08"]["mean"]
@@ -76,7 +121,8 @@ def test_the_time_ratio_splits_into_iterations_and_seconds_per_iteration(tmp_pat
     # the written report states the split and shows every seed's curve
     path = headline.write_headline(str(tmp_path), {"aws": {0: {"baseline": base,
                                                                "spotlight": fast}}},
-                                   ["baseline", "spotlight"])
+                                   ["baseline", "spotlight"], gains)
     text = open(path).read()
-    assert f"What bounds `spotlight`: {said}." in text and "(headline.png)" in text
+    assert f"What bounds `spotlight` against `baseline`: {said}." in text
+    assert "(headline.png)" in text
     assert open(tmp_path / "headline.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"

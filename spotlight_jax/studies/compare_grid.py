@@ -40,6 +40,7 @@ import sys
 from absl import app, flags
 
 from spotlight_jax import registry
+from spotlight_jax.emulation.deployment import PRICING_RULE
 from spotlight_jax.io.metrics import read_jsonl
 from spotlight_jax.registry import BASELINE
 from spotlight_jax.reporting import headline
@@ -238,24 +239,76 @@ def grid_runs(grid: str) -> dict[str, dict[int, dict[str, str]]]:
     return out
 
 
+def pricing_of(info: dict) -> int:
+    """The pricing rule a run's ``phases.json`` records (1: runs from before it was recorded;
+    ``emulation.deployment.PRICING_RULE``)."""
+    return int(info.get("pricing", 1))
+
+
+def repriced_rewards(history: list[dict], info: dict) -> tuple[list[dict], dict]:
+    """A ``baseline`` run priced by rule 1, re-priced by the current rule from its recorded
+    phases: its rewards were charged one image after another on its on-demand devices, and are
+    now split over them. Its learning does not depend on its clock, so only ``vtime_s`` and,
+    in proportion (it pays for its on-demand devices alone), ``dollars`` change; the phases'
+    reward row is re-priced with them. A ValueError when the run cannot be re-priced exactly
+    (iterations of different lengths)."""
+    reward = info["phases"]["reward"]
+    devices = reward["busy_on_demand_device_s"] / reward["critical_s"]
+    iterations = history[-1]["iteration"]
+    if abs(devices - round(devices)) > 1e-6 or iterations < 1:
+        raise ValueError(f"cannot re-price: rewards on {devices:g} devices over {iterations} "
+                         "iterations")
+    devices = round(devices)
+    per_iteration = history[-1]["vtime_s"] / iterations
+    if any(abs(h["vtime_s"] - h["iteration"] * per_iteration) > 1e-3 * max(h["iteration"], 1)
+           for h in history):
+        raise ValueError("cannot re-price: the run's iterations differ in length (a trace "
+                         "or a varying batch decided them)")
+    saved = reward["critical_s"] / iterations * (1.0 - 1.0 / devices)
+    scale = (per_iteration - saved) / per_iteration
+    out = [{**h, "vtime_s": h["vtime_s"] - h["iteration"] * saved,
+            "dollars": h.get("dollars", 0.0) * scale} for h in history]
+    phases = {**info["phases"], "reward": {
+        **reward, "critical_s": reward["critical_s"] / devices,
+        "charged_s": reward["charged_s"] / devices,
+        "busy_on_demand_device_s": reward["busy_on_demand_device_s"] / devices}}
+    return out, {**info, "phases": phases, "pricing": PRICING_RULE, "repriced_from": 1}
+
+
 def code_of(runs: dict[str, dict[int, dict[str, str]]]) -> str:
     """The one commit every archived run was made by, as a line for ``grid.md``; a ValueError
     naming the runs when they were made by different commits or from a checkout with changes
-    (a ratio of two runs of different code measures the code change as well as the mode)."""
+    (a ratio of two runs of different code measures the code change as well as the mode).
+    ``baseline`` runs priced by an earlier rule are re-priced (:func:`repriced_rewards`), not
+    re-run: their commit is stated apart. A spot mode's run priced by an earlier rule is
+    refused (its clock decided which spot devices it had: re-run it)."""
     seen: dict[str, list[str]] = {}
+    repriced: set[str] = set()
     for seeds in runs.values():
         for seed, by_mode in seeds.items():
             for mode, path in by_mode.items():
                 with open(os.path.join(path, "phases.json")) as f:
-                    code = json.load(f).get("code") or {}
+                    info = json.load(f)
+                code = info.get("code") or {}
+                if pricing_of(info) != PRICING_RULE:
+                    if mode != BASELINE:
+                        raise ValueError(
+                            f"{path}: priced by rule {pricing_of(info)}, not the current "
+                            f"{PRICING_RULE}; only {BASELINE} runs can be re-priced (a "
+                            "spot mode's clock decided its devices): re-run it")
+                    repriced.add(code.get("commit", "unrecorded")[:12])
+                    continue
                 key = ("unrecorded" if not code.get("commit") else
                        code["commit"][:12] + (" with local changes" if code.get("dirty") else ""))
                 where = (f"{ON_DEMAND} seed {seed} {mode}" if mode in TRACE_FREE_MODES
                          else path)
                 if where not in seen.get(key, []):
                     seen.setdefault(key, []).append(where)
+    apart = (f" {BASELINE} made by commit {', '.join(sorted(repriced))} under pricing rule 1 "
+             f"and re-priced by rule {PRICING_RULE} from its recorded phases (its learning "
+             "does not depend on its clock)." if repriced else "")
     if not seen:
-        return ""
+        return f"Code:{apart}" if apart else ""
     if len(seen) > 1 or any("with local changes" in k for k in seen):
         detail = "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sorted(seen.items()))
         raise ValueError(f"the grid's runs were not all made by one clean commit ({detail}); "
@@ -263,8 +316,9 @@ def code_of(runs: dict[str, dict[int, dict[str, str]]]) -> str:
                          "--allow_mixed_commits to report them anyway")
     (key,) = seen
     if key == "unrecorded":
-        return "Code: the runs record no commit (archived before runs recorded one)."
-    return f"Code: every run made by commit {key}."
+        return "Code: the runs record no commit (archived before runs recorded one)." + apart
+    return (f"Code: every run made by commit {key}." if not apart else
+            f"Code: every run priced by rule {PRICING_RULE} made by commit {key};{apart}")
 
 
 def repriced(history: list[dict], dollars_per_hour: float) -> list[dict]:
@@ -299,6 +353,8 @@ def write_grid(grid: str, target_gain: float, target_frac: float = 1.0,
 
     def load(mode, path):
         hist, info = _load(path)
+        if mode == BASELINE and pricing_of(info) != PRICING_RULE:
+            hist, info = repriced_rewards(hist, info)
         if mode in TRACE_FREE_MODES and baseline_dollars_per_hour > 0:
             hist = repriced(hist, baseline_dollars_per_hour)
         return hist, info

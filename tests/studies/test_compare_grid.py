@@ -9,6 +9,7 @@ from helpers import mode_config
 
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec
+from spotlight_jax.emulation.deployment import PRICING_RULE
 from spotlight_jax.io.metrics import MetricWriter, read_jsonl
 from spotlight_jax.studies import compare_grid
 
@@ -54,9 +55,10 @@ def _history(rewards, s_per_it, dollars_per_it, start=0.5, shared=None):
     return h
 
 
-def _fake_run(workdir, mode, hist, code=None):
+def _fake_run(workdir, mode, hist, code=None, pricing=PRICING_RULE, phases=None):
     """A finished mode run as the runner leaves it: rl.jsonl rows and phases.json (``code``:
-    the commit it records, as ``provenance.code_version`` gives it)."""
+    the commit it records, as ``provenance.code_version`` gives it; ``pricing``: the rule it
+    records, None for none, as runs before rules were recorded)."""
     d = os.path.join(workdir, mode)
     w = MetricWriter(d, "rl", tensorboard=False)
     for row in hist:
@@ -64,9 +66,10 @@ def _fake_run(workdir, mode, hist, code=None):
                                      if k != "iteration" and (row["iteration"] or
                                                               k.startswith("val_"))})
     with open(os.path.join(d, "phases.json"), "w") as f:
-        json.dump({"phases": {"train": {"critical_s": 10.0 * len(hist)}},
+        json.dump({"phases": phases or {"train": {"critical_s": 10.0 * len(hist)}},
                    "assumptions": [{"name": "x", "value": 1, "unit": "s", "source": "test"}],
-                   **({"code": code} if code else {})}, f)
+                   **({"code": code} if code else {}),
+                   **({"pricing": pricing} if pricing else {})}, f)
 
 
 def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_path):
@@ -225,3 +228,42 @@ def test_run_makes_and_archives_a_grid_run(tmp_path):
     assert [r["iteration"] for r in kept] == [0, 1, 2] and "val_reward" in kept[-1]
     with pytest.raises(RuntimeError, match="baseline .* failed; .*baseline.log ends"):
         compare_grid.run(work, grid, "synthetic", 0, ("baseline",), 2, ["rl.lr=-1"])
+
+
+def test_baseline_priced_by_the_serial_reward_rule_is_re_priced_and_a_spot_run_refused(
+        tmp_path):
+    """A rule-1 baseline: 10 s iterations of which 4 s were its rewards, one image after
+    another on its 4 on-demand devices; by the current rule they take 1 s, so 7 s iterations.
+    Its learning stays; a rule-1 spot run must be re-run."""
+    grid = str(tmp_path / "grid")
+    phases = {"reward": {"critical_s": 12.0, "charged_s": 12.0,
+                         "busy_on_demand_device_s": 48.0, "busy_spot_device_s": 0.0},
+              "train": {"critical_s": 18.0}}
+    base = _history([0.55, 0.58, 0.61], 10, 1.0)
+    _fake_run(str(tmp_path / "w"), "baseline", base, code={"commit": "a" * 40},
+              pricing=None, phases=phases)
+    _fake_run(str(tmp_path / "w"), "spotlight", _history([0.58, 0.61, 0.64], 5, 1.0),
+              code={"commit": "b" * 40})
+    compare_grid.archive(str(tmp_path / "w"), grid, "aws", 0, 3)
+    hist, info = compare_grid._load(os.path.join(grid, "on_demand", "seed_0", "baseline"))
+    again, info2 = compare_grid.repriced_rewards(hist, info)
+    assert [h["vtime_s"] for h in again] == pytest.approx([0.0, 7.0, 14.0, 21.0])
+    assert [h["dollars"] for h in again] == pytest.approx([0.0, 0.7, 1.4, 2.1])
+    assert [h["val_reward"] for h in again] == [h["val_reward"] for h in hist]
+    assert info2["phases"]["reward"]["critical_s"] == pytest.approx(3.0)
+    assert info2["phases"]["reward"]["busy_on_demand_device_s"] == pytest.approx(12.0)
+    assert info2["pricing"] == PRICING_RULE and info2["repriced_from"] == 1
+    # target 0.5 + 0.1: baseline at iteration 3 (21 s re-priced), spotlight at 2 (10 s)
+    text = open(compare_grid.write_grid(grid, target_gain=0.1)).read()
+    assert "| spotlight | 2.10x [2.10, 2.10] (n=1/1) |" in text
+    assert f"made by commit {'b' * 12}; baseline made by commit {'a' * 12} under " \
+           "pricing rule 1 and re-priced" in text
+    with pytest.raises(ValueError, match="differ in length"):
+        compare_grid.repriced_rewards([{**h, "vtime_s": h["vtime_s"] * h["iteration"]}
+                                       for h in hist], info)
+    # a spot run priced by the old rule: refused, not re-priced
+    _fake_run(str(tmp_path / "w2"), "spotlight", _history([0.58, 0.61, 0.64], 5, 1.0),
+              code={"commit": "b" * 40}, pricing=None)
+    compare_grid.archive(str(tmp_path / "w2"), grid, "gcp", 0, 3)
+    with pytest.raises(ValueError, match="only baseline runs can be re-priced"):
+        compare_grid.write_grid(grid, target_gain=0.1)
