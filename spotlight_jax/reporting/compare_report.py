@@ -153,10 +153,11 @@ def _target_lines(target, target_frac: float, target_gain: float) -> list[str]:
     how = (f"start + {target_gain:.3f}" if target_gain
            else f"start + {target_frac:.0%} of baseline's best gain")
     return [f"Target validation reward: **{target:.3f}** ({how}). Ratios are baseline / "
-            "mode: > 1 means faster or cheaper. The speed-up is about the product of the "
+            "mode: > 1 means faster or cheaper. The speed-up is the product of the "
             "iteration ratio (fewer iterations to the target) and the per-iteration time "
-            "ratio (a cheaper critical path; emulated hours per iteration up to the target). Where only one of "
-            "the two runs reached the target, the other's whole run bounds the ratio: "
+            "ratio (a cheaper critical path; emulated hours per iteration up to the "
+            "target). Where only one of the two runs reached the target, the other's whole "
+            "run bounds the ratio: "
             "'> 1.4x' (baseline did not reach it) or '< 0.8x' (the mode did not).", ""]
 
 
