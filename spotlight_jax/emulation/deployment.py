@@ -31,6 +31,20 @@ regroup (:meth:`Deployment.spot_phase`)."""
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelSteps:
+    """The pull scheduler's step-time model read from the deployment's cost model: a scheduled
+    rollout step of ``batch`` trajectories on an SP group of ``sp`` devices costs what the same
+    step costs in every other phase (``model.rollout_step``); committing a request costs
+    ``commit_s``."""
+
+    model: object
+    commit_s: float = 0.0
+
+    def rollout_step(self, batch: int, sp: int = 1) -> float:
+        return self.model.rollout_step(batch, sp)
+
+
+@dataclasses.dataclass(frozen=True)
 class SpotPhase:
     """What the live spot nodes take for a phase's work (:meth:`Deployment.spot_phase`):
     ``seconds`` until they finish (or stop: no node left), the device-seconds redone after
@@ -291,7 +305,8 @@ class Deployment:
     def scheduler_setup(self, num_devices: int, horizon_s: float) -> dict:
         """What ``sched.Simulation`` needs to run a rollout phase starting now: the pool layout
         (``od0`` + the spot nodes, with the trace's node names), the step-time model from the
-        cost model, the trace events of the next ``horizon_s`` seconds in phase-relative time
+        cost model itself (:class:`ModelSteps`), the trace events of the next ``horizon_s``
+        seconds in phase-relative time
         (a join once the node has regrouped: ``cost.regroup('grow')`` later), and the spot
         nodes that are down at the start.
 
@@ -300,7 +315,7 @@ class Deployment:
         rest: the devices then only carry group identities, time comes from ``cost``.
         """
         from spotlight_jax.elastic import PoolConfig  # noqa: PLC0415
-        from spotlight_jax.sched import SimEvent, StepCost  # noqa: PLC0415
+        from spotlight_jax.sched import SimEvent  # noqa: PLC0415
 
         c = self.cfg
         od, per_node = c.on_demand_devices, c.spot_devices_per_node
@@ -323,8 +338,7 @@ class Deployment:
                         key=lambda e: e.time)
         step = self.cost.rollout_step(8, sp=1) / 8
         return {"pool": PoolConfig(nodes=nodes),
-                "cost": StepCost(sample_step_s=step, call_overhead_s=0.0,
-                                 commit_s=self.cost_cfg.collective_latency_s),
+                "cost": ModelSteps(self.cost, commit_s=self.cost_cfg.collective_latency_s),
                 "events": events,
                 "down_at_start": [f"spot{i}" for i in range(c.spot_nodes)
                                   if f"spot{i}" not in self.alive_nodes],

@@ -179,7 +179,8 @@ def _modes_table(rows: dict[str, dict]) -> list[str]:
             f"{bound_cell(ratio_bound(base, r, 'cost_to_target'))} | "
             f"{'—' if its is None else int(its)} | "
             f"{bound_cell(ratio_bound(base, r, 'iterations_to_target'))} | "
-            f"{_f(_ratio(base.get('h_per_iteration'), r['h_per_iteration']), '.2f')}x |")
+            f"{_f(_ratio(base.get('h_per_iteration'), r['h_per_iteration']), '.2f')}"
+            f"{'x' if _ratio(base.get('h_per_iteration'), r['h_per_iteration']) else ''} |")
     return lines
 
 

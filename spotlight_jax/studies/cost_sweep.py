@@ -6,8 +6,9 @@
 A mode's speed-up over ``baseline`` is (iterations to the target, measured by a run) x (emulated
 seconds per iteration, set by the cost model). This benchmark computes the second factor from the
 deployment and cost model alone, with no training: the critical-path seconds of one iteration's
-phases for ``baseline`` (rollout, reward, update), ``spotlight`` (rollouts on the trainer and
-the spot groups, reward, update with exploration alongside, broadcast) and
+phases for ``baseline`` (rollout, reward, update), ``spot_rollout`` (rollouts on the trainer and
+the spot groups, reward, update, broadcast), ``spotlight`` (the same with exploration alongside
+the update) and
 ``spotlight_pipelined`` (update with the next batch sampled and rewarded alongside, broadcast), with
 every spot node alive. The phases are the ones the modes charge (``runner.modes``); the update
 and the spot groups' sampling run concurrently, so a phase lasts as long as the slower of them:
@@ -32,7 +33,7 @@ from absl import app, flags
 from spotlight_jax import programs, registry
 
 FLAGS = flags.FLAGS
-MODES = ("baseline", "spotlight", "spotlight_pipelined")
+MODES = ("baseline", "spot_rollout", "spotlight", "spotlight_pipelined")
 DEFAULT_SWEEPS = ("deployment.shared_update=off,auto",
                   "deployment.update_spot_share=0,0.25,0.5,0.75,1",
                   "rl.nft.times=1,2,4,8", "cost.cfg_passes=1,2", "sampler.num_steps=10,20,40",
@@ -85,6 +86,9 @@ def iteration_phases(config) -> dict[str, IterationCost]:
     phases = {
         "baseline": {"rollout": d.rollout_s(n, use_spot=False), "reward": d.reward_s(n, od),
                       "train": train},
+        "spot_rollout": {"rollout": d.rollout_s(n, use_spot=True),
+                         "reward": d.reward_s(n, od + spot), "train": train,
+                         "broadcast": broadcast},
         "spotlight": {"rollout": d.rollout_s(n, use_spot=True),
                       "reward": d.reward_s(n, od + spot), "train": window,
                       "broadcast": broadcast},
@@ -147,14 +151,19 @@ def sweep(config, sweeps: list[tuple[str, list]]) -> dict:
 
 def markdown(result: dict) -> str:
     """The sweep as markdown tables."""
-    lines = ["| assumption | value | baseline s / it | spotlight s / it | pipelined s / it "
-             "| spotlight ratio | pipelined ratio |", "|---|---|---|---|---|---|---|"]
+    lines = ["| assumption | value | baseline s / it | spot_rollout s / it | spotlight s / it | "
+             "pipelined s / it | spot_rollout ratio | spotlight ratio | pipelined ratio | "
+             "pipelined / spot_rollout |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def row(name, value, r):
+        same_hw = r["spot_rollout"]["seconds"] / r["spotlight_pipelined"]["seconds"]
         lines.append(f"| {name} | {value} | {r['baseline']['seconds']:.1f} | "
+                     f"{r['spot_rollout']['seconds']:.1f} | "
                      f"{r['spotlight']['seconds']:.1f} | "
                      f"{r['spotlight_pipelined']['seconds']:.1f} | "
-                     f"{r['spotlight']['ratio']:.2f}x | {r['spotlight_pipelined']['ratio']:.2f}x |")
+                     f"{r['spot_rollout']['ratio']:.2f}x | "
+                     f"{r['spotlight']['ratio']:.2f}x | {r['spotlight_pipelined']['ratio']:.2f}x | "
+                     f"{same_hw:.2f}x |")
 
     if "assumed" in result:
         row("(config, assumed `cost.mfu`)", "", result["assumed"])

@@ -3,11 +3,14 @@ against the one pricing rule (``Deployment``: rollouts split by capacity, a rewa
 image split over the devices that hold the images, the update, exploration in its window),
 iteration by iteration, on a trace with no event."""
 
+import math
+
 import pytest
 from helpers import mode_config
 
 from spotlight_jax import runner
 from spotlight_jax.config import RunSpec
+from spotlight_jax.runner.backends.scheduled import MICROBATCH
 
 
 def _expected(mode: str, d, n: int, row: dict) -> dict[str, float]:
@@ -56,4 +59,8 @@ def test_each_mode_charges_its_critical_path_by_the_one_pricing_rule(tmp_path, b
         assert d.clock.now() - start == pytest.approx(sum(want.values()), rel=1e-9)
         if mode == "spotlight_pipelined":            # only the first iteration rolls out
             assert row["pipelined"] == (k > 0)
+        if "sched_calls" in row:     # the scheduler's leases are whole microbatches, so no
+            # call computes a padded row: each microbatch runs from commit to commit
+            calls_per_rollout = math.ceil(spec.sampler.num_steps / c.deployment.commit_every)
+            assert row["sched_calls"] == n // MICROBATCH * calls_per_rollout
     r.close()

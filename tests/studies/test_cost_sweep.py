@@ -19,13 +19,17 @@ def _charged(r, k, rows=None):
 # the spot modes among the longer checks (the default suite's 7-minute budget); baseline (what
 # a run that rents no spot node pays) runs in the default suite
 @pytest.mark.parametrize("mode,shared", [
-    ("baseline", "off"), pytest.param("spotlight_pipelined", "off", marks=pytest.mark.e2e),
+    ("baseline", "off"), pytest.param("spot_rollout", "off", marks=pytest.mark.e2e),
+    pytest.param("spotlight_pipelined", "off", marks=pytest.mark.e2e),
     pytest.param("spotlight_pipelined", "auto", marks=pytest.mark.e2e)])
 def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared):
     graphdef, state = base
     c = mode_config(mode, iterations=2, objective="nft")
     c.deployment.shared_update = shared
     c.trace.rate_per_node_hour = 0.0                 # every spot node stays alive
+    # the capacity-weighted split the sweep computes (the pull scheduler's makespan adds the
+    # tail of whole leases: tests/runner/test_critical_path.py reads it from the run's rows)
+    c.deployment.scheduler = mode != "spot_rollout"
     r = runner.build_run(RunSpec.from_config(c), str(tmp_path), graphdef, state)
     predicted = cost_sweep.iteration_phases(c)[mode]
     _charged(r, 0)                                   # pipelined: nothing ready, rolls out
@@ -49,6 +53,10 @@ def test_iteration_phases_equal_what_a_run_charges(tmp_path, base, mode, shared)
     if mode == "baseline":
         reward = r.deploy.reward_s(n, od)
         assert predicted.phases["reward"] == reward == pytest.approx(n * per_image / od)
+        assert crit["reward"] == pytest.approx(2 * reward, rel=1e-9)
+    elif mode == "spot_rollout":   # over the on-demand and spot devices that rolled it out
+        reward = r.deploy.reward_s(n, od + r.deploy.spot_devices)
+        assert predicted.phases["reward"] == reward
         assert crit["reward"] == pytest.approx(2 * reward, rel=1e-9)
     else:       # iteration 1's ready batch was rewarded on the spot groups: only 0 charges it,
         # over the on-demand and spot devices that rolled it out

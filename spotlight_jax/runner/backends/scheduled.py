@@ -6,6 +6,8 @@ from spotlight_jax import sched
 from spotlight_jax.elastic import GroupConfig
 from spotlight_jax.runner.backends.rollouts import Rollouts, flat_requests, quiet
 
+MICROBATCH = 4      # trajectories per scheduled call on a group (one compiled batch shape)
+
 
 class ScheduledRollouts(Rollouts):
     """The rollout phase through the pull scheduler: one request per (prompt, seed), pulled by
@@ -33,7 +35,10 @@ class ScheduledRollouts(Rollouts):
         flat = flat_requests(prompts, seeds_per_prompt)
         horizon = 20 * d.rollout_s(len(flat), use_spot=True) + 3600.0
         setup = d.scheduler_setup(len(s.devices), horizon)
-        q = sched.RequestQueue(s.image_shape)
+        # leases of whole microbatches: a call's batch is padded to the microbatch (one
+        # compiled shape), so a smaller lease would pay for rows it does not need
+        q = sched.RequestQueue(s.image_shape, sched.QueueConfig(sizing="fixed",
+                                                                fixed_batch=MICROBATCH))
         rids, reqs = self.requests(k, flat)
         q.submit(reqs)
         params = s.trainer.sampling_state()
@@ -45,7 +50,7 @@ class ScheduledRollouts(Rollouts):
                                 groups=GroupConfig(heads=s.mcfg.num_heads,
                                                    sp_degree=d.cfg.spot_sp),
                                 worker=sched.WorkerConfig(commit_every=d.cfg.commit_every,
-                                                          microbatch=4),
+                                                          microbatch=MICROBATCH),
                                 cost=setup["cost"],
                                 check_invariants=False),   # checked per event in the sched tests
                 policy=lambda node: (params, k), devices=s.devices,
@@ -57,6 +62,7 @@ class ScheduledRollouts(Rollouts):
         rep.check_accounting()
         batch = self.batch_from_results(q.results(), rids, flat, seeds_per_prompt)
         info = {"sched_makespan_s": rep.makespan, "sched_commits": rep.commits,
+                "sched_calls": rep.calls,
                 "sched_wasted_steps": rep.wasted_steps, "sched_lost_steps": rep.lost_steps,
                 "sched_events": rep.num_events,
                 "sched_idle_tail": (rep.idle_tail_device_s / rep.alive_device_s
