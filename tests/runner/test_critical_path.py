@@ -36,7 +36,10 @@ def _expected(mode: str, d, n: int, row: dict) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("mode", runner.MODES)
+# the exploring modes' runs among the longer checks (the default suite's 7-minute budget)
+@pytest.mark.parametrize("mode", [
+    pytest.param(m, marks=pytest.mark.e2e) if m in ("spotlight", "spotlight_pipelined") else m
+    for m in runner.MODES])
 def test_each_mode_charges_its_critical_path_by_the_one_pricing_rule(tmp_path, base, mode):
     graphdef, state = base
     c = mode_config(mode, iterations=3)
