@@ -6,6 +6,8 @@
   (``tests/cluster/test_cluster_trainer.py`` runs it).
 * ``hosts_demo``: spot hosts on a running Ray cluster serving a rollout queue, with an optional
   preemption notice (``launch/local_cluster.sh`` runs it).
+* ``ray_token``: the job's Ray token file (``cluster.ray_auth``), which the SLURM launchers
+  create before any ``ray start``.
 
 Being programs, they sit in the top layer with ``bench`` and ``studies`` (``hosts_demo`` loads
 the base model with ``train``; both take ``programs``' ``--config`` flag), and have the same

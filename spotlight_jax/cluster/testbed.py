@@ -1,0 +1,272 @@
+"""Hosts on a real network on one Linux machine: network namespaces on a bridge.
+
+Every multi-host check on one loopback shares one address, one ``/tmp`` and one port space, so
+it cannot find what assumes one machine. A :class:`TestBed` gives each of N hosts
+
+* its own network namespace with one interface (``eth0``, a veth pair into a bridge in the root
+  namespace) and its own address on a private subnet, its own loopback and port space;
+* its own ``/tmp`` and hostname (each command runs in a private mount and UTS namespace with the
+  host's folder bound over ``/tmp``);
+* a shared folder standing for the cluster's network file system (what real clusters share: the
+  job folder, checkpoints).
+
+Faults a network makes: :meth:`TestBed.link_down` / :meth:`TestBed.link_up` (a partition that
+heals, or one that does not: a host that stops answering without dying) and
+:meth:`TestBed.readdress` (a host back with a new address). The bridge has no address of its own:
+the root namespace is not on the test bed's network, so its traffic goes only between the
+namespaces it made.
+
+Needs root and iproute2 on Linux (:func:`unavailable` says why not, in one line). Creation and
+teardown are idempotent; :meth:`TestBed.close` stops every process it started and removes every
+namespace and link, also after a failure (use it as a context manager), and :func:`sweep` removes
+what a killed earlier run left behind.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+SUBNET = "10.213.0.0/24"
+
+
+@dataclasses.dataclass
+class Host:
+    """One host of the test bed: its name (also its hostname), address, namespace, the folder
+    that is its private ``/tmp``, and the root-side end of its link."""
+
+    name: str
+    ip: str
+    netns: str
+    tmp: str
+    link: str
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot build a test bed (None when it can)."""
+    if not sys.platform.startswith("linux"):
+        return f"the network test bed needs Linux network namespaces; this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "the network test bed needs root (network namespaces, veth pairs, a bridge)"
+    for tool in ("ip", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"the network test bed needs '{tool}' (iproute2, util-linux) on PATH"
+    return None
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if check and out.returncode:
+        raise RuntimeError(f"{' '.join(argv)} failed ({out.returncode}): "
+                           f"{(out.stderr or out.stdout).strip()}")
+    return out
+
+
+def _exists(kind: str, name: str) -> bool:
+    if kind == "netns":
+        return name in _run("ip", "netns", "list", check=False).stdout.split()
+    return _run("ip", "link", "show", name, check=False).returncode == 0
+
+
+def sweep(prefix: str) -> list[str]:
+    """Removes every namespace and link whose name starts with ``prefix`` (what a killed run
+    left behind), killing the processes still in those namespaces; returns what it removed."""
+    removed = []
+    for ns in _run("ip", "netns", "list", check=False).stdout.split():
+        if ns.startswith(prefix):
+            _kill_namespace(ns)
+            _run("ip", "netns", "del", ns, check=False)
+            removed.append(ns)
+    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(prefix):
+            _run("ip", "link", "del", name, check=False)
+            removed.append(name)
+    return removed
+
+
+def _kill_namespace(ns: str) -> None:
+    pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+class TestBed:
+    """``hosts`` hosts named ``h0 ..`` on ``subnet`` (addresses .1, .2, ..), their folders under
+    ``root`` (``root/<host>/tmp``) and the shared folder ``root/shared``. Namespaces and links
+    are named ``prefix`` + host (at most 15 characters, the kernel's limit); the default prefix
+    carries this process's id, so concurrent test beds do not collide."""
+
+    __test__ = False        # not a pytest test class
+
+    def __init__(self, hosts: int, root: str, prefix: str | None = None,
+                 subnet: str = SUBNET):
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        if hosts < 1:
+            raise ValueError(f"hosts={hosts}: a test bed needs at least one host")
+        self.prefix = prefix or f"tb{os.getpid() % 100000}"
+        if len(self.prefix) > 9:
+            raise ValueError(f"prefix {self.prefix!r}: at most 9 characters (interface names "
+                             "are at most 15)")
+        net = ipaddress.ip_network(subnet)
+        if hosts > net.num_addresses - 2:
+            raise ValueError(f"subnet {subnet} has room for {net.num_addresses - 2} hosts, "
+                             f"not {hosts}")
+        self.subnet, self.root = net, os.path.abspath(root)
+        self.shared = os.path.join(self.root, "shared")
+        self.bridge = f"{self.prefix}br"
+        self.hosts = [Host(name=f"h{i}", ip=str(net.network_address + i + 1),
+                           netns=f"{self.prefix}h{i}",
+                           tmp=os.path.join(self.root, f"h{i}", "tmp"),
+                           link=f"{self.prefix}v{i}") for i in range(hosts)]
+        self._procs: list[subprocess.Popen] = []
+        self._up = False
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def __enter__(self) -> TestBed:
+        self.create()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def create(self) -> TestBed:
+        """Makes the bridge, the namespaces and their links (idempotent: what exists stays)."""
+        os.makedirs(self.shared, exist_ok=True)
+        try:
+            if not _exists("link", self.bridge):
+                _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+            for h in self.hosts:
+                self._make_host(h)
+        except Exception:
+            self.close()
+            raise
+        self._up = True
+        return self
+
+    def _make_host(self, h: Host) -> None:
+        os.makedirs(h.tmp, exist_ok=True)
+        if not _exists("netns", h.netns):
+            _run("ip", "netns", "add", h.netns)
+        if not _exists("link", h.link):
+            _run("ip", "link", "add", h.link, "type", "veth", "peer", "name", "eth0",
+                 "netns", h.netns)
+        _run("ip", "link", "set", h.link, "master", self.bridge)
+        _run("ip", "link", "set", h.link, "up")
+        ns = ("ip", "netns", "exec", h.netns)
+        _run(*ns, "ip", "link", "set", "lo", "up")
+        _run(*ns, "ip", "addr", "flush", "dev", "eth0")
+        _run(*ns, "ip", "addr", "add", f"{h.ip}/{self.subnet.prefixlen}", "dev", "eth0")
+        _run(*ns, "ip", "link", "set", "eth0", "up")
+
+    def close(self) -> None:
+        """Stops every process started on the hosts and removes every namespace and link
+        (idempotent; safe after a failed :meth:`create`)."""
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
+        for h in self.hosts:
+            if _exists("netns", h.netns):
+                _kill_namespace(h.netns)
+                _run("ip", "netns", "del", h.netns, check=False)
+            if _exists("link", h.link):
+                _run("ip", "link", "del", h.link, check=False)
+        if _exists("link", self.bridge):
+            _run("ip", "link", "del", self.bridge, check=False)
+        self._up = False
+
+    def leftovers(self) -> list[str]:
+        """Namespaces and links of this test bed that exist (empty after :meth:`close`)."""
+        return ([h.netns for h in self.hosts if _exists("netns", h.netns)]
+                + [h.link for h in self.hosts if _exists("link", h.link)]
+                + ([self.bridge] if _exists("link", self.bridge) else []))
+
+    # -- processes --------------------------------------------------------------------------
+    def host(self, name_or_index) -> Host:
+        if isinstance(name_or_index, int):
+            return self.hosts[name_or_index]
+        for h in self.hosts:
+            if h.name == name_or_index:
+                return h
+        raise KeyError(f"no host {name_or_index!r}; the hosts are "
+                       f"{', '.join(h.name for h in self.hosts)}")
+
+    def command(self, host, argv: list[str]) -> list[str]:
+        """``argv`` as it runs on ``host``: in its network namespace, with its own mount and
+        UTS namespaces, its folder bound over ``/tmp`` and its hostname set."""
+        h = self.host(host)
+        setup = f"mount --rbind {h.tmp} /tmp && hostname {h.name} && exec \"$@\""
+        rel = os.path.relpath(self.shared, "/tmp")
+        if not rel.startswith(".."):        # the shared folder is under /tmp: keep it reachable
+            inner = os.path.join(h.tmp, rel)
+            os.makedirs(inner, exist_ok=True)
+            setup = f"mount --bind {self.shared} {inner} && " + setup
+        return ["ip", "netns", "exec", h.netns, "unshare", "--mount", "--uts",
+                "--propagation", "private", "sh", "-c", setup, "sh", *argv]
+
+    def spawn(self, host, argv: list[str], env: dict | None = None, log: str | None = None,
+              cwd: str | None = None) -> subprocess.Popen:
+        """Starts ``argv`` on ``host`` in its own process group (stopped by :meth:`close`);
+        stdout and stderr go to ``log`` (default: discarded)."""
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            p = subprocess.Popen(self.command(host, argv), env=env, cwd=cwd, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log:
+                out.close()
+        self._procs.append(p)
+        return p
+
+    def run(self, host, argv: list[str], env: dict | None = None, timeout: float = 60.0,
+            cwd: str | None = None) -> subprocess.CompletedProcess:
+        """Runs ``argv`` on ``host`` to completion; returns its output."""
+        return subprocess.run(self.command(host, argv), env=env, cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout)
+
+    # -- faults -----------------------------------------------------------------------------
+    def link_down(self, host) -> float:
+        """Cuts ``host`` off the network (its processes keep running); returns the time."""
+        _run("ip", "link", "set", self.host(host).link, "down")
+        return time.time()
+
+    def link_up(self, host) -> float:
+        """Reconnects ``host`` (the partition heals); returns the time."""
+        _run("ip", "link", "set", self.host(host).link, "up")
+        return time.time()
+
+    def readdress(self, host, ip: str) -> None:
+        """Gives ``host`` a new address on the subnet (a node back with a new address)."""
+        h = self.host(host)
+        if ipaddress.ip_address(ip) not in self.subnet:
+            raise ValueError(f"{ip} is not on the test bed's subnet {self.subnet}")
+        if any(o.ip == ip for o in self.hosts if o is not h):
+            raise ValueError(f"{ip} is already {next(o.name for o in self.hosts if o.ip == ip)}'s")
+        ns = ("ip", "netns", "exec", h.netns)
+        _run(*ns, "ip", "addr", "flush", "dev", "eth0")
+        _run(*ns, "ip", "addr", "add", f"{ip}/{self.subnet.prefixlen}", "dev", "eth0")
+        h.ip = ip
+
+    def describe(self) -> list[dict]:
+        """Each host's name and address (for a run's record)."""
+        return [{"name": h.name, "ip": h.ip} for h in self.hosts]
