@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 
 import jax
 import numpy as np
@@ -26,6 +27,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     ``cpu_devices`` > 0 emulates that many devices per process on CPU. Must run before any JAX
     computation in the process (JAX's rule)."""
     if cpu_collectives:
+        if cpu_collectives == "gloo":
+            check_hostname_resolves()
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     if cpu_devices:
         jax.config.update("jax_num_cpu_devices", int(cpu_devices))
@@ -34,6 +37,19 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     logger.info("trainer process %d of %d: %d local / %d global devices", jax.process_index(),
                 jax.process_count(), jax.local_device_count(), jax.device_count())
     return jax.process_index(), jax.process_count()
+
+
+def check_hostname_resolves() -> str:
+    """This host's address by its name, which gloo's TCP transport looks up to choose the
+    interface it listens on; a clear error (naming the fix) where the name does not resolve,
+    instead of gloo's ``enforce fail at .../device.cc`` when the backend starts."""
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError as e:
+        raise RuntimeError(f"this host's name {name!r} does not resolve ({e}); gloo, the "
+                           "trainer job's CPU collectives, picks its interface by it: add "
+                           f"'<address> {name}' to /etc/hosts (or the cluster's DNS)") from None
 
 
 def broadcast_tree(tree: dict | None) -> dict:

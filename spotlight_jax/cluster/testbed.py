@@ -6,7 +6,8 @@ it cannot find what assumes one machine. A :class:`TestBed` gives each of N host
 * its own network namespace with one interface (``eth0``, a veth pair into a bridge in the root
   namespace) and its own address on a private subnet, its own loopback and port space;
 * its own ``/tmp`` and hostname (each command runs in a private mount and UTS namespace with the
-  host's folder bound over ``/tmp``);
+  host's folder bound over ``/tmp``), and the other hosts' names resolvable, as a cluster's
+  DNS would have them (the test bed's hosts file bound over ``/etc/hosts``);
 * a shared folder standing for the cluster's network file system (what real clusters share: the
   job folder, checkpoints).
 
@@ -124,6 +125,7 @@ class TestBed:
                              f"not {hosts}")
         self.subnet, self.root = net, os.path.abspath(root)
         self.shared = os.path.join(self.root, "shared")
+        self.hosts_file = os.path.join(self.root, "hosts")
         self.bridge = f"{self.prefix}br"
         self.hosts = [Host(name=f"h{i}", ip=str(net.network_address + i + 1),
                            netns=f"{self.prefix}h{i}",
@@ -143,6 +145,7 @@ class TestBed:
     def create(self) -> TestBed:
         """Makes the bridge, the namespaces and their links (idempotent: what exists stays)."""
         os.makedirs(self.shared, exist_ok=True)
+        self._write_hosts_file()
         try:
             if not _exists("link", self.bridge):
                 _run("ip", "link", "add", self.bridge, "type", "bridge")
@@ -215,7 +218,8 @@ class TestBed:
         """``argv`` as it runs on ``host``: in its network namespace, with its own mount and
         UTS namespaces, its folder bound over ``/tmp`` and its hostname set."""
         h = self.host(host)
-        setup = f"mount --rbind {h.tmp} /tmp && hostname {h.name} && exec \"$@\""
+        setup = (f"mount --bind {self.hosts_file} /etc/hosts && mount --rbind {h.tmp} /tmp && "
+                 f"hostname {h.name} && exec \"$@\"")
         rel = os.path.relpath(self.shared, "/tmp")
         if not rel.startswith(".."):        # the shared folder is under /tmp: keep it reachable
             inner = os.path.join(h.tmp, rel)
@@ -266,6 +270,13 @@ class TestBed:
         _run(*ns, "ip", "addr", "flush", "dev", "eth0")
         _run(*ns, "ip", "addr", "add", f"{ip}/{self.subnet.prefixlen}", "dev", "eth0")
         h.ip = ip
+        self._write_hosts_file()
+
+    def _write_hosts_file(self) -> None:
+        """The hosts' names and addresses, rewritten in place (a bound file keeps its inode)."""
+        with open(self.hosts_file, "w") as f:
+            f.write("127.0.0.1 localhost\n"
+                    + "".join(f"{h.ip} {h.name}\n" for h in self.hosts))
 
     def describe(self) -> list[dict]:
         """Each host's name and address (for a run's record)."""

@@ -61,6 +61,10 @@ def test_hosts_talk_over_the_network_each_with_its_own_ports_tmp_and_name(tmp_pa
         assert bed.run("h1", ["cat", f"{bed.shared}/both"]).stdout == "y\n"
         assert not os.path.exists("/tmp/only_h0")            # not the machine's /tmp either
         assert bed.run("h2", ["hostname"]).stdout.strip() == "h2"
+        # the hosts' names resolve on every host, as a cluster's DNS has them
+        resolve = "import socket, sys; print(socket.gethostbyname(sys.argv[1]))"
+        assert bed.run("h0", [sys.executable, "-c", resolve, "h2"]).stdout.strip() == h2.ip
+        assert bed.run("h2", [sys.executable, "-c", resolve, "h2"]).stdout.strip() == h2.ip
 
 
 def test_a_partition_heals_and_a_host_comes_back_with_a_new_address(tmp_path):
@@ -73,6 +77,8 @@ def test_a_partition_heals_and_a_host_comes_back_with_a_new_address(tmp_path):
         assert _wait_reply(bed, "h0", bed.hosts[1].ip, "reply h1") == "reply h1"
         old = bed.hosts[1].ip
         bed.readdress("h1", "10.213.0.77")
+        resolve = "import socket; print(socket.gethostbyname('h1'))"
+        assert bed.run("h0", [sys.executable, "-c", resolve]).stdout.strip() == "10.213.0.77"
         assert _wait_reply(bed, "h0", "10.213.0.77", "reply h1") == "reply h1"
         assert _ask(bed, "h0", old, timeout=1.0).startswith("failed")
         with pytest.raises(ValueError, match="not on the test bed's subnet"):
