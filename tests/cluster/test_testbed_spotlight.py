@@ -1,0 +1,94 @@
+"""`spotlight` and `spotlight_pipelined` across the network test bed: the trainer on h0 (the Ray
+head bound to its cluster address, token authentication on), spot hosts on h1 and h2 joining
+with the `spot_node` resource and the job's token; the command-line run must explore and train
+as the emulated transport's run of the same seed does (what the loopback test,
+test_cluster_explore, checks in one process)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import MICRO_RUN_OVERRIDES, TINY, child_env, config_flags, micro_model
+
+from spotlight_jax.cluster import ray_auth, testbed
+from spotlight_jax.io import checkpoints
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(testbed.unavailable() is not None,
+                                 reason=str(testbed.unavailable()))]
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+PORT = 6379
+ITERATIONS = 3
+
+
+def _overrides(mode, base_dir, transport, address=""):
+    return {**MICRO_RUN_OVERRIDES, "mode": mode, "base_checkpoint": base_dir,
+            "rl.iterations": ITERATIONS, "rl.eval_every": ITERATIONS, "checkpoint.every": 10,
+            "explore.max_extra_per_prompt": 4, "deployment.rollout_on_groups": "false",
+            "deployment.spot_nodes": 2, "deployment.spot_devices_per_node": 2,
+            "deployment.transport": transport, "deployment.ray_address": address,
+            "deployment.ray_spot_resource": "spot_node", "deployment.ray_host_wait_s": 600.0,
+            "deployment.ray_explore_deadline": False,
+            "deployment.spot_regroup_precompile": False, "trace.rate_per_node_hour": 0.0}
+
+
+def _wait_for(path, text, within=120.0):
+    deadline = time.time() + within
+    while time.time() < deadline:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _rows(workdir):
+    return [json.loads(line) for line in open(os.path.join(workdir, "rl.jsonl"))]
+
+
+# ~90 s each: spotlight_pipelined with -m slow (the cluster phase's budget)
+@pytest.mark.parametrize("mode", ["spotlight",
+                                  pytest.param("spotlight_pipelined", marks=pytest.mark.slow)])
+def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path, mode):
+    _, _, base = micro_model()
+    env = child_env()
+    with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
+        base_dir = os.path.join(bed.shared, "base")
+        checkpoints.save_params(base_dir, base, {})
+        token = ray_auth.job_token(os.path.join(bed.shared, "job"))
+        ray_env = {**env, **ray_auth.token_env(token)}
+        h0 = bed.hosts[0]
+        head = f"{h0.ip}:{PORT}"
+        logs = {h.name: str(tmp_path / f"ray_{h.name}.log") for h in bed.hosts}
+        bed.spawn("h0", ray_auth.node_command(RAY, h0.ip, "--head", f"--port={PORT}",
+                                              "--num-cpus=1"), env=ray_env, log=logs["h0"])
+        assert _wait_for(logs["h0"], "Ray runtime started"), open(logs["h0"]).read()[-2000:]
+        for h in bed.hosts[1:]:
+            bed.spawn(h.name, ray_auth.node_command(RAY, h.ip, f"--address={head}",
+                                                    "--num-cpus=1",
+                                                    '--resources={"spot_node": 1}'),
+                      env=ray_env, log=logs[h.name])
+            assert _wait_for(logs[h.name], "Ray runtime started"), open(logs[h.name]).read()
+        ray_dir = os.path.join(bed.shared, "ray_run")
+        out = bed.run("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
+                             f"--workdir={ray_dir}",
+                             *config_flags(_overrides(mode, base_dir, "ray", head))],
+                      env=ray_env, timeout=900, cwd=os.getcwd())
+        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    emu_dir = str(tmp_path / "emulated")
+    ref = subprocess.run([sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
+                          f"--workdir={emu_dir}",
+                          *config_flags(_overrides(mode, base_dir, "emulated"))],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    got, want = _rows(ray_dir), _rows(emu_dir)
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got[1:], want[1:]):
+        assert g["explore_hosts"] == 2 and g["explore_dropped"] == 0, g
+        assert g["explore_candidates"] == w["explore_candidates"] > 0
+        for key in ("reward_mean", "reward_std", "loss"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), (g["step"], key)
+    assert got[-1]["val_reward"] == pytest.approx(want[-1]["val_reward"], rel=1e-5, abs=1e-6)
