@@ -100,6 +100,30 @@ def _kill_namespace(ns: str) -> None:
             pass
 
 
+def _cgroup_mounts() -> str:
+    """Shell commands that mount, under the fresh ``/sys`` a network namespace's commands get,
+    the machine's cgroup file systems again (a daemon such as slurmd needs them), each
+    allowed to fail (the host then runs without)."""
+    cmds = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, path, fstype, opts = line.split()[:4]
+            if not path.startswith("/sys/fs/cgroup"):
+                continue
+            if fstype == "tmpfs" and path == "/sys/fs/cgroup":
+                cmds.append("mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup")
+            elif fstype == "cgroup2":
+                cmds.append(f"mkdir -p {path} && mount -t cgroup2 cgroup2 {path}")
+            elif fstype == "cgroup":
+                keep = [o for o in opts.split(",") if o not in ("rw", "ro", "relatime",
+                                                                "nosuid", "nodev", "noexec")]
+                if any(o.startswith("name=") for o in keep):
+                    keep.insert(0, "none")
+                cmds.append(f"mkdir -p {path} && mount -t cgroup -o {','.join(keep)} cgroup "
+                            f"{path}")
+    return "".join(f"{{ {c} ; }} 2>/dev/null ; " for c in cmds)
+
+
 class TestBed:
     """``hosts`` hosts named ``h0 ..`` on ``subnet`` (addresses .1, .2, ..), their folders under
     ``root`` (``root/<host>/tmp``) and the shared folder ``root/shared``. Namespaces and links
@@ -218,8 +242,8 @@ class TestBed:
         """``argv`` as it runs on ``host``: in its network namespace, with its own mount and
         UTS namespaces, its folder bound over ``/tmp`` and its hostname set."""
         h = self.host(host)
-        setup = (f"mount --bind {self.hosts_file} /etc/hosts && mount --rbind {h.tmp} /tmp && "
-                 f"hostname {h.name} && exec \"$@\"")
+        setup = (f"{_cgroup_mounts()}mount --bind {self.hosts_file} /etc/hosts && "
+                 f"mount --rbind {h.tmp} /tmp && hostname {h.name} && exec \"$@\"")
         rel = os.path.relpath(self.shared, "/tmp")
         if not rel.startswith(".."):        # the shared folder is under /tmp: keep it reachable
             inner = os.path.join(h.tmp, rel)

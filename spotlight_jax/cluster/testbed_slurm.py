@@ -1,0 +1,185 @@
+"""A local SLURM over the network test bed: slurmctld on h0, one slurmd per host, munge.
+
+What the SLURM launchers (``launch/slurm/*.sbatch``) meet on a real cluster, on one machine:
+partitions ``ondemand`` (h0, the trainer's) and ``spot`` (the other hosts; preemptible:
+``PreemptMode=REQUEUE``) and ``urgent`` (the spot hosts again, at a higher priority tier: a job
+there preempts a spot job, the way a cloud reclaims a spot VM). Jobs run inside their node's
+namespace (its address, its ``/tmp``, the test bed's hosts file), so ``scontrol show
+hostnames``, ``getent hosts`` and ``srun`` behave as on a cluster.
+
+Needs root and Debian's ``slurm-wlm`` and ``munge`` packages (:func:`unavailable` says what is
+missing, in one line). Its own munge daemon (socket, key, logs in the state folder) leaves the
+machine's alone; :meth:`LocalSlurm.close` stops every daemon it started.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from spotlight_jax.cluster.testbed import TestBed
+
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol")
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot run the local SLURM (None when it can)."""
+    missing = [d for d in DAEMONS if shutil.which(d) is None]
+    if missing:
+        return (f"the local SLURM needs {', '.join(missing)}: apt-get install slurm-wlm munge "
+                "(Debian, SLURM 22.05)")
+    return None
+
+
+class LocalSlurm:
+    """SLURM daemons on ``bed``'s hosts; state, configuration and logs in the test bed's shared
+    folder (``slurm/``: every host reads the same ``slurm.conf``, as on a cluster). Every host
+    gets ``cpus`` CPUs (they share the machine's cores)."""
+
+    def __init__(self, bed: TestBed, cpus: int = 2):
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        if len(bed.hosts) < 2:
+            raise ValueError("the local SLURM needs at least 2 hosts: h0 on-demand, the rest "
+                             "spot")
+        self.bed, self.cpus = bed, int(cpus)
+        self.state = os.path.join(bed.shared, "slurm")
+        self.conf = os.path.join(self.state, "slurm.conf")
+        self.munge_socket = os.path.join(self.state, "munge", "munge.socket")
+        self._munged: int | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment of a SLURM command on the test bed (``sbatch``, ``squeue``, ...)."""
+        return {**os.environ, "SLURM_CONF": self.conf}
+
+    def __enter__(self) -> LocalSlurm:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- configuration ----------------------------------------------------------------------
+    def config_text(self) -> str:
+        h0, spot = self.bed.hosts[0], [h.name for h in self.bed.hosts[1:]]
+        nodes = "".join(f"NodeName={h.name} NodeAddr={h.ip} CPUs={self.cpus} State=UNKNOWN\n"
+                        for h in self.bed.hosts)
+        s = self.state
+        return (
+            "ClusterName=testbed\n"
+            f"SlurmctldHost={h0.name}({h0.ip})\n"
+            "SlurmctldPort=6817\nSlurmdPort=6818\n"
+            "AuthType=auth/munge\nCredType=cred/munge\n"
+            f"AuthInfo=socket={self.munge_socket}\n"
+            f"StateSaveLocation={s}/ctld\nSlurmdSpoolDir=/tmp/slurmd\n"
+            f"SlurmctldPidFile={s}/slurmctld.pid\nSlurmdPidFile=/tmp/slurmd.pid\n"
+            f"SlurmctldLogFile={s}/slurmctld.log\nSlurmdLogFile={s}/slurmd-%n.log\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nSwitchType=switch/none\nMpiDefault=none\n"
+            "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+            "SchedulerType=sched/backfill\n"
+            "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
+            "ReturnToService=2\nSlurmUser=root\nKillWait=30\n"
+            + nodes
+            + f"PartitionName=ondemand Nodes={h0.name} PriorityTier=10 Default=YES "
+              "State=UP MaxTime=INFINITE\n"
+            + f"PartitionName=spot Nodes={','.join(spot)} PriorityTier=1 PreemptMode=REQUEUE "
+              "State=UP MaxTime=INFINITE\n"
+            + f"PartitionName=urgent Nodes={','.join(spot)} PriorityTier=100 "
+              "PreemptMode=OFF State=UP MaxTime=INFINITE\n")
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> LocalSlurm:
+        os.makedirs(os.path.join(self.state, "ctld"), exist_ok=True)
+        with open(self.conf, "w") as f:
+            f.write(self.config_text())
+        try:
+            self._start_munge()
+            env = self.env
+            for h in self.bed.hosts:
+                os.makedirs(os.path.join(h.tmp, "slurmd"), exist_ok=True)
+            self.bed.spawn(self.bed.hosts[0].name, ["slurmctld", "-D", "-f", self.conf],
+                           env=env, log=os.path.join(self.state, "slurmctld.out"))
+            for h in self.bed.hosts:
+                self.bed.spawn(h.name, ["slurmd", "-D", "-f", self.conf, "-N", h.name], env=env,
+                               log=os.path.join(self.state, f"slurmd-{h.name}.out"))
+            self._wait_idle(timeout_s)
+        except Exception:
+            self.close()
+            raise
+        return self
+
+    def _start_munge(self) -> None:
+        d = os.path.dirname(self.munge_socket)
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o700)
+        key = os.path.join(d, "munge.key")
+        if not os.path.exists(key):
+            with open(key, "wb") as f:
+                f.write(os.urandom(1024))
+            os.chmod(key, 0o600)
+        pid = os.path.join(d, "munged.pid")
+        subprocess.run(["munged", "--force", f"--socket={self.munge_socket}",
+                        f"--key-file={key}", f"--pid-file={pid}",
+                        f"--log-file={os.path.join(d, 'munged.log')}",
+                        f"--seed-file={os.path.join(d, 'munged.seed')}"],
+                       check=True, capture_output=True, text=True)
+        self._munged = int(open(pid).read().strip())
+
+    def _wait_idle(self, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        want = {h.name for h in self.bed.hosts}
+        states = ""
+        while time.time() < deadline:
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+            states = out.stdout
+            idle = {line.split()[0] for line in states.splitlines()
+                    if len(line.split()) == 2 and line.split()[1] == "idle"}
+            if want <= idle:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the local SLURM's nodes are not idle after {timeout_s:.0f} s: "
+                           f"{states.strip() or 'sinfo answered nothing'}; logs in {self.state}")
+
+    def close(self) -> None:
+        """Stops the daemons (the test bed's close stops what runs on its hosts)."""
+        for name in ("slurmctld", "slurmd"):
+            subprocess.run(["pkill", "-f", f"{name} -D -f {self.conf}"], capture_output=True)
+        if self._munged is not None:
+            try:
+                os.kill(self._munged, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            self._munged = None
+
+    # -- commands ---------------------------------------------------------------------------
+    def run(self, *argv: str, host: str = "h0", cwd: str | None = None,
+            env: dict | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """A SLURM command on ``host`` (default h0, where jobs are submitted)."""
+        return self.bed.run(host, list(argv), env={**self.env, **(env or {})}, cwd=cwd,
+                            timeout=timeout)
+
+    def sbatch(self, *args: str, cwd: str | None = None, env: dict | None = None) -> int:
+        """Submits a batch job; returns its id."""
+        out = self.run("sbatch", "--parsable", *args, cwd=cwd, env=env)
+        if out.returncode:
+            raise RuntimeError(f"sbatch {' '.join(args)} failed: {out.stderr.strip()}")
+        return int(out.stdout.strip().split(";")[0])
+
+    def jobs(self) -> list[dict]:
+        """Every job SLURM still knows (id, name, state, nodes)."""
+        out = self.run("squeue", "-h", "-o", "%i|%j|%T|%N")
+        return [dict(zip(("id", "name", "state", "nodes"), line.split("|")))
+                for line in out.stdout.splitlines() if line.strip()]
+
+    def job(self, job_id: int) -> dict:
+        """``scontrol show job``'s fields of one job (empty once SLURM has forgotten it)."""
+        out = self.run("scontrol", "-o", "show", "job", str(job_id))
+        fields = {}
+        for tok in out.stdout.split():
+            k, _, v = tok.partition("=")
+            fields[k] = v
+        return fields
