@@ -221,8 +221,12 @@ def grid_runs(grid: str) -> dict[str, dict[int, dict[str, str]]]:
     """``trace -> seed -> mode -> archived run directory`` for every trace folder of the grid,
     the trace-free modes taken from ``on_demand`` for each seed that has them."""
     out = {}
+
+    def has_seeds(d):      # a trace's folder holds seed_<s> folders (others: notes, sweeps)
+        return os.path.isdir(d) and any(x.startswith("seed_") for x in os.listdir(d))
+
     traces = sorted(t for t in os.listdir(grid)
-                    if t != ON_DEMAND and os.path.isdir(os.path.join(grid, t)))
+                    if t != ON_DEMAND and has_seeds(os.path.join(grid, t)))
     seeds = set()
     for t in traces + [ON_DEMAND]:
         d = os.path.join(grid, t)

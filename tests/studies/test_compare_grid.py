@@ -97,7 +97,9 @@ def test_archive_rebuilds_the_history_and_the_grid_gives_mean_and_spread(tmp_pat
     assert "update_lost" not in shared[2]
     assert os.path.exists(os.path.join(grid, "aws", "seed_1", "spotlight", "phases.json"))
 
+    os.makedirs(os.path.join(grid, "cost_sweep"))          # a folder of notes, not a trace
     text = open(compare_grid.write_grid(grid, target_gain=0.1)).read()
+    assert "cost_sweep" not in text
     assert "| spotlight | 2.25x [1.50, 3.00] (n=2/2) | 4.50x [3.00, 6.00] (n=2/2) | " \
            "2.25x [1.50, 3.00] (n=2/2) | 1.00x [1.00, 1.00] (n=2/2) |" in text
     assert "## Runs not archived yet\n\nnone\n" in text     # only the modes the grid runs
