@@ -34,49 +34,97 @@ def _until(cond, within, what):
     raise AssertionError(f"{what} within {within:.0f} s")
 
 
-def test_the_sbatch_launchers_post_train_on_a_local_slurm(tmp_path):
+def _submit(slurm, bed, iterations):
+    """The trainer job, then (once it has written the head's address) the spot job array of 2,
+    as a user submits them; returns ``(trainer id, spot array id, job folder)``."""
     _, _, base = micro_model()
+    job_dir = os.path.join(bed.shared, "job")
+    base_dir = os.path.join(bed.shared, "base")
+    checkpoints.save_params(base_dir, base, {})
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "WORKDIR": job_dir, "CONFIG": "configs/tiny.py", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": ""}
+    run_flags = config_flags({
+        **MICRO_RUN_OVERRIDES, "mode": "spotlight", "base_checkpoint": base_dir,
+        "rl.iterations": iterations, "rl.eval_every": iterations,
+        "explore.max_extra_per_prompt": 4, "deployment.rollout_on_groups": "false",
+        "deployment.spot_nodes": 2, "deployment.spot_devices_per_node": 2,
+        "deployment.ray_host_wait_s": 600.0, "deployment.ray_explore_deadline": False,
+        "deployment.spot_regroup_precompile": False, "trace.rate_per_node_hour": 0.0})
+    trainer = slurm.sbatch(
+        "--partition=ondemand", "--gpus-per-node=0", "--cpus-per-task=2", "--time=30",
+        f"--output={bed.shared}/trainer-%j.log", "launch/slurm/spotlight.sbatch",
+        "--cpu_devices=4", *run_flags, cwd=CHECKOUT, env=env)
+    _until(lambda: os.path.exists(os.path.join(job_dir, "ray_head_address.txt")), 120,
+           "the trainer job wrote the head's address")
+    spot = slurm.sbatch(
+        "--array=0-1", "--partition=spot", "--gpus-per-node=0", "--cpus-per-task=1",
+        "--time=30", f"--output={bed.shared}/spot-%A_%a.log",
+        "launch/slurm/spot_hosts.sbatch", cwd=CHECKOUT, env=env)
+    return trainer, spot, job_dir
+
+
+def _finish(slurm, bed, trainer, within=480):
+    def finished():
+        state = slurm.job(trainer).get("JobState", "")
+        return state if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
+
+    state = _until(finished, within, "the trainer job finished")
+    log = os.path.join(bed.shared, f"trainer-{trainer}.log")
+    assert state == "COMPLETED", open(log).read()[-4000:]
+
+
+def _trained(job_dir):
+    rows = [json.loads(line) for line in open(os.path.join(job_dir, "rl.jsonl"))]
+    return rows, [r for r in rows if "loss" in r]
+
+
+def test_the_sbatch_launchers_post_train_on_a_local_slurm(tmp_path):
     with testbed.TestBed(3, str(tmp_path / "bed")) as bed, \
             testbed_slurm.LocalSlurm(bed) as slurm:
-        job_dir = os.path.join(bed.shared, "job")
-        base_dir = os.path.join(bed.shared, "base")
-        checkpoints.save_params(base_dir, base, {})
-        env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-               "WORKDIR": job_dir, "CONFIG": "configs/tiny.py", "JAX_PLATFORMS": "cpu",
-               "XLA_FLAGS": ""}
-        run_flags = config_flags({
-            **MICRO_RUN_OVERRIDES, "mode": "spotlight", "base_checkpoint": base_dir,
-            "rl.iterations": ITERATIONS,
-            "rl.eval_every": ITERATIONS, "explore.max_extra_per_prompt": 4,
-            "deployment.rollout_on_groups": "false", "deployment.spot_nodes": 2,
-            "deployment.spot_devices_per_node": 2, "deployment.ray_host_wait_s": 600.0,
-            "deployment.ray_explore_deadline": False,
-            "deployment.spot_regroup_precompile": False, "trace.rate_per_node_hour": 0.0})
-        trainer = slurm.sbatch(
-            "--partition=ondemand", "--gpus-per-node=0", "--cpus-per-task=2", "--time=30",
-            f"--output={bed.shared}/trainer-%j.log", "launch/slurm/spotlight.sbatch",
-            "--cpu_devices=4", *run_flags, cwd=CHECKOUT, env=env)
-        _until(lambda: os.path.exists(os.path.join(job_dir, "ray_head_address.txt")), 120,
-               "the trainer job wrote the head's address")
-        spot = slurm.sbatch(
-            "--array=0-1", "--partition=spot", "--gpus-per-node=0", "--cpus-per-task=1",
-            "--time=30", f"--output={bed.shared}/spot-%A_%a.log",
-            "launch/slurm/spot_hosts.sbatch", cwd=CHECKOUT, env=env)
-        log = os.path.join(bed.shared, f"trainer-{trainer}.log")
-
-        def finished():
-            state = slurm.job(trainer).get("JobState", "")
-            return state if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
-
-        state = _until(finished, 480, "the trainer job finished")
-        assert state == "COMPLETED", open(log).read()[-4000:]
+        trainer, spot, job_dir = _submit(slurm, bed, ITERATIONS)
+        _finish(slurm, bed, trainer)
         spot_jobs = [j for j in slurm.jobs() if j["id"].startswith(f"{spot}_")]
         assert sorted(j["nodes"] for j in spot_jobs) == ["h1", "h2"]
         slurm.run("scancel", str(spot))
         token = os.path.join(job_dir, "ray_token")
         assert oct(os.stat(token).st_mode & 0o777) == "0o600"
-        rows = [json.loads(line) for line in open(os.path.join(job_dir, "rl.jsonl"))]
-        trained = [r for r in rows if "loss" in r]
+        rows, trained = _trained(job_dir)
         assert [r["step"] for r in trained] == list(range(1, ITERATIONS + 1))
         assert all(r["explore_hosts"] == 2 and r["explore_candidates"] > 0 for r in trained)
         assert "val_reward" in rows[-1]
+
+
+def test_a_spot_host_preempted_by_a_higher_priority_job_is_requeued_and_nothing_is_lost(
+        tmp_path):
+    """An `urgent` job takes h1: SLURM preempts its spot job (REQUEUE: SIGTERM, then SIGKILL
+    after KillWait), the run goes on with h2 and every iteration trains on a whole batch, no
+    request completed twice; the spot job comes back on h1 once the urgent job ends."""
+    iterations = 6
+    with testbed.TestBed(3, str(tmp_path / "bed")) as bed, \
+            testbed_slurm.LocalSlurm(bed) as slurm:
+        trainer, spot, job_dir = _submit(slurm, bed, iterations)
+        _until(lambda: os.path.exists(os.path.join(job_dir, "rl.jsonl"))
+               and len(_trained(job_dir)[1]) >= 1, 300, "the first iteration trained")
+        on_h1 = next(j["id"] for j in slurm.jobs()
+                     if j["id"].startswith(f"{spot}_") and j["nodes"] == "h1")
+        slurm.sbatch("--partition=urgent", "--nodelist=h1", "--exclusive", "--time=5",
+                     f"--output={bed.shared}/urgent-%j.log", "--wrap", "sleep 20",
+                     cwd=bed.shared)
+        _until(lambda: int(slurm.job(on_h1).get("Restarts", "0")) >= 1, 120,
+               "the spot job on h1 was preempted and requeued")
+        _finish(slurm, bed, trainer)
+        _until(lambda: slurm.job(on_h1).get("JobState") == "RUNNING", 120,
+               "the requeued spot job ran again")
+        slurm.run("scancel", str(spot))
+        _, trained = _trained(job_dir)
+        assert [r["step"] for r in trained] == list(range(1, iterations + 1))
+        assert sum(r["explore_duplicates"] for r in trained) == 0
+        assert sum(r["explore_rejected"] + r["explore_dropped"] for r in trained) == 0
+        assert all(r["explore_candidates"] > 0 for r in trained)
+        # the preemption reached the run (a host lost in a rollout phase or an exploration),
+        # and the requeued job's host came back (started again after the first iteration)
+        assert any(r.get("ray_hosts_lost") or r.get("explore_hosts_dead")
+                   or r.get("explore_lost") for r in trained)
+        assert sum(r.get("ray_hosts_started", 0) for r in trained[1:]) >= 1
+        assert sum(r.get("ray_duplicates", 0) for r in trained) == 0
