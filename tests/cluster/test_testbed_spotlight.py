@@ -50,6 +50,31 @@ def _rows(workdir):
 
 
 # ~90 s each: spotlight_pipelined with -m slow (the cluster phase's budget)
+def _start_ray(bed, tmp_path, env):
+    """The head on h0 at its cluster address and a spot node on every other host, all with the
+    job's token; returns ``(head address, the environment with the token, node processes by
+    host)``."""
+    token = ray_auth.job_token(os.path.join(bed.shared, "job"))
+    ray_env = {**env, **ray_auth.token_env(token)}
+    h0 = bed.hosts[0]
+    head = f"{h0.ip}:{PORT}"
+    logs = {h.name: str(tmp_path / f"ray_{h.name}.log") for h in bed.hosts}
+    bed.spawn("h0", ray_auth.node_command(RAY, h0.ip, "--head", f"--port={PORT}",
+                                          "--num-cpus=1"), env=ray_env, log=logs["h0"])
+    assert _wait_for(logs["h0"], "Ray runtime started"), open(logs["h0"]).read()[-2000:]
+    nodes = {h.name: _start_node(bed, h, head, ray_env, logs[h.name]) for h in bed.hosts[1:]}
+    return head, ray_env, nodes
+
+
+def _start_node(bed, h, head, ray_env, log):
+    proc = bed.spawn(h.name, ray_auth.node_command(RAY, h.ip, f"--address={head}",
+                                                   "--num-cpus=1",
+                                                   '--resources={"spot_node": 1}'),
+                     env=ray_env, log=log)
+    assert _wait_for(log, "Ray runtime started"), open(log).read()
+    return proc
+
+
 @pytest.mark.parametrize("mode", ["spotlight",
                                   pytest.param("spotlight_pipelined", marks=pytest.mark.slow)])
 def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path, mode):
@@ -58,20 +83,7 @@ def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path,
     with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
         base_dir = os.path.join(bed.shared, "base")
         checkpoints.save_params(base_dir, base, {})
-        token = ray_auth.job_token(os.path.join(bed.shared, "job"))
-        ray_env = {**env, **ray_auth.token_env(token)}
-        h0 = bed.hosts[0]
-        head = f"{h0.ip}:{PORT}"
-        logs = {h.name: str(tmp_path / f"ray_{h.name}.log") for h in bed.hosts}
-        bed.spawn("h0", ray_auth.node_command(RAY, h0.ip, "--head", f"--port={PORT}",
-                                              "--num-cpus=1"), env=ray_env, log=logs["h0"])
-        assert _wait_for(logs["h0"], "Ray runtime started"), open(logs["h0"]).read()[-2000:]
-        for h in bed.hosts[1:]:
-            bed.spawn(h.name, ray_auth.node_command(RAY, h.ip, f"--address={head}",
-                                                    "--num-cpus=1",
-                                                    '--resources={"spot_node": 1}'),
-                      env=ray_env, log=logs[h.name])
-            assert _wait_for(logs[h.name], "Ray runtime started"), open(logs[h.name]).read()
+        head, ray_env, _ = _start_ray(bed, tmp_path, env)
         ray_dir = os.path.join(bed.shared, "ray_run")
         out = bed.run("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
                              f"--workdir={ray_dir}",
@@ -92,3 +104,53 @@ def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path,
         for key in ("reward_mean", "reward_std", "loss"):
             assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), (g["step"], key)
     assert got[-1]["val_reward"] == pytest.approx(want[-1]["val_reward"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path):
+    """After the first iteration h2's link goes down for 45 s (its processes keep running,
+    nothing answers): Ray declares its node dead, the in-flight work resumes on h1 from its last
+    commit. When the link comes back the partitioned node's Ray processes find themselves
+    declared dead and stop (Ray takes no node back); its host starts a new node, as a requeued
+    spot job would, and the run takes it. Every iteration trains on a whole batch, no request
+    completes twice."""
+    iterations = 5
+    _, _, base = micro_model()
+    env = child_env()
+    with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
+        base_dir = os.path.join(bed.shared, "base")
+        checkpoints.save_params(base_dir, base, {})
+        head, ray_env, nodes = _start_ray(bed, tmp_path, env)
+        ray_dir = os.path.join(bed.shared, "ray_run")
+        overrides = {**_overrides("spotlight", base_dir, "ray", head),
+                     "rl.iterations": iterations, "rl.eval_every": iterations}
+        log = str(tmp_path / "run.log")
+        run = bed.spawn("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
+                               f"--workdir={ray_dir}", *config_flags(overrides)],
+                        env=ray_env, log=log, cwd=os.getcwd())
+        rows_file = os.path.join(ray_dir, "rl.jsonl")
+        deadline = time.time() + 300
+        while time.time() < deadline and not (os.path.exists(rows_file)
+                                               and len(_rows(ray_dir)) >= 2):
+            assert run.poll() is None, open(log).read()[-3000:]
+            time.sleep(0.5)
+        down = bed.link_down("h2")
+        time.sleep(45.0)
+        up = bed.link_up("h2")
+        nodes["h2"].wait(timeout=120)          # declared dead: its processes stop
+        _start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
+        assert run.wait(timeout=600) == 0, open(log).read()[-4000:]
+        assert up - down >= 45.0
+    rows = _rows(ray_dir)
+    trained = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in trained] == list(range(1, iterations + 1))
+    assert sum(r.get("explore_duplicates", 0) + r.get("ray_duplicates", 0)
+               for r in trained) == 0
+    assert sum(r.get("explore_rejected", 0) + r.get("explore_dropped", 0) for r in trained) == 0
+    lost = [r["step"] for r in trained if r.get("ray_hosts_lost") or r.get("explore_lost")
+            or r.get("explore_hosts_dead")]
+    assert lost, [{k: v for k, v in r.items() if k.startswith(("ray_", "explore_h"))}
+                  for r in trained]
+    print("partition: host lost at iteration(s)", lost,
+          [(r["step"], round(r.get("ray_rollout_wall_s", 0), 1),
+            round(r.get("explore_s", 0), 1)) for r in trained])
