@@ -129,7 +129,9 @@ def _notebook_text(path: pathlib.Path) -> str:
 
 
 def _expand(text: str) -> str:
-    """Shell variables -> plain words: ${X:-default} -> default, $(cmd) / $X / ${X...} -> 3."""
+    """Shell variables -> plain words: ${X:-default} -> default, $(cmd) / $X / ${X...} -> 3;
+    a script's own arguments passed on ("$@") -> nothing (they are the caller's to check)."""
+    text = re.sub(r'"?\$@"?', "", text)
     text = re.sub(r"\$\{[A-Za-z_]+:-([^}]*)\}", r"\1", text)
     text = re.sub(r"\$\(\([^)]*\)\)", "3", text)
     text = re.sub(r"\$\([^)]*\)", "3", text)
@@ -145,10 +147,11 @@ def shell_commands(path: pathlib.Path) -> list[list[str]]:
         text = text.replace(f'"${name}"', shlex.quote(_expand(value).replace('\\"', '"')))
     out = []
     for line in text.splitlines():
-        m = re.search(r"python -m (spotlight_jax[\w.]*)(.*)", line)
+        m = re.search(r"(\$\()?python -m (spotlight_jax[\w.]*)(.*)", line)
         if m:
-            rest = re.split(r"\s(?:\d?>|\|)", _expand(m.group(2)))[0]   # drop redirects, pipes
-            out.append([m.group(1), *shlex.split(rest)])
+            rest = m.group(3).split(")")[0] if m.group(1) else m.group(3)   # inside $( ... )
+            rest = re.split(r"\s(?:\d?>|\|)", _expand(rest))[0]   # drop redirects, pipes
+            out.append([m.group(2), *shlex.split(rest)])
     return out
 
 

@@ -10,7 +10,7 @@ import yaml
 from absl import flags as absl_flags
 from doc_commands import shell_commands
 
-from spotlight_jax.cluster_programs import hosts_demo
+from spotlight_jax.cluster_programs import hosts_demo, ray_token
 from spotlight_jax.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -23,9 +23,11 @@ MAIN_FLAGS = {"config", "workdir", "dry_run", "distributed", "coordinator", "num
 
 def _check(cmd: list[str]):
     module, args = cmd[0], cmd[1:]
-    if module == "spotlight_jax.cluster_programs.hosts_demo":
+    programs = {"spotlight_jax.cluster_programs.hosts_demo": hosts_demo,
+                "spotlight_jax.cluster_programs.ray_token": ray_token}
+    if module in programs:
         fv = absl_flags.FlagValues()
-        hosts_demo.define_flags(fv)
+        programs[module].define_flags(fv)
         fv([module, *args])                 # absl's own parser: unknown flags fail here
     elif module == "spotlight_jax.main":
         return _main_flags(args)
