@@ -9,7 +9,8 @@ it cannot find what assumes one machine. A :class:`TestBed` gives each of N host
   host's folder bound over ``/tmp``), and the other hosts' names resolvable, as a cluster's
   DNS would have them (the test bed's hosts file bound over ``/etc/hosts``);
 * a shared folder standing for the cluster's network file system (what real clusters share: the
-  job folder, checkpoints).
+  job folder, checkpoints); the software (this Python's environment, the checkout) and the home
+  folder stay visible on every host where they lie under ``/tmp``.
 
 Faults a network makes: :meth:`TestBed.link_down` / :meth:`TestBed.link_up` (a partition that
 heals, or one that does not: a host that stops answering without dying) and
@@ -100,6 +101,18 @@ def _kill_namespace(ns: str) -> None:
             pass
 
 
+def _checkout() -> str:
+    """The folder this package is imported from (the checkout of an editable install)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _under_tmp(paths) -> list[str]:
+    """The real paths among ``paths`` that lie under /tmp, without one inside another."""
+    real = sorted({os.path.realpath(p) for p in paths})
+    tmp = [p for p in real if p.startswith("/tmp/")]
+    return [p for p in tmp if not any(p != q and p.startswith(q + os.sep) for q in tmp)]
+
+
 def _cgroup_mounts() -> str:
     """Shell commands that mount, under the fresh ``/sys`` a network namespace's commands get,
     the machine's cgroup file systems again (a daemon such as slurmd needs them), each
@@ -150,6 +163,11 @@ class TestBed:
         self.subnet, self.root = net, os.path.abspath(root)
         self.shared = os.path.join(self.root, "shared")
         self.hosts_file = os.path.join(self.root, "hosts")
+        # what a cluster's hosts share besides the job folder: the software (this Python's
+        # environment, the checkout) and the home folder; those under /tmp stay visible on
+        # every host (each host's own /tmp would hide them)
+        self.visible = _under_tmp([self.shared, sys.prefix, os.getcwd(), _checkout(),
+                                   os.path.expanduser("~")])
         self.bridge = f"{self.prefix}br"
         self.hosts = [Host(name=f"h{i}", ip=str(net.network_address + i + 1),
                            netns=f"{self.prefix}h{i}",
@@ -244,11 +262,10 @@ class TestBed:
         h = self.host(host)
         setup = (f"{_cgroup_mounts()}mount --bind {self.hosts_file} /etc/hosts && "
                  f"mount --rbind {h.tmp} /tmp && hostname {h.name} && exec \"$@\"")
-        rel = os.path.relpath(self.shared, "/tmp")
-        if not rel.startswith(".."):        # the shared folder is under /tmp: keep it reachable
-            inner = os.path.join(h.tmp, rel)
+        for path in self.visible:           # under /tmp: bound into the host's /tmp as well
+            inner = os.path.join(h.tmp, os.path.relpath(path, "/tmp"))
             os.makedirs(inner, exist_ok=True)
-            setup = f"mount --bind {self.shared} {inner} && " + setup
+            setup = f"mount --bind {path} {inner} && " + setup
         return ["ip", "netns", "exec", h.netns, "unshare", "--mount", "--uts",
                 "--propagation", "private", "sh", "-c", setup, "sh", *argv]
 
