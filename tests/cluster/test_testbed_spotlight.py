@@ -107,13 +107,14 @@ def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path):
+@pytest.mark.parametrize("new_address", [False, True], ids=["same_address", "new_address"])
+def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, new_address):
     """After the first iteration h2's link goes down for 45 s (its processes keep running,
     nothing answers): Ray declares its node dead, the in-flight work resumes on h1 from its last
     commit. When the link comes back the partitioned node's Ray processes find themselves
     declared dead and stop (Ray takes no node back); its host starts a new node, as a requeued
-    spot job would, and the run takes it. Every iteration trains on a whole batch, no request
-    completes twice."""
+    spot job would, and the run takes it; ``new_address``: the host comes back with another
+    address. Every iteration trains on a whole batch, no request completes twice."""
     iterations = 5
     _, _, base = micro_model()
     env = child_env()
@@ -136,6 +137,8 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path):
             time.sleep(0.5)
         down = bed.link_down("h2")
         time.sleep(45.0)
+        if new_address:
+            bed.readdress("h2", "10.213.0.77")
         up = bed.link_up("h2")
         nodes["h2"].wait(timeout=120)          # declared dead: its processes stop
         _start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
