@@ -107,14 +107,16 @@ def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("new_address", [False, True], ids=["same_address", "new_address"])
-def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, new_address):
+@pytest.mark.parametrize("down_s,new_address", [(45.0, False), (45.0, True), (5.0, False)],
+                         ids=["same_address", "new_address", "brief"])
+def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, down_s, new_address):
     """After the first iteration h2's link goes down for 45 s (its processes keep running,
     nothing answers): Ray declares its node dead, the in-flight work resumes on h1 from its last
     commit. When the link comes back the partitioned node's Ray processes find themselves
     declared dead and stop (Ray takes no node back); its host starts a new node, as a requeued
     spot job would, and the run takes it; ``new_address``: the host comes back with another
-    address. Every iteration trains on a whole batch, no request completes twice."""
+    address. A brief one (5 s: the head unreachable for less than Ray's health checks allow)
+    costs no host. Every iteration trains on a whole batch, no request completes twice."""
     iterations = 5
     _, _, base = micro_model()
     env = child_env()
@@ -136,14 +138,18 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, new_address
             assert run.poll() is None, open(log).read()[-3000:]
             time.sleep(0.5)
         down = bed.link_down("h2")
-        time.sleep(45.0)
+        time.sleep(down_s)
         if new_address:
             bed.readdress("h2", "10.213.0.77")
         up = bed.link_up("h2")
-        nodes["h2"].wait(timeout=120)          # declared dead: its processes stop
-        _start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
+        brief = down_s < 10.0
+        if not brief:
+            nodes["h2"].wait(timeout=120)          # declared dead: its processes stop
+            _start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
         assert run.wait(timeout=600) == 0, open(log).read()[-4000:]
-        assert up - down >= 45.0
+        assert up - down >= down_s
+        if brief:                                  # the node lived through it
+            assert nodes["h2"].poll() is None
     rows = _rows(ray_dir)
     trained = [r for r in rows if "loss" in r]
     assert [r["step"] for r in trained] == list(range(1, iterations + 1))
@@ -152,8 +158,8 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, new_address
     assert sum(r.get("explore_rejected", 0) + r.get("explore_dropped", 0) for r in trained) == 0
     lost = [r["step"] for r in trained if r.get("ray_hosts_lost") or r.get("explore_lost")
             or r.get("explore_hosts_dead")]
-    assert lost, [{k: v for k, v in r.items() if k.startswith(("ray_", "explore_h"))}
-                  for r in trained]
+    assert bool(lost) == (down_s >= 10.0), [
+        {k: v for k, v in r.items() if k.startswith(("ray_", "explore_h"))} for r in trained]
     print("partition: host lost at iteration(s)", lost,
           [(r["step"], round(r.get("ray_rollout_wall_s", 0), 1),
             round(r.get("explore_s", 0), 1)) for r in trained])
