@@ -128,3 +128,29 @@ def test_a_spot_host_preempted_by_a_higher_priority_job_is_requeued_and_nothing_
                    or r.get("explore_lost") for r in trained)
         assert sum(r.get("ray_hosts_started", 0) for r in trained[1:]) >= 1
         assert sum(r.get("ray_duplicates", 0) for r in trained) == 0
+
+
+def test_the_trainer_job_requeued_resumes_from_its_checkpoint_and_the_spot_hosts_rejoin(
+        tmp_path):
+    """`scontrol requeue` kills the trainer job (and its Ray head) after its second iteration;
+    SLURM runs it again, it resumes from its checkpoint in the job folder with a new head at the
+    same address, the spot jobs' hosts join it again, and the run completes."""
+    iterations = 5
+    with testbed.TestBed(3, str(tmp_path / "bed")) as bed, \
+            testbed_slurm.LocalSlurm(bed) as slurm:
+        trainer, spot, job_dir = _submit(slurm, bed, iterations)
+        _until(lambda: os.path.exists(os.path.join(job_dir, "rl.jsonl"))
+               and len(_trained(job_dir)[1]) >= 2, 300, "two iterations trained")
+        out = slurm.run("scontrol", "requeue", str(trainer))
+        assert out.returncode == 0, out.stderr
+        _until(lambda: int(slurm.job(trainer).get("Restarts", "0")) >= 1, 120,
+               "the trainer job requeued")
+        _finish(slurm, bed, trainer, within=600)
+        slurm.run("scancel", str(spot))
+        log = open(os.path.join(bed.shared, f"trainer-{trainer}.log")).read()
+        assert "resumed from iteration" in log, log[-3000:]
+        _, trained = _trained(job_dir)
+        assert sorted({r["step"] for r in trained}) == list(range(1, iterations + 1))
+        assert trained[-1]["step"] == iterations
+        # after the restart the exploration ran on the rejoined spot hosts
+        assert trained[-1]["explore_hosts"] == 2
