@@ -11,8 +11,9 @@ import time
 
 import pytest
 from helpers import MICRO_RUN_OVERRIDES, TINY, child_env, config_flags, micro_model
+from testbed_ray import start_node, start_ray
 
-from spotlight_jax.cluster import ray_auth, testbed
+from spotlight_jax.cluster import testbed
 from spotlight_jax.io import checkpoints
 
 pytest.importorskip("ray")
@@ -20,8 +21,6 @@ pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(testbed.unavailable() is not None,
                                  reason=str(testbed.unavailable()))]
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-PORT = 6379
 ITERATIONS = 3
 
 
@@ -36,45 +35,11 @@ def _overrides(mode, base_dir, transport, address=""):
             "deployment.spot_regroup_precompile": False, "trace.rate_per_node_hour": 0.0}
 
 
-def _wait_for(path, text, within=120.0):
-    deadline = time.time() + within
-    while time.time() < deadline:
-        if os.path.exists(path) and text in open(path, errors="replace").read():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def _rows(workdir):
     return [json.loads(line) for line in open(os.path.join(workdir, "rl.jsonl"))]
 
 
 # ~90 s each: spotlight_pipelined with -m slow (the cluster phase's budget)
-def _start_ray(bed, tmp_path, env):
-    """The head on h0 at its cluster address and a spot node on every other host, all with the
-    job's token; returns ``(head address, the environment with the token, node processes by
-    host)``."""
-    token = ray_auth.job_token(os.path.join(bed.shared, "job"))
-    ray_env = {**env, **ray_auth.token_env(token)}
-    h0 = bed.hosts[0]
-    head = f"{h0.ip}:{PORT}"
-    logs = {h.name: str(tmp_path / f"ray_{h.name}.log") for h in bed.hosts}
-    bed.spawn("h0", ray_auth.node_command(RAY, h0.ip, "--head", f"--port={PORT}",
-                                          "--num-cpus=1"), env=ray_env, log=logs["h0"])
-    assert _wait_for(logs["h0"], "Ray runtime started"), open(logs["h0"]).read()[-2000:]
-    nodes = {h.name: _start_node(bed, h, head, ray_env, logs[h.name]) for h in bed.hosts[1:]}
-    return head, ray_env, nodes
-
-
-def _start_node(bed, h, head, ray_env, log):
-    proc = bed.spawn(h.name, ray_auth.node_command(RAY, h.ip, f"--address={head}",
-                                                   "--num-cpus=1",
-                                                   '--resources={"spot_node": 1}'),
-                     env=ray_env, log=log)
-    assert _wait_for(log, "Ray runtime started"), open(log).read()
-    return proc
-
-
 @pytest.mark.parametrize("mode", ["spotlight",
                                   pytest.param("spotlight_pipelined", marks=pytest.mark.slow)])
 def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path, mode):
@@ -83,7 +48,7 @@ def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path,
     with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
         base_dir = os.path.join(bed.shared, "base")
         checkpoints.save_params(base_dir, base, {})
-        head, ray_env, _ = _start_ray(bed, tmp_path, env)
+        head, ray_env, _ = start_ray(bed, tmp_path, env)
         ray_dir = os.path.join(bed.shared, "ray_run")
         out = bed.run("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
                              f"--workdir={ray_dir}",
@@ -123,7 +88,7 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, down_s, new
     with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
         base_dir = os.path.join(bed.shared, "base")
         checkpoints.save_params(base_dir, base, {})
-        head, ray_env, nodes = _start_ray(bed, tmp_path, env)
+        head, ray_env, nodes = start_ray(bed, tmp_path, env)
         ray_dir = os.path.join(bed.shared, "ray_run")
         overrides = {**_overrides("spotlight", base_dir, "ray", head),
                      "rl.iterations": iterations, "rl.eval_every": iterations}
@@ -145,7 +110,7 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, down_s, new
         brief = down_s < 10.0
         if not brief:
             nodes["h2"].wait(timeout=120)          # declared dead: its processes stop
-            _start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
+            start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
         assert run.wait(timeout=600) == 0, open(log).read()[-4000:]
         assert up - down >= down_s
         if brief:                                  # the node lived through it
