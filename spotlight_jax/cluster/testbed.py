@@ -13,10 +13,12 @@ it cannot find what assumes one machine. A :class:`TestBed` gives each of N host
   folder stay visible on every host where they lie under ``/tmp``.
 
 Faults a network makes: :meth:`TestBed.link_down` / :meth:`TestBed.link_up` (a partition that
-heals, or one that does not: a host that stops answering without dying) and
-:meth:`TestBed.readdress` (a host back with a new address). The bridge has no address of its own:
-the root namespace is not on the test bed's network, so its traffic goes only between the
-namespaces it made.
+heals, or one that does not: a host that stops answering without dying), :meth:`TestBed.cut` /
+:meth:`TestBed.heal` (two hosts that cannot reach each other while both reach the rest: the
+head unreachable from one host only), :meth:`TestBed.readdress` (a host back with a new
+address) and :meth:`TestBed.kill_processes` (every process of a host SIGKILLed: the VM is
+gone). The bridge has no address of its own: the root namespace is not on the test bed's
+network, so its traffic goes only between the namespaces it made.
 
 Needs root and iproute2 on Linux (:func:`unavailable` says why not, in one line). Creation and
 teardown are idempotent; :meth:`TestBed.close` stops every process it started and removes every
@@ -92,6 +94,19 @@ def sweep(prefix: str) -> list[str]:
     return removed
 
 
+def wait_until(cond, within: float, what: str, every: float = 0.5):
+    """``cond()``'s first true value, polled every ``every`` seconds; a TimeoutError naming
+    ``what`` when none comes within ``within`` seconds."""
+    deadline = time.time() + within
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.time() > deadline:
+            raise TimeoutError(f"gave up waiting: {what} (not within {within:.0f} s)")
+        time.sleep(every)
+
+
 def _kill_namespace(ns: str) -> None:
     pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
     for pid in pids:
@@ -141,12 +156,14 @@ class TestBed:
     """``hosts`` hosts named ``h0 ..`` on ``subnet`` (addresses .1, .2, ..), their folders under
     ``root`` (``root/<host>/tmp``) and the shared folder ``root/shared``. Namespaces and links
     are named ``prefix`` + host (at most 15 characters, the kernel's limit); the default prefix
-    carries this process's id, so concurrent test beds do not collide."""
+    carries this process's id, so concurrent test beds do not collide. ``share``: more folders
+    every host sees (e.g. a base checkpoint the run reads), as the cluster's file system would
+    hold them."""
 
     __test__ = False        # not a pytest test class
 
     def __init__(self, hosts: int, root: str, prefix: str | None = None,
-                 subnet: str = SUBNET):
+                 subnet: str = SUBNET, share=()):
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -167,13 +184,14 @@ class TestBed:
         # environment, the checkout) and the home folder; those under /tmp stay visible on
         # every host (each host's own /tmp would hide them)
         self.visible = _under_tmp([self.shared, sys.prefix, os.getcwd(), _checkout(),
-                                   os.path.expanduser("~")])
+                                   os.path.expanduser("~"), *share])
         self.bridge = f"{self.prefix}br"
         self.hosts = [Host(name=f"h{i}", ip=str(net.network_address + i + 1),
                            netns=f"{self.prefix}h{i}",
                            tmp=os.path.join(self.root, f"h{i}", "tmp"),
                            link=f"{self.prefix}v{i}") for i in range(hosts)]
         self._procs: list[subprocess.Popen] = []
+        self._cuts: set[tuple[str, str]] = set()     # (host, address it cannot reach)
         self._up = False
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -238,6 +256,7 @@ class TestBed:
                 _run("ip", "link", "del", h.link, check=False)
         if _exists("link", self.bridge):
             _run("ip", "link", "del", self.bridge, check=False)
+        self._cuts.clear()
         self._up = False
 
     def leftovers(self) -> list[str]:
@@ -299,6 +318,56 @@ class TestBed:
         """Reconnects ``host`` (the partition heals); returns the time."""
         _run("ip", "link", "set", self.host(host).link, "up")
         return time.time()
+
+    def cut(self, a, b) -> float:
+        """Hosts ``a`` and ``b`` stop reaching each other (packets between them are dropped:
+        a blackhole route for the other's address in each namespace) while both still reach
+        every other host; returns the time."""
+        ha, hb = self.host(a), self.host(b)
+        if ha is hb:
+            raise ValueError(f"cut({ha.name!r}, {hb.name!r}): a host cannot be cut from itself")
+        for h, other in ((ha, hb), (hb, ha)):
+            if (h.name, other.ip) not in self._cuts:
+                _run("ip", "netns", "exec", h.netns, "ip", "route", "add", "blackhole",
+                     f"{other.ip}/32")
+                self._cuts.add((h.name, other.ip))
+        return time.time()
+
+    def heal(self, a, b) -> float:
+        """Undoes :meth:`cut` between ``a`` and ``b`` (idempotent); returns the time."""
+        ha, hb = self.host(a), self.host(b)
+        for h, other in ((ha, hb), (hb, ha)):
+            if (h.name, other.ip) in self._cuts:
+                _run("ip", "netns", "exec", h.netns, "ip", "route", "del", "blackhole",
+                     f"{other.ip}/32", check=False)
+                self._cuts.discard((h.name, other.ip))
+        return time.time()
+
+    def kill_processes(self, host, spare: tuple[str, ...] = ()) -> int:
+        """SIGKILLs every process on ``host`` (the VM is gone; its namespace and link stay, so
+        a new node can start there) but those whose command line contains one of ``spare``
+        (e.g. a scheduler's daemons); returns how many it killed."""
+        return self.signal(host, signal.SIGKILL, spare=spare)
+
+    def signal(self, host, sig: int, only: tuple[str, ...] = (), spare: tuple[str, ...] = ()
+               ) -> int:
+        """Sends ``sig`` to the processes on ``host`` whose command line contains one of
+        ``only`` (every process when empty) and none of ``spare``; returns how many."""
+        pids = _run("ip", "netns", "pids", self.host(host).netns, check=False).stdout.split()
+        hit = 0
+        for pid in pids:
+            try:
+                if only or spare:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    if (only and not any(s in cmdline for s in only)) or any(
+                            s in cmdline for s in spare):
+                        continue
+                os.kill(int(pid), sig)
+                hit += 1
+            except (OSError, ValueError):
+                pass                    # gone meanwhile
+        return hit
 
     def readdress(self, host, ip: str) -> None:
         """Gives ``host`` a new address on the subnet (a node back with a new address)."""

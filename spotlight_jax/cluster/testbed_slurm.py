@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 from spotlight_jax.cluster.testbed import TestBed
@@ -168,6 +169,48 @@ class LocalSlurm:
         if out.returncode:
             raise RuntimeError(f"sbatch {' '.join(args)} failed: {out.stderr.strip()}")
         return int(out.stdout.strip().split(";")[0])
+
+    def submit_spotlight(self, job_dir: str, run_flags: list[str], spot_hosts: int,
+                         config: str, checkout: str, env: dict | None = None,
+                         trainer_devices: int = 4) -> tuple[int, int]:
+        """The users' launchers submitted as a user does: ``launch/slurm/spotlight.sbatch``
+        on the on-demand partition (``run_flags``: the run's extra flags), then, once its head
+        has written its address into ``job_dir``, ``spot_hosts.sbatch`` as an array of
+        ``spot_hosts`` jobs on the spot partition; returns (trainer id, spot array id)."""
+        base = env if env is not None else os.environ
+        env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + base["PATH"],
+               "WORKDIR": job_dir, "CONFIG": config, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+        shared = self.bed.shared
+        trainer = self.sbatch(
+            "--partition=ondemand", "--gpus-per-node=0", f"--cpus-per-task={self.cpus}",
+            "--time=60", f"--output={shared}/trainer-%j.log", "launch/slurm/spotlight.sbatch",
+            f"--cpu_devices={trainer_devices}", *run_flags, cwd=checkout, env=env)
+        address = os.path.join(job_dir, "ray_head_address.txt")
+        deadline = time.time() + 120
+        while not os.path.exists(address):
+            if time.time() > deadline:
+                raise RuntimeError(f"the trainer job {trainer} wrote no {address} within 120 s; "
+                                   f"see {shared}/trainer-{trainer}.log")
+            time.sleep(0.5)
+        spot = self.sbatch(
+            f"--array=0-{spot_hosts - 1}", "--partition=spot", "--gpus-per-node=0",
+            "--cpus-per-task=1", "--time=60", f"--output={shared}/spot-%A_%a.log",
+            "launch/slurm/spot_hosts.sbatch", cwd=checkout, env=env)
+        return trainer, spot
+
+    def job_records(self) -> list[dict]:
+        """Every job of the cluster's history: id, name, state, node and restarts (``scontrol
+        show job`` of each job id SLURM still remembers)."""
+        out = self.run("scontrol", "-o", "show", "job")
+        records = []
+        for line in out.stdout.splitlines():
+            f = dict(tok.partition("=")[::2] for tok in line.split() if "=" in tok)
+            if "JobId" in f:
+                jid = f["JobId"] + (f"_{f['ArrayTaskId']}" if f.get("ArrayTaskId") else "")
+                records.append({"id": jid, "name": f.get("JobName", ""),
+                                "state": f.get("JobState", ""), "nodes": f.get("NodeList", ""),
+                                "restarts": int(f.get("Restarts", "0") or 0)})
+        return records
 
     def jobs(self) -> list[dict]:
         """Every job SLURM still knows (id, name, state, nodes)."""

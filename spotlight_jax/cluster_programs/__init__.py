@@ -8,6 +8,9 @@
   preemption notice (``launch/local_cluster.sh`` runs it).
 * ``ray_token``: the job's Ray token file (``cluster.ray_auth``), which the SLURM launchers
   create before any ``ray start``.
+* ``testbed``: Spotlight across hosts on a real network (the network test bed: Linux, root),
+  Ray or the SLURM launchers, with network and provider faults injected; writes
+  ``testbed.json`` (``tests/cluster/test_testbed_command.py`` runs it).
 
 Being programs, they sit in the top layer with ``bench`` and ``studies`` (``hosts_demo`` loads
 the base model with ``train``; both take ``programs``' ``--config`` flag), and have the same

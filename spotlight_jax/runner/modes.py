@@ -154,7 +154,8 @@ class Mode:
             clock.run("broadcast", d.spot_group(), d.cost.broadcast())
         d.advance()
         self.sync(s, row)
-        row.update(reward_mean=float(batch["rewards"].mean()),
+        row.update(train_samples=int(batch["rewards"].shape[0]),    # the batch trained on
+                   reward_mean=float(batch["rewards"].mean()),
                    reward_std=float(batch["rewards"].std()),
                    **group_stats(batch["rewards"], batch["prompt_ids"]), **m, **train_info,
                    **{f"reward_{name}": float(np.mean(v))          # a reward mix's terms

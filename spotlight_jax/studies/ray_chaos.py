@@ -3,6 +3,7 @@ really preempted on the wall clock by a spot trace.
 
     python -m spotlight_jax.studies.ray_chaos --config=configs/tiny.py --mode=spotlight \\
         --hosts=3 --trace=synthetic --speedup=20 --iterations=40 --workdir=/tmp/chaos
+    python -m spotlight_jax.studies.ray_chaos ... --cluster=testbed --partition_fraction=0.5
 
 Starts a Ray head and one worker node process per spot host (``ray start --address ...
 --resources='{"spot_node": 1}'``), runs the command-line post-training against it
@@ -10,11 +11,17 @@ Starts a Ray head and one worker node process per spot host (``ray start --addre
 config's Poisson trace), its times divided by ``--speedup``: a notice is a SIGTERM to the spot
 host actor on that node, then SIGKILL of the node's processes after the provider's notice lead
 (also divided by the speed-up); an abrupt loss is a SIGKILL of the node's processes; a join
-starts a new node process. Then it runs the emulated-transport post-training of the same seed
-(``--compare``) and prints, and writes to ``W/chaos.json``: iterations, candidates scored and
-dropped per iteration, hosts lost during exploration, rollout steps redone, requests completed
-twice and iterations trained on a short or mixed-version batch (both must be 0), hosts started
-and nodes joined, and the held-out curve of both runs. Needs the cluster extra and ``psutil``.
+starts a new node process. ``--cluster=testbed``: the cluster is hosts on a real network (the
+network test bed, ``cluster.testbed``: Linux, root), the head on h0 bound to its cluster address
+with token authentication, the trainer on h0, one spot host per trace node; a share
+(``--partition_fraction``) of the abrupt losses are partitions instead of kills: the host's link
+goes down and its processes keep running, unanswered, until the trace's join for that node, when
+its processes are killed, the link comes back and a new node starts. Then it runs the emulated
+transport's post-training of the same seed (``--compare``) and prints, and writes to
+``W/chaos.json``: iterations, candidates scored and dropped per iteration, hosts lost during
+exploration, rollout steps redone, requests completed twice and iterations trained on a short or
+mixed-version batch (both must be 0), hosts started and nodes joined, and the held-out curve of
+both runs. Needs the cluster extra and ``psutil``.
 """
 from __future__ import annotations
 
@@ -40,6 +47,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("mode", "spotlight", ["spot_rollout", "spotlight", "spotlight_pipelined"],
                       "Spot mode to run.", **fv)
     flags.DEFINE_integer("hosts", 3, "Spot nodes (one host actor each).", **fv)
+    flags.DEFINE_enum("cluster", "local", ["local", "testbed"], "local: processes on this "
+                      "machine's loopback; testbed: hosts on the network test bed.", **fv)
+    flags.DEFINE_float("partition_fraction", 0.5, "testbed: share of the abrupt losses that "
+                       "are partitions (the host unanswered until its join) rather than kills.",
+                       **fv)
     flags.DEFINE_integer("cpu_devices", 2, "Emulated devices per spot host.", **fv)
     flags.DEFINE_string("trace", "synthetic", "SkyPilot trace file, or 'synthetic'.", **fv)
     flags.DEFINE_float("trace_start_s", 0.0, "Replay the trace file from this time on.", **fv)
@@ -164,6 +176,11 @@ class LocalCluster:
         if proc is not None:
             proc.wait(timeout=30)
 
+    def launch(self, argv: list[str], log: str) -> subprocess.Popen:
+        """``argv`` (the post-training) as a driver of this cluster."""
+        with open(log, "w") as f:
+            return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=ENV)
+
     def close(self) -> None:
         """Kills every node, the head last (only this cluster's processes)."""
         for name in [n for n in self.nodes if n != "head"] + ["head"]:
@@ -176,6 +193,54 @@ class LocalCluster:
                     os.remove(current)
         except OSError:
             pass
+
+
+class TestBedCluster:
+    """The same cluster on the network test bed: the head on h0 (token authentication), trace
+    node ``nodes[i]`` on host ``h{i+1}``; the post-training runs on h0 (:meth:`launch`).
+    Besides notices and kills it partitions a host (:meth:`partition`): its link down, its
+    processes running unanswered, until :meth:`kill` takes the host down and reconnects it."""
+
+    def __init__(self, workdir: str, nodes, env: dict):
+        from spotlight_jax.cluster import testbed  # noqa: PLC0415
+        from spotlight_jax.cluster.testbed_ray import TestBedRay  # noqa: PLC0415
+        why = testbed.unavailable()
+        if why:
+            raise app.UsageError(f"--cluster=testbed: {why}")
+        self.host = {n: f"h{i + 1}" for i, n in enumerate(nodes)}
+        self.bed = testbed.TestBed(len(nodes) + 1, os.path.join(workdir, "bed"),
+                                   share=[os.path.abspath(workdir)]).create()
+        try:
+            self.ray = TestBedRay(self.bed, os.path.join(workdir, "ray_nodes"), env)
+            self.ray.start_head()
+        except Exception:
+            self.bed.close()
+            raise
+        self.address, self.env = self.ray.address, self.ray.env
+        self.joins, self.partitioned = 0, set()
+
+    def add_node(self, name: str, wait: bool = True, timeout_s: float = 120.0) -> None:
+        self.ray.add_node(self.host[name], wait=wait, timeout_s=timeout_s)
+        self.joins += 1
+
+    def notice(self, name: str) -> int:
+        return self.ray.notice(self.host[name])
+
+    def partition(self, name: str) -> None:
+        self.bed.link_down(self.host[name])
+        self.partitioned.add(name)
+
+    def kill(self, name: str) -> None:
+        self.ray.kill(self.host[name])
+        if name in self.partitioned:
+            self.bed.link_up(self.host[name])
+            self.partitioned.discard(name)
+
+    def launch(self, argv: list[str], log: str) -> subprocess.Popen:
+        return self.bed.spawn("h0", argv, env=self.env, log=log, cwd=os.getcwd())
+
+    def close(self) -> None:
+        self.bed.close()
 
 
 def _events(num_hosts: int, horizon_s: float):
@@ -194,21 +259,25 @@ def _events(num_hosts: int, horizon_s: float):
     return rep, [e for e in rep.events if e.time < horizon_s]
 
 
-def _post_train(workdir: str, transport: str, address: str = "") -> subprocess.Popen:
+def _post_train(workdir: str, transport: str, cluster=None) -> subprocess.Popen:
+    """The command-line post-training, against ``cluster`` (its driver) or, without one, on
+    the emulated transport."""
     over = {"mode": FLAGS.mode, "deployment.transport": transport,
             "deployment.spot_nodes": FLAGS.hosts,
             "deployment.spot_devices_per_node": FLAGS.cpu_devices,
             "rl.iterations": FLAGS.iterations, "rl.max_minutes": 0,
             "rl.eval_every": FLAGS.eval_every}
-    if transport == "ray":
-        over.update({"deployment.ray_address": address,
+    if cluster is not None:
+        over.update({"deployment.ray_address": cluster.address,
                      "deployment.ray_spot_resource": "spot_node"})
     args = [f"--config.{k}={v}" for k, v in over.items()] + [f"--config.{kv}" for kv in
                                                              FLAGS.set]
-    log = open(os.path.join(workdir + ".log"), "w")  # noqa: SIM115
-    return subprocess.Popen([sys.executable, "-m", "spotlight_jax.main", f"--config={FLAGS.config}",
-                             f"--workdir={workdir}", *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    argv = [sys.executable, "-m", "spotlight_jax.main", f"--config={FLAGS.config}",
+            f"--workdir={workdir}", *args]
+    if cluster is not None:
+        return cluster.launch(argv, workdir + ".log")
+    with open(workdir + ".log", "w") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
 
 
 def _rows(workdir: str) -> list[dict]:
@@ -219,9 +288,14 @@ def _rows(workdir: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _replay(cluster: LocalCluster, events, proc, speedup: float, lead_s: float) -> dict:
-    """Applies the events on the wall clock while ``proc`` runs; returns what was applied."""
-    applied = {"notice": 0, "loss": 0, "abrupt": 0, "join": 0, "actor_signalled": 0}
+def _replay(cluster, events, proc, speedup: float, lead_s: float,
+            partition_fraction: float = 0.0) -> dict:
+    """Applies the events on the wall clock while ``proc`` runs; returns what was applied. A
+    share ``partition_fraction`` of the abrupt losses (every one whose running share falls
+    short of it: deterministic) partitions the host instead of killing it (a
+    :class:`TestBedCluster`)."""
+    applied = {"notice": 0, "loss": 0, "abrupt": 0, "partition": 0, "join": 0,
+               "actor_signalled": 0}
     kills: list[tuple[float, str]] = []        # (wall time, node) due after a notice
     t0 = time.monotonic()
     queue = list(events)
@@ -237,7 +311,11 @@ def _replay(cluster: LocalCluster, events, proc, speedup: float, lead_s: float) 
                 applied["loss"] += 1
                 if e.abrupt:
                     applied["abrupt"] += 1
-                    cluster.kill(e.node)
+                    if applied["partition"] < partition_fraction * applied["abrupt"]:
+                        applied["partition"] += 1
+                        cluster.partition(e.node)
+                    else:
+                        cluster.kill(e.node)
             elif e.kind == "join":
                 applied["join"] += 1
                 cluster.kill(e.node)        # a node lost with notice may still be running
@@ -305,15 +383,23 @@ def main(argv):
     os.makedirs(FLAGS.workdir, exist_ok=True)
     ray_dir = os.path.join(FLAGS.workdir, "ray")
     rep, events = _events(FLAGS.hosts, FLAGS.timeout_s * FLAGS.speedup)
-    cluster = LocalCluster(FLAGS.workdir)
+    if FLAGS.cluster == "testbed":
+        # the job's token instead of no authentication, and Ray's own health checks (a
+        # partition must be noticed as on a cluster)
+        cluster = TestBedCluster(FLAGS.workdir, rep.nodes, {
+            k: v for k, v in ENV.items()
+            if k not in ("RAY_AUTH_MODE", "RAY_health_check_failure_threshold")})
+        partitions = FLAGS.partition_fraction
+    else:
+        cluster, partitions = LocalCluster(FLAGS.workdir), 0.0
     t0 = time.monotonic()
     try:
         for node in rep.initial_alive:
             cluster.add_node(node)
-        proc = _post_train(ray_dir, "ray", cluster.address)
+        proc = _post_train(ray_dir, "ray", cluster)
         try:
             applied = _replay(cluster, events, proc, FLAGS.speedup,
-                              LEAD_TIME_PRESETS[FLAGS.cloud])
+                              LEAD_TIME_PRESETS[FLAGS.cloud], partitions)
             proc.wait(timeout=FLAGS.timeout_s)
         finally:
             if proc.poll() is None:

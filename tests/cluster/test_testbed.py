@@ -87,6 +87,33 @@ def test_a_partition_heals_and_a_host_comes_back_with_a_new_address(tmp_path):
             bed.host("h7")
 
 
+def test_a_cut_between_two_hosts_leaves_the_rest_of_the_network_and_a_kill_empties_a_host(
+        tmp_path):
+    """cut(h2, h0): the head's host unreachable from h2 only (both still reach h1, h1 both);
+    heal restores it. kill_processes stops every process of a host but those it spares."""
+    with testbed.TestBed(3, str(tmp_path)) as bed:
+        h0, h1, h2 = bed.hosts
+        for h in ("h0", "h1"):
+            bed.spawn(h, [sys.executable, "-c", SERVER])
+        assert _wait_reply(bed, "h2", h0.ip, "reply h0") == "reply h0"
+        assert _wait_reply(bed, "h2", h1.ip, "reply h1") == "reply h1"
+        bed.cut("h2", "h0")
+        assert _ask(bed, "h2", h0.ip, timeout=1.0).startswith("failed")
+        assert _ask(bed, "h2", h1.ip) == "reply h1"
+        assert _ask(bed, "h1", h0.ip) == "reply h0"
+        bed.cut("h2", "h0")                                   # idempotent
+        bed.heal("h2", "h0")
+        assert _wait_reply(bed, "h2", h0.ip, "reply h0") == "reply h0"
+        with pytest.raises(ValueError, match="cannot be cut from itself"):
+            bed.cut("h1", "h1")
+        spared = bed.spawn("h1", ["sleep", "600"])
+        assert bed.kill_processes("h1", spare=("sleep 600",)) >= 1
+        assert _ask(bed, "h2", h1.ip, timeout=1.0).startswith("failed")   # its server is gone
+        assert spared.poll() is None
+        assert bed.kill_processes("h1") >= 1
+        assert spared.wait(timeout=10) is not None
+
+
 def test_nothing_is_left_behind_after_close_a_failure_or_a_killed_run(tmp_path):
     bed = testbed.TestBed(2, str(tmp_path), prefix="tbleft")
     bed.create()

@@ -5,8 +5,6 @@ partition, and `spotlight` post-trains to completion with its exploration on the
 ~3 minutes: with -m slow."""
 import json
 import os
-import sys
-import time
 
 import pytest
 from helpers import MICRO_RUN_OVERRIDES, config_flags, micro_model
@@ -25,13 +23,7 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def _until(cond, within, what):
-    deadline = time.time() + within
-    while time.time() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(1.0)
-    raise AssertionError(f"{what} within {within:.0f} s")
+    return testbed.wait_until(cond, within, what, every=1.0)
 
 
 def _submit(slurm, bed, iterations):
@@ -41,9 +33,6 @@ def _submit(slurm, bed, iterations):
     job_dir = os.path.join(bed.shared, "job")
     base_dir = os.path.join(bed.shared, "base")
     checkpoints.save_params(base_dir, base, {})
-    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-           "WORKDIR": job_dir, "CONFIG": "configs/tiny.py", "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": ""}
     run_flags = config_flags({
         **MICRO_RUN_OVERRIDES, "mode": "spotlight", "base_checkpoint": base_dir,
         "rl.iterations": iterations, "rl.eval_every": iterations,
@@ -51,16 +40,7 @@ def _submit(slurm, bed, iterations):
         "deployment.spot_nodes": 2, "deployment.spot_devices_per_node": 2,
         "deployment.ray_host_wait_s": 600.0, "deployment.ray_explore_deadline": False,
         "deployment.spot_regroup_precompile": False, "trace.rate_per_node_hour": 0.0})
-    trainer = slurm.sbatch(
-        "--partition=ondemand", "--gpus-per-node=0", "--cpus-per-task=2", "--time=30",
-        f"--output={bed.shared}/trainer-%j.log", "launch/slurm/spotlight.sbatch",
-        "--cpu_devices=4", *run_flags, cwd=CHECKOUT, env=env)
-    _until(lambda: os.path.exists(os.path.join(job_dir, "ray_head_address.txt")), 120,
-           "the trainer job wrote the head's address")
-    spot = slurm.sbatch(
-        "--array=0-1", "--partition=spot", "--gpus-per-node=0", "--cpus-per-task=1",
-        "--time=30", f"--output={bed.shared}/spot-%A_%a.log",
-        "launch/slurm/spot_hosts.sbatch", cwd=CHECKOUT, env=env)
+    trainer, spot = slurm.submit_spotlight(job_dir, run_flags, 2, "configs/tiny.py", CHECKOUT)
     return trainer, spot, job_dir
 
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 from helpers import MICRO_RUN_OVERRIDES, TINY, child_env, config_flags, micro_model
-from testbed_ray import start_node, start_ray
 
 from spotlight_jax.cluster import testbed
+from spotlight_jax.cluster.testbed_ray import TestBedRay
 from spotlight_jax.io import checkpoints
 
 pytest.importorskip("ray")
@@ -48,12 +48,12 @@ def test_spot_modes_across_hosts_explore_and_train_as_the_emulated_run(tmp_path,
     with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
         base_dir = os.path.join(bed.shared, "base")
         checkpoints.save_params(base_dir, base, {})
-        head, ray_env, _ = start_ray(bed, tmp_path, env)
+        ray = TestBedRay(bed, str(tmp_path / "logs"), env).start()
         ray_dir = os.path.join(bed.shared, "ray_run")
-        out = bed.run("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
+        out = ray.run("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
                              f"--workdir={ray_dir}",
-                             *config_flags(_overrides(mode, base_dir, "ray", head))],
-                      env=ray_env, timeout=900, cwd=os.getcwd())
+                             *config_flags(_overrides(mode, base_dir, "ray", ray.address))],
+                      timeout=900)
         assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     emu_dir = str(tmp_path / "emulated")
     ref = subprocess.run([sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
@@ -88,14 +88,14 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, down_s, new
     with testbed.TestBed(3, str(tmp_path / "bed")) as bed:
         base_dir = os.path.join(bed.shared, "base")
         checkpoints.save_params(base_dir, base, {})
-        head, ray_env, nodes = start_ray(bed, tmp_path, env)
+        ray = TestBedRay(bed, str(tmp_path / "logs"), env).start()
         ray_dir = os.path.join(bed.shared, "ray_run")
-        overrides = {**_overrides("spotlight", base_dir, "ray", head),
+        overrides = {**_overrides("spotlight", base_dir, "ray", ray.address),
                      "rl.iterations": iterations, "rl.eval_every": iterations}
         log = str(tmp_path / "run.log")
         run = bed.spawn("h0", [sys.executable, "-m", "spotlight_jax.main", f"--config={TINY}",
                                f"--workdir={ray_dir}", *config_flags(overrides)],
-                        env=ray_env, log=log, cwd=os.getcwd())
+                        env=ray.env, log=log, cwd=os.getcwd())
         rows_file = os.path.join(ray_dir, "rl.jsonl")
         deadline = time.time() + 300
         while time.time() < deadline and not (os.path.exists(rows_file)
@@ -109,12 +109,12 @@ def test_a_partition_that_heals_during_a_run_loses_nothing(tmp_path, down_s, new
         up = bed.link_up("h2")
         brief = down_s < 10.0
         if not brief:
-            nodes["h2"].wait(timeout=120)          # declared dead: its processes stop
-            start_node(bed, bed.host("h2"), head, ray_env, str(tmp_path / "ray_h2_again.log"))
+            ray.nodes["h2"].wait(timeout=120)      # declared dead: its processes stop
+            ray.add_node("h2")
         assert run.wait(timeout=600) == 0, open(log).read()[-4000:]
         assert up - down >= down_s
         if brief:                                  # the node lived through it
-            assert nodes["h2"].poll() is None
+            assert ray.alive("h2")
     rows = _rows(ray_dir)
     trained = [r for r in rows if "loss" in r]
     assert [r["step"] for r in trained] == list(range(1, iterations + 1))
