@@ -5,7 +5,8 @@ partitions ``ondemand`` (h0, the trainer's) and ``spot`` (the other hosts; preem
 ``PreemptMode=REQUEUE``) and ``urgent`` (the spot hosts again, at a higher priority tier: a job
 there preempts a spot job, the way a cloud reclaims a spot VM). Jobs run inside their node's
 namespace (its address, its ``/tmp``, the test bed's hosts file), so ``scontrol show
-hostnames``, ``getent hosts`` and ``srun`` behave as on a cluster.
+hostnames``, ``getent hosts`` and ``srun`` behave as on a cluster. It is started by the steps
+of the users' recipe, ``launch/slurm/local_slurm.sh``.
 
 Needs root and Debian's ``slurm-wlm`` and ``munge`` packages (:func:`unavailable` says what is
 missing, in one line). Its own munge daemon (socket, key, logs in the state folder) leaves the
@@ -23,6 +24,9 @@ import time
 from spotlight_jax.cluster.testbed import TestBed
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol")
+# the users' recipe for a small SLURM cluster, which this runs step by step
+RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "launch", "slurm", "local_slurm.sh")
 
 
 def unavailable() -> str | None:
@@ -49,7 +53,6 @@ class LocalSlurm:
         self.bed, self.cpus = bed, int(cpus)
         self.state = os.path.join(bed.shared, "slurm")
         self.conf = os.path.join(self.state, "slurm.conf")
-        self.munge_socket = os.path.join(self.state, "munge", "munge.socket")
         self._munged: int | None = None
 
     @property
@@ -63,49 +66,21 @@ class LocalSlurm:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- configuration ----------------------------------------------------------------------
-    def config_text(self) -> str:
-        h0, spot = self.bed.hosts[0], [h.name for h in self.bed.hosts[1:]]
-        nodes = "".join(f"NodeName={h.name} NodeAddr={h.ip} CPUs={self.cpus} State=UNKNOWN\n"
-                        for h in self.bed.hosts)
-        s = self.state
-        return (
-            "ClusterName=testbed\n"
-            f"SlurmctldHost={h0.name}({h0.ip})\n"
-            "SlurmctldPort=6817\nSlurmdPort=6818\n"
-            "AuthType=auth/munge\nCredType=cred/munge\n"
-            f"AuthInfo=socket={self.munge_socket}\n"
-            f"StateSaveLocation={s}/ctld\nSlurmdSpoolDir=/tmp/slurmd\n"
-            f"SlurmctldPidFile={s}/slurmctld.pid\nSlurmdPidFile=/tmp/slurmd.pid\n"
-            f"SlurmctldLogFile={s}/slurmctld.log\nSlurmdLogFile={s}/slurmd-%n.log\n"
-            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
-            "JobAcctGatherType=jobacct_gather/none\nSwitchType=switch/none\nMpiDefault=none\n"
-            "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
-            "SchedulerType=sched/backfill\n"
-            "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
-            "ReturnToService=2\nSlurmUser=root\nKillWait=30\n"
-            + nodes
-            + f"PartitionName=ondemand Nodes={h0.name} PriorityTier=10 Default=YES "
-              "State=UP MaxTime=INFINITE\n"
-            + f"PartitionName=spot Nodes={','.join(spot)} PriorityTier=1 PreemptMode=REQUEUE "
-              "State=UP MaxTime=INFINITE\n"
-            + f"PartitionName=urgent Nodes={','.join(spot)} PriorityTier=100 "
-              "PreemptMode=OFF State=UP MaxTime=INFINITE\n")
-
     # -- lifetime ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> LocalSlurm:
-        os.makedirs(os.path.join(self.state, "ctld"), exist_ok=True)
-        with open(self.conf, "w") as f:
-            f.write(self.config_text())
+        """The users' recipe, ``launch/slurm/local_slurm.sh``, step by step: ``config`` (from
+        the hosts' names and addresses), ``munge`` (one daemon on this machine serves every
+        host: its socket is in the shared folder), ``controller`` on h0, ``node`` on every
+        host (each in its host's namespaces)."""
+        env = {**os.environ, "STATE": self.state, "CPUS": str(self.cpus)}
         try:
-            self._start_munge()
-            env = self.env
+            self._recipe("config", *(f"{h.name}={h.ip}" for h in self.bed.hosts), env=env)
+            self._recipe("munge", env=env)
+            self._munged = int(open(os.path.join(self.state, "munge", "munged.pid")).read())
+            self.bed.spawn(self.bed.hosts[0].name, ["bash", RECIPE, "controller"], env=env,
+                           log=os.path.join(self.state, "slurmctld.out"))
             for h in self.bed.hosts:
-                os.makedirs(os.path.join(h.tmp, "slurmd"), exist_ok=True)
-            self.bed.spawn(self.bed.hosts[0].name, ["slurmctld", "-D", "-f", self.conf],
-                           env=env, log=os.path.join(self.state, "slurmctld.out"))
-            for h in self.bed.hosts:
-                self.bed.spawn(h.name, ["slurmd", "-D", "-f", self.conf, "-N", h.name], env=env,
+                self.bed.spawn(h.name, ["bash", RECIPE, "node", h.name], env=env,
                                log=os.path.join(self.state, f"slurmd-{h.name}.out"))
             self._wait_idle(timeout_s)
         except Exception:
@@ -113,22 +88,12 @@ class LocalSlurm:
             raise
         return self
 
-    def _start_munge(self) -> None:
-        d = os.path.dirname(self.munge_socket)
-        os.makedirs(d, exist_ok=True)
-        os.chmod(d, 0o700)
-        key = os.path.join(d, "munge.key")
-        if not os.path.exists(key):
-            with open(key, "wb") as f:
-                f.write(os.urandom(1024))
-            os.chmod(key, 0o600)
-        pid = os.path.join(d, "munged.pid")
-        subprocess.run(["munged", "--force", f"--socket={self.munge_socket}",
-                        f"--key-file={key}", f"--pid-file={pid}",
-                        f"--log-file={os.path.join(d, 'munged.log')}",
-                        f"--seed-file={os.path.join(d, 'munged.seed')}"],
-                       check=True, capture_output=True, text=True)
-        self._munged = int(open(pid).read().strip())
+    @staticmethod
+    def _recipe(*args: str, env: dict) -> None:
+        out = subprocess.run(["bash", RECIPE, *args], env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"{RECIPE} {args[0]} failed ({out.returncode}): "
+                               f"{(out.stderr or out.stdout).strip()}")
 
     def _wait_idle(self, timeout_s: float) -> None:
         deadline = time.time() + timeout_s

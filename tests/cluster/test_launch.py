@@ -15,7 +15,10 @@ from spotlight_jax.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHELL = sorted([ROOT / "launch" / "local_cluster.sh",
-                *(ROOT / "launch" / "slurm").glob("*.sbatch")])
+                *(ROOT / "launch" / "slurm").glob("*.sbatch"),
+                *(ROOT / "launch" / "slurm").glob("*.sh")])
+# launch files that call no project command: a spot host's node, the SLURM cluster's recipe
+NO_PROJECT_COMMAND = {"spot_hosts.sbatch", "local_slurm.sh"}
 YAML = sorted((ROOT / "launch" / "k8s").glob("*.yaml"))
 MAIN_FLAGS = {"config", "workdir", "dry_run", "distributed", "coordinator", "num_processes",
               "process_id", "cpu_devices"}
@@ -50,7 +53,7 @@ def _main_flags(args: list[str]) -> dict:
 def test_shell_launchers_parse_and_call_valid_commands(path):
     subprocess.run(["bash", "-n", str(path)], check=True)
     cmds = shell_commands(path)
-    assert cmds or path.name == "spot_hosts.sbatch", f"{path} calls no project command"
+    assert cmds or path.name in NO_PROJECT_COMMAND, f"{path} calls no project command"
     for cmd in cmds:
         _check(cmd)
 
@@ -139,3 +142,32 @@ def test_kubernetes_objects_validate_against_the_kubernetes_schemas():
     assert env["RAY_AUTH_MODE"]["value"] == "token"
     assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "spotlight-ray-token", "key": "auth_token"}
+
+
+def test_the_slurm_recipe_writes_its_config_and_refuses_what_it_cannot_do(tmp_path):
+    """`launch/slurm/local_slurm.sh config` (no daemon started): the partitions the launchers
+    expect, the munge key readable by its owner only; one-line errors without STATE, without a
+    spot host, or for an unknown step."""
+    recipe = str(ROOT / "launch" / "slurm" / "local_slurm.sh")
+
+    def run(*args, **env):
+        return subprocess.run(["bash", recipe, *args], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", **env})
+
+    assert "set STATE" in run("config", "h0=10.0.0.1", "h1=10.0.0.2").stderr
+    state = str(tmp_path / "slurm")
+    out = run("config", "h0=10.0.0.1", STATE=state)
+    assert out.returncode == 2 and "at least one spot host" in out.stderr
+    assert run("reboot", STATE=state).returncode == 2
+    out = run("config", "h0=10.0.0.1", "h1=10.0.0.2", "h2=10.0.0.3", STATE=state, CPUS="4")
+    assert out.returncode == 0, out.stderr
+    conf = (tmp_path / "slurm" / "slurm.conf").read_text().splitlines()
+    assert "SlurmctldHost=h0(10.0.0.1)" in conf
+    assert "NodeName=h2 NodeAddr=10.0.0.3 CPUs=4 State=UNKNOWN" in conf
+    parts = {line.split()[0]: line for line in conf if line.startswith("PartitionName=")}
+    assert "Nodes=h0 " in parts["PartitionName=ondemand"]
+    assert "Nodes=h1,h2 " in parts["PartitionName=spot"]
+    assert "PreemptMode=REQUEUE" in parts["PartitionName=spot"]
+    assert "PriorityTier=100" in parts["PartitionName=urgent"]
+    key = tmp_path / "slurm" / "munge" / "munge.key"
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and key.stat().st_size == 1024
