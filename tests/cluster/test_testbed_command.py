@@ -2,7 +2,9 @@
 (`python -m spotlight_jax.cluster_programs.testbed`), on the micro model: the run completes,
 nothing is completed twice, no iteration trains on a short batch, a driver without the token is
 refused, each fault is recorded with when Ray noticed it and when the host was back, and the
-test bed leaves nothing behind."""
+test bed leaves nothing behind. Both with -m slow (~2 and ~8 minutes); CI runs the pieces:
+the test bed and Ray across it (test_testbed*.py), the fault bookkeeping
+(test_testbed_faults.py)."""
 import json
 import os
 import subprocess
@@ -55,6 +57,8 @@ def _check_nothing_lost(got, hosts, iterations):
     assert got["leftovers"] == []
 
 
+# ~2 minutes: with -m slow, for CI's 30-minute budget (.ci/run measured 30m41s with it)
+@pytest.mark.slow
 def test_a_killed_spot_host_is_noticed_and_comes_back_and_nothing_is_lost(tmp_path):
     got = _command(tmp_path, 3, 12, ["kill"])
     _check_nothing_lost(got, 3, 12)
