@@ -67,6 +67,8 @@ def get_config():
     m.guidance_embed = False        # FLUX.1 [dev]: sampler.guidance is a model input (no CFG)
     m.timestep_scaling = "before_freqs"  # before_freqs (ours, SD3) | after_freqs (Qwen-Image)
     m.timestep_freqs = "jnp"        # jnp | rounded (diffusers' float32 rounding, for parity)
+    m.reference_images = 0          # editing: input images a call may pass (Qwen-Image-Edit: 1)
+    m.reference_zero_t = False      # Qwen-Image-Edit-2511: reference tokens modulated at t = 0
 
     # Device layout (spotlight_jax.parallel.MeshConfig) and attention strategy.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sp=1))

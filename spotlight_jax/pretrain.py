@@ -113,9 +113,8 @@ def flow_matching_loss(model, x0, tokens, mask, key, cfg: PretrainConfig):
     # dropped prompts become the sampler's guidance null prompt (diffusion.prompt.null_prompt:
     # a prompt-embedding file's empty prompt, else zero tokens or embeddings with no mask)
     tokens, mask = prompt.drop(tokens, mask, keep)
-    embeds, pooled = prompt.model_inputs(tokens)
-    v = model(xt, t, embeds, mask) if pooled is None else model(xt, t, embeds, mask,
-                                                                 pooled=pooled)
+    kwargs = {k: v for k, v in prompt.model_kwargs(tokens).items() if v is not None}
+    v = model(xt, t, prompt.model_inputs(tokens)[0], mask, **kwargs)
     return jnp.mean((v - (noise - x0)) ** 2)
 
 

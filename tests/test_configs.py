@@ -131,3 +131,79 @@ def test_command_line_shows_info_from_this_project_only():
         assert f.filter(rec(pylogging.INFO, "/x/orbax/checkpoint/checkpoint_manager.py"))
     finally:
         logging.set_verbosity(old)
+
+
+@pytest.mark.parametrize("name", ["qwen_image", "qwen_image_edit"])
+def test_qwen_image_configs_have_qwen_images_parameters(name):
+    """diffusers' ``QwenImageTransformer2DModel()`` (Qwen-Image's sizes; Qwen-Image-Edit's
+    transformer is the same) has 20,430,401,088 parameters (torch's meta device, diffusers
+    0.42.1); both configs' models have exactly as many."""
+    cfg = model_config(load(ROOT / "configs" / f"{name}.py"))
+    assert flops.param_count(cfg) == 20_430_401_088
+    assert cfg.reference_images == (name == "qwen_image_edit")
+
+
+# parameters of diffusers' model at each config's sizes, counted on torch's meta device
+# (diffusers 0.42.1): ZImageTransformer2DModel() and Flux2Transformer2DModel() are Z-Image's and
+# FLUX.2 [dev]'s defaults; [klein] 4B / 9B change layers, heads, text width and guidance
+META_PARAMS = {"z_image": 6_154_908_736, "flux2_dev": 32_223_281_152,
+               "flux2_klein_4b": 3_875_544_576, "flux2_klein_9b": 9_078_581_248}
+
+
+@pytest.mark.parametrize("name", sorted(META_PARAMS))
+def test_z_image_and_flux2_configs_have_diffusers_parameter_counts(name):
+    cfg = model_config(load(ROOT / "configs" / f"{name}.py"))
+    assert flops.param_count(cfg) == META_PARAMS[name]       # the abstract model's, traced
+
+
+def _diffusers_meta(cfg, torch, diffusers):
+    """diffusers' model of ``cfg``'s family and sizes on the meta device, and a call of it with
+    one sample of the config's size as its pipeline calls it."""
+    h, w, c = cfg.latent_shape
+    with torch.device("meta"):
+        if hasattr(cfg, "reference_images"):           # Qwen-Image(-Edit), as (Edit)Pipeline
+            model = diffusers.QwenImageTransformer2DModel()
+            g = cfg.image_size // cfg.patch_size
+            grids = [(1, g, g)] * (1 + cfg.reference_images)
+            args = dict(hidden_states=torch.empty(1, g * g * len(grids), 4 * c),
+                        encoder_hidden_states=torch.empty(1, cfg.text_len, cfg.text_embed_dim),
+                        timestep=torch.ones(1), img_shapes=[grids])
+            return lambda: model(**args, return_dict=False)
+        if hasattr(cfg, "cap_feat_dim"):                                # Z-Image
+            model = diffusers.ZImageTransformer2DModel()
+            x, t = [torch.empty(c, 1, h, w)], torch.ones(1)
+            caps = [torch.empty(cfg.text_len, cfg.cap_feat_dim)]
+            return lambda: model(x, t, caps, return_dict=False)
+        model = diffusers.Flux2Transformer2DModel(
+            num_layers=cfg.num_layers, num_single_layers=cfg.num_single_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            joint_attention_dim=cfg.joint_attention_dim, guidance_embeds=cfg.guidance_embeds)
+        pipe = diffusers.Flux2Pipeline
+        patched = torch.empty(1, 4 * c, h // 2, w // 2)
+        text = torch.empty(1, cfg.text_len, cfg.joint_attention_dim)
+        args = dict(hidden_states=pipe._pack_latents(patched), encoder_hidden_states=text,
+                    timestep=torch.ones(1), img_ids=pipe._prepare_latent_ids(patched),
+                    txt_ids=pipe._prepare_text_ids(text),
+                    guidance=torch.ones(1) if cfg.guidance_embeds else None)
+        return lambda: model(**args, return_dict=False)
+
+
+@pytest.mark.parametrize("name", ["qwen_image", "qwen_image_edit", "z_image", "flux2_klein_4b"])
+def test_flop_count_equals_torchs_count_of_diffusers(name):
+    """Our FLOP count (Qwen-Image's formula; Z-Image's and FLUX.2's read off the traced model)
+    equals torch's FLOP counter over diffusers' model on the meta device (nothing allocated)
+    at the config's size, called as its pipeline calls it (one sample), plus the output
+    projection of tokens diffusers computes and its pipeline discards, which ours never
+    computes: Qwen-Image-Edit's reference tokens, Z-Image's caption tokens."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = model_config(load(ROOT / "configs" / f"{name}.py"))
+    call = _diffusers_meta(cfg, torch, diffusers)
+    with FlopCounterMode(display=False) as counter:
+        call()
+    out = cfg.patch_size ** 2 * cfg.channels
+    discarded = {"qwen_image_edit": cfg.num_patches * getattr(cfg, "reference_images", 0),
+                 "z_image": -(-cfg.text_len // 32) * 32}.get(name, 0) * 2 * cfg.width * out
+    assert counter.get_total_flops() == flops.forward_flops(cfg) + discarded

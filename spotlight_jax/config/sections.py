@@ -30,7 +30,7 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.emulation.profile_file import load as load_profile
-from spotlight_jax.models import MMDiTConfig, WanConfig, convert
+from spotlight_jax.models import Flux2Config, MMDiTConfig, WanConfig, ZImageConfig, convert
 from spotlight_jax.models.factory import is_video
 from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
 from spotlight_jax.pretrain import PretrainConfig
@@ -56,20 +56,29 @@ RUN_MODEL_FIELDS = ("image_size", "text_len", "dtype", "param_dtype", "remat", "
                     "scan_blocks")
 
 
-MODEL_FAMILIES = ("mmdit", "wan")     # model.family: images (MMDiTConfig) | video (WanConfig)
+# model.family -> its config dataclass: images (the MMDiT: ours, Qwen-Image(-Edit), SD3, FLUX.1),
+# video (Wan), Z-Image, FLUX.2
+FAMILY_CONFIGS = {"mmdit": MMDiTConfig, "wan": WanConfig, "z_image": ZImageConfig,
+                  "flux2": Flux2Config}
+MODEL_FAMILIES = tuple(FAMILY_CONFIGS)
 
 
-def model_config(config) -> MMDiTConfig | WanConfig:
-    """The model's config: ``config.model`` (its ``family`` picks the dataclass: ``mmdit`` ->
-    :class:`MMDiTConfig`, ``wan`` -> :class:`WanConfig`), or for a diffusers base
+def family_of(cfg) -> str:
+    """The ``model.family`` of a model config."""
+    return next(f for f, cls in FAMILY_CONFIGS.items() if isinstance(cfg, cls))
+
+
+def model_config(config) -> MMDiTConfig | WanConfig | ZImageConfig | Flux2Config:
+    """The model's config: ``config.model`` (its ``family`` picks the dataclass:
+    :data:`FAMILY_CONFIGS`), or for a diffusers base
     (:func:`diffusers_base`) the checkpoint's architecture with ``config.model``'s
     :data:`RUN_MODEL_FIELDS` (latent cells per side, prompt length, dtypes, remat, block
     scan)."""
     family = config.model.get("family", "mmdit")
     if family not in MODEL_FAMILIES:
         raise ConfigError(f"model.family={family!r}: unknown; choose one of {MODEL_FAMILIES} "
-                          "(mmdit: images, wan: video)")
-    cls = WanConfig if family == "wan" else MMDiTConfig
+                          "(mmdit: images, wan: video, z_image, flux2)")
+    cls = FAMILY_CONFIGS[family]
     base = diffusers_base(config)
     if base is not None:
         folder = os.path.join(base, "transformer")
@@ -89,21 +98,23 @@ def run_model_fields(cls) -> tuple[str, ...]:
     if cls is WanConfig:
         return ("frames", "image_size", "image_width", "text_len", "dtype", "param_dtype",
                 "remat")
+    if cls in (ZImageConfig, Flux2Config):
+        return RUN_MODEL_FIELDS + ("image_width",)
     return RUN_MODEL_FIELDS
 
 
 @functools.lru_cache(maxsize=16)
 def _diffusers_architecture(folder: str, stamp: float, overrides: tuple,
-                            family: str = "mmdit") -> MMDiTConfig | WanConfig:
+                            family: str = "mmdit"):
     """A diffusers transformer's config, read once per folder, file version (``stamp``: its
-    config.json's mtime) and run fields; a Wan folder under ``model.family='wan'`` only (and
-    the reverse), so a run's family is never decided by its checkpoint alone."""
+    config.json's mtime) and run fields; a folder under its own ``model.family`` only (a Wan
+    folder under 'wan', an MMDiT one under 'mmdit', ...), so a run's family is never decided by
+    its checkpoint alone."""
     cfg = convert.config_from_diffusers(folder, **dict(overrides))
-    if isinstance(cfg, WanConfig) != (family == "wan"):
-        kind = "a Wan (video)" if isinstance(cfg, WanConfig) else "an image"
-        raise ConfigError(f"base_checkpoint: {folder} holds {kind} transformer, but "
-                          f"model.family={family!r}; set model.family="
-                          f"{'wan' if isinstance(cfg, WanConfig) else 'mmdit'!r}")
+    if family_of(cfg) != family:
+        raise ConfigError(f"base_checkpoint: {folder} holds a {type(cfg).__name__[:-6]} "
+                          f"transformer, but model.family={family!r}; set model.family="
+                          f"{family_of(cfg)!r}")
     return cfg
 
 
@@ -364,12 +375,12 @@ def trace_config(config) -> TraceConfig:
 
 
 @functools.lru_cache(maxsize=8)
-def _profile_model(name: str) -> MMDiTConfig | WanConfig:
+def _profile_model(name: str):
     """The model section of the config ``name`` (``cost.profile_model``; its ``family`` picks
     the dataclass, as :func:`model_config`'s)."""
     try:
         model = load_config(name).model
-        cls = WanConfig if model.get("family", "mmdit") == "wan" else MMDiTConfig
+        cls = FAMILY_CONFIGS.get(model.get("family", "mmdit"), MMDiTConfig)
         return pick_fields(cls, model).validate()
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"cost.profile_model={name!r}: {e}") from e

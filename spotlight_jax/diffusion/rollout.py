@@ -178,19 +178,19 @@ def velocity(model, x, sigma, tokens, mask, *, guidance: float = 1.0, attn=Atten
     all-masked zero prompt). A guidance-distilled model (``guidance_embed``, FLUX.1 [dev])
     takes ``guidance`` as its input instead, in one pass. ``context``: `encode_prompt` of the
     same prompts and guidance (None = encode here). The one place a model call unpacks
-    ``tokens``."""
+    ``tokens`` (an editing prompt's input image goes in as ``image_latents``)."""
     t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])
     if _distilled(model):
-        embeds, pooled = prompt.model_inputs(tokens)
         g = jnp.full(x.shape[:1], guidance, jnp.float32)
-        return model(x, t, embeds, mask, pooled=pooled, guidance=g, attn=attn, context=context)
+        return model(x, t, prompt.model_inputs(tokens)[0], mask, guidance=g, attn=attn,
+                     context=context, **prompt.model_kwargs(tokens))
     if guidance == 1.0:
-        embeds, pooled = prompt.model_inputs(tokens)
-        return model(x, t, embeds, mask, pooled=pooled, attn=attn, context=context)
+        return model(x, t, prompt.model_inputs(tokens)[0], mask, attn=attn, context=context,
+                     **prompt.model_kwargs(tokens))
     tokens2, mask2 = prompt.with_null(tokens, mask)
-    embeds2, pooled2 = prompt.model_inputs(tokens2)
-    both = model(jnp.concatenate([x, x]), jnp.concatenate([t, t]), embeds2, mask2,
-                 pooled=pooled2, attn=attn, context=context)
+    both = model(jnp.concatenate([x, x]), jnp.concatenate([t, t]),
+                 prompt.model_inputs(tokens2)[0], mask2, attn=attn, context=context,
+                 **prompt.model_kwargs(tokens2))
     cond, uncond = jnp.split(both, 2)
     return uncond + guidance * (cond - uncond)
 

@@ -13,7 +13,8 @@ T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt 
                   + 4 S^2 D                joint attention: Q K^T and A V
                   + 2 * 2 D (6D)           adaLN-Zero modulation of both streams (per sample)
     outside       = 2 N (p^2 C_in) D       patch embedding (C_in = conv_stem or C)
-                  + 2 L T D + 2 T D        text projection, pooled-text projection
+                  + 2 L T D + 2 T D        text projection, pooled-text projection (SD3's
+                                           pooled input: 2 P D + 2 D^2; none: 0)
                   + 2 (256 D + D^2)        timestep MLP
                   + 2 D (2D) + 2 N D p^2 C final adaLN and projection
                   + 2 (h w) 9 C c_stem     optional 3x3 conv stem / head on the h x w image
@@ -24,6 +25,12 @@ T = text width fed to the MMDiT (text_width, or text_embed_dim without a prompt 
     prompt enc.   = per layer 2 L Tw (12 Tw) + 4 L^2 Tw   (only with a synthetic prompt encoder)
     forward       = depth * per block + single_blocks * single block + outside + prompt encoder
                     (+ 2 (256 D + D^2) for FLUX.1 [dev]'s guidance MLP)
+
+An editing model (``reference_images`` R > 0) counts every reference slot at the target's size,
+the most a call may pass: the image stream holds N (1 + R) tokens (S = L + N (1 + R)) through
+the patch embedding and every block; the final layer sees the target's N. With
+``reference_zero_t`` the timestep MLP runs twice (t and 0) and each block's image modulation
+twice (+ 2 D (6D) per block).
 
 The Wan transformer (video; ``WanConfig``), with N = video tokens (frames / p_t x rows / p_h x
 columns / p_w), P = p_t p_h p_w, F = ffn_dim, T = text width fed to it (text_width, or UMT5's
@@ -40,6 +47,12 @@ text_dim), L = text_len:
 It is tested against the dot_general FLOPs of the real model's jaxpr
 (tests/emulation/test_clock_cost.py, tests/emulation/test_flops_wan.py).
 
+Z-Image and FLUX.2 (``ZImageConfig``, ``Flux2Config``) have no closed form here: their counts
+are read off the model itself (:func:`traced_counts`: the parameters of the abstract model, the
+dot_general FLOPs of its forward's jaxpr for one sample, attention being the dots with batch
+dimensions), checked against torch's FLOP counter over diffusers' model on the meta device
+(tests/test_configs.py).
+
 A video clip's VAE decode (``vae_decode_flops``) is counted from the jaxpr of this project's
 own decoder traced on abstract parameters (its first frame and causal chunks make a closed
 form long): the convolutions' and matmuls' FLOPs (``jaxpr_flops``), checked against XLA's own
@@ -47,11 +60,16 @@ count of the compiled decode (tests/emulation/test_vae_flops.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
+from spotlight_jax.models.flux2_transformer import Flux2Config
 from spotlight_jax.models.mmdit import MMDiTConfig
 from spotlight_jax.models.wan_transformer import WanConfig
+from spotlight_jax.models.z_image_transformer import ZImageConfig
+
+TRACED = (ZImageConfig, Flux2Config)    # families counted from their traced model
 
 
 def _prompt_encoder(cfg, text_tokens: int) -> int:
@@ -85,27 +103,41 @@ def flops_breakdown(cfg: MMDiTConfig, text_tokens: int | None = None) -> dict[st
     """Matmul FLOPs of one forward of one sample, by part (formula in the module docstring)."""
     if isinstance(cfg, WanConfig):
         return wan_flops_breakdown(cfg, text_tokens)
+    if isinstance(cfg, TRACED):
+        return dict(traced_counts(cfg, cfg.text_len if text_tokens is None else text_tokens)[0])
     d, p, c = cfg.width, cfg.patch_size, cfg.channels
     h = int(cfg.width * cfg.mlp_ratio)
     n = cfg.num_patches
+    images = 1 + cfg.reference_images           # the target and each reference slot
     lt = cfg.text_len if text_tokens is None else text_tokens
-    s = lt + n
+    s = lt + n * images
     tdim = cfg.text_width or cfg.text_embed_dim
     pixels = cfg.image_size * cfg.image_size
     blocks = cfg.depth + cfg.single_blocks      # a single block's matmuls equal a dual one's
+    zero_t = 2 if cfg.reference_zero_t else 1   # the time embedding at t and at 0
     out = {
         "block_linear": blocks * 2 * s * d * (4 * d + 2 * h),
         "block_attention": blocks * 4 * s * s * d,
-        "block_adaln": cfg.depth * 2 * 2 * d * 6 * d + cfg.single_blocks * 2 * d * 3 * d,
-        "embed": (2 * n * p * p * (cfg.conv_stem or c) * d + 2 * lt * tdim * d + 2 * tdim * d
-                  + 2 * (256 * d + d * d) * (2 if cfg.guidance_embed else 1)),
+        "block_adaln": (cfg.depth * (1 + zero_t) * 2 * d * 6 * d
+                        + cfg.single_blocks * 2 * d * 3 * d),
+        "embed": (2 * n * images * p * p * (cfg.conv_stem or c) * d + 2 * lt * tdim * d
+                  + _pooled_flops(cfg, tdim)
+                  + 2 * (256 * d + d * d) * (2 if cfg.guidance_embed else 1) * zero_t),
         "final": 2 * d * 2 * d + 2 * n * d * p * p * c,
-        "conv": (2 * pixels * 9 * c * cfg.conv_stem if cfg.conv_stem else 0)
+        "conv": (2 * pixels * images * 9 * c * cfg.conv_stem if cfg.conv_stem else 0)
                 + (2 * pixels * 9 * c * c if cfg.conv_head else 0),
         "prompt_encoder": 0,
     }
     out["prompt_encoder"] = _prompt_encoder(cfg, lt)
     return out
+
+
+def _pooled_flops(cfg: MMDiTConfig, tdim: int) -> int:
+    """The pooled conditioning's projection: of the text mean (ours), of SD3's pooled input
+    (linear-SiLU-linear), none for timestep-only models (Qwen-Image)."""
+    d = cfg.width
+    return {"text_mean": 2 * tdim * d, "input": 2 * cfg.pooled_dim * d + 2 * d * d,
+            "none": 0}[cfg.pooled]
 
 
 def forward_flops(cfg: MMDiTConfig, batch: int = 1, text_tokens: int | None = None) -> int:
@@ -118,6 +150,8 @@ def param_count(cfg: MMDiTConfig) -> int:
     Wan transformer (:func:`wan_param_count`)."""
     if isinstance(cfg, WanConfig):
         return wan_param_count(cfg)
+    if isinstance(cfg, TRACED):
+        return traced_counts(cfg, cfg.text_len)[1]
     d, p, c = cfg.width, cfg.patch_size, cfg.channels
     h = int(cfg.width * cfg.mlp_ratio)
     tdim = cfg.text_width or cfg.text_embed_dim
@@ -133,11 +167,17 @@ def param_count(cfg: MMDiTConfig) -> int:
     if cfg.guidance_embed:
         total += dense(256, d) + dense(d, d)
     total += dense(p * p * (cfg.conv_stem or c), d) + dense(tdim, d) + dense(256, d)
-    total += dense(d, d) + dense(tdim, d) + dense(d, 2 * d) + dense(d, p * p * c)
+    total += dense(d, d) + dense(d, 2 * d) + dense(d, p * p * c)
+    total += {"text_mean": dense(tdim, d), "input": dense(cfg.pooled_dim, d) + dense(d, d),
+              "none": 0}[cfg.pooled]
+    if cfg.text_norm:
+        total += tdim
     if cfg.conv_stem:
         total += 9 * c * cfg.conv_stem + cfg.conv_stem
     if cfg.conv_head:
         total += 9 * c * c + c
+    if cfg.reference_images and cfg.pos_embed == "sincos":
+        total += cfg.reference_images * d          # the reference slots' embeddings
     if cfg.text_width:
         tw = cfg.text_width
         total += cfg.vocab_size * tw + cfg.text_layers * (dense(tw, 3 * tw) + dense(tw, tw)
@@ -176,6 +216,8 @@ def lora_param_count(cfg: MMDiTConfig, rank: int) -> int:
     both its attentions."""
     if isinstance(cfg, WanConfig):
         return cfg.num_layers * 8 * rank * 2 * cfg.dim
+    if isinstance(cfg, TRACED):
+        return traced_counts(cfg, cfg.text_len, rank)[2]
     d, h = cfg.width, int(cfg.width * cfg.mlp_ratio)
     per_stream = rank * (d + 3 * d) + rank * (d + d)
     single = rank * (d + 3 * d) + rank * (d + h + d)
@@ -208,9 +250,44 @@ def remat_recompute_fraction(cfg: MMDiTConfig, fused_attention: bool | None = No
     return 1.0 - attention if keeps_attention else 1.0
 
 
-def jaxpr_flops(jaxpr, mult: int = 1) -> int:
+@functools.lru_cache(maxsize=16)
+def traced_counts(cfg, text_tokens: int, lora_rank: int = 0):
+    """``(FLOPs by part, parameters, LoRA parameters at lora_rank)`` of a model read off the
+    model itself: its abstract parameters (nothing allocated) and the jaxpr of one sample's
+    forward with ``text_tokens`` prompt tokens (traced, never run). The FLOPs are
+    ``block_attention`` (dot_generals with batch dimensions: scores and their mix) and
+    ``block_linear`` (every other matmul), the other parts 0."""
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+
+    from spotlight_jax.models.factory import abstract_model  # noqa: PLC0415
+    from spotlight_jax.rl import lora  # noqa: PLC0415
+
+    plain = dataclasses.replace(cfg, remat=False)
+    graphdef, state = abstract_model(plain)
+    f32 = np.float32
+    args = (jax.ShapeDtypeStruct((1, *cfg.latent_shape), f32), jax.ShapeDtypeStruct((1,), f32),
+            jax.ShapeDtypeStruct((1, text_tokens, cfg.text_embed_dim), f32),
+            jax.ShapeDtypeStruct((1, text_tokens), np.bool_))
+    guidance = jax.ShapeDtypeStruct((1,), f32) if getattr(cfg, "guidance_embed", False) else None
+    jaxpr = jax.make_jaxpr(lambda st, g, *a: nnx.merge(graphdef, st)(*a, guidance=g))(
+        state, guidance, *args)
+    total = jaxpr_flops(jaxpr.jaxpr)
+    attention = jaxpr_flops(jaxpr.jaxpr, batched_only=True)
+    parts = {"block_linear": total - attention, "block_attention": attention, "block_adaln": 0,
+             "embed": 0, "final": 0, "conv": 0, "prompt_encoder": 0}
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state))
+    params = sum(math.prod(a.shape) for _, a in leaves)
+    adapters = sum(math.prod(a.shape[:-2]) * lora_rank * (a.shape[-2] + a.shape[-1])
+                   for path, a in leaves if lora.is_target(path))
+    return parts, params, adapters
+
+
+def jaxpr_flops(jaxpr, mult: int = 1, batched_only: bool = False) -> int:
     """FLOPs of every ``dot_general`` and convolution of a jaxpr (2 per multiply-add), into
-    its sub-jaxprs (a scan's body times its length)."""
+    its sub-jaxprs (a scan's body times its length); ``batched_only``: of the dot_generals with
+    batch dimensions alone (attention's)."""
     total = 0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -223,8 +300,9 @@ def jaxpr_flops(jaxpr, mult: int = 1) -> int:
             contract = math.prod(a[i] for i in lc)
             m = math.prod(a[i] for i in range(len(a)) if i not in lc and i not in lb)
             n = math.prod(b[i] for i in range(len(b)) if i not in rc and i not in rb)
-            total += 2 * batch * m * n * contract * mult
-        elif name == "conv_general_dilated":
+            if lb or not batched_only:
+                total += 2 * batch * m * n * contract * mult
+        elif name == "conv_general_dilated" and not batched_only:
             rhs = eqn.invars[1].aval.shape
             cout = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
             out = eqn.outvars[0].aval.shape
@@ -233,9 +311,9 @@ def jaxpr_flops(jaxpr, mult: int = 1) -> int:
         for v in eqn.params.values():
             for sub in (v if isinstance(v, (tuple, list)) else (v,)):
                 if hasattr(sub, "eqns"):
-                    total += jaxpr_flops(sub, inner)
+                    total += jaxpr_flops(sub, inner, batched_only)
                 elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
-                    total += jaxpr_flops(sub.jaxpr, inner)
+                    total += jaxpr_flops(sub.jaxpr, inner, batched_only)
     return total
 
 

@@ -1,5 +1,6 @@
 """Models: the MMDiT velocity model (images) with its prompt encoder, the Wan transformer
-(video)."""
+(video), Z-Image and FLUX.2."""
+from spotlight_jax.models.flux2_transformer import Flux2Config, Flux2Transformer
 from spotlight_jax.models.mmdit import (
     AttentionSpec,
     MMDiT,
@@ -8,6 +9,8 @@ from spotlight_jax.models.mmdit import (
     count_params,
 )
 from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
+from spotlight_jax.models.z_image_transformer import ZImageConfig, ZImageTransformer
 
-__all__ = ["MMDiT", "AttentionSpec", "MMDiTConfig", "WanConfig", "WanTransformer", "as_dtype",
+__all__ = ["MMDiT", "AttentionSpec", "MMDiTConfig", "WanConfig", "WanTransformer",
+           "ZImageConfig", "ZImageTransformer", "Flux2Config", "Flux2Transformer", "as_dtype",
            "count_params"]

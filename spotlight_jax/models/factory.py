@@ -1,28 +1,32 @@
 """Building a model from its config: abstractly (shapes only) or with parameters created
 directly in their sharded layout (``eval_shape`` -> shardings -> ``jit(init, out_shardings=...)``),
 never on one device first. The config's type picks the model: ``MMDiTConfig`` -> the MMDiT
-(images), ``WanConfig`` -> the Wan transformer (video)."""
+(images: our model, Qwen-Image(-Edit), SD3, FLUX.1), ``WanConfig`` -> the Wan transformer
+(video), ``ZImageConfig`` -> Z-Image, ``Flux2Config`` -> FLUX.2."""
 from __future__ import annotations
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from spotlight_jax.models.flux2_transformer import Flux2Config, Flux2Transformer
 from spotlight_jax.models.mmdit import MMDiT, MMDiTConfig
 from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
+from spotlight_jax.models.z_image_transformer import ZImageConfig, ZImageTransformer
 from spotlight_jax.parallel.sharding import param_specs
 
-ModelConfig = MMDiTConfig | WanConfig
+ModelConfig = MMDiTConfig | WanConfig | ZImageConfig | Flux2Config
+MODEL_CLASSES = {MMDiTConfig: MMDiT, WanConfig: WanTransformer, ZImageConfig: ZImageTransformer,
+                 Flux2Config: Flux2Transformer}
 
 
 def model_class(cfg: ModelConfig):
     """The model class ``cfg`` configures."""
-    if isinstance(cfg, WanConfig):
-        return WanTransformer
-    if isinstance(cfg, MMDiTConfig):
-        return MMDiT
-    raise TypeError(f"no model is configured by a {type(cfg).__name__}; give an MMDiTConfig "
-                    "or a WanConfig")
+    cls = MODEL_CLASSES.get(type(cfg))
+    if cls is None:
+        raise TypeError(f"no model is configured by a {type(cfg).__name__}; give one of "
+                        f"{[c.__name__ for c in MODEL_CLASSES]}")
+    return cls
 
 
 def is_video(cfg: ModelConfig) -> bool:

@@ -87,7 +87,12 @@ def layer_norm(x, eps: float = 1e-6):
 
 
 def modulate(x, shift, scale):
-    return x * (1 + scale[:, None, :]) + shift[:, None, :]
+    """adaLN: ``x * (1 + scale) + shift`` with one (shift, scale) per row ``[B, D]`` or per
+    token ``[B, N, D]`` (a token-wise modulation, as Qwen-Image-Edit-2511's reference tokens
+    have)."""
+    if shift.ndim == x.ndim - 1:
+        shift, scale = shift[:, None, :], scale[:, None, :]
+    return x * (1 + scale) + shift
 
 
 def timestep_embedding(t, dim: int, max_period: float = 10_000.0, scale: float = 1000.0,

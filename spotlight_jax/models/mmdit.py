@@ -39,7 +39,7 @@ is used by our samplers unchanged.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +150,15 @@ class MMDiTConfig:
     # (ours) or correctly rounded float32 (torch's, for diffusers parity).
     timestep_scaling: str = "before_freqs"
     timestep_freqs: str = "jnp"
+    # Image conditioning (editing): the most reference images a call may pass as
+    # ``image_latents`` (0 = a text-to-image model). Their latents enter as extra image-stream
+    # tokens after the target's, through the same patch embedding, at their own positions
+    # (rope3d: reference i at frame i + 1, each grid centred, as Qwen-Image-Edit; sincos: the
+    # grid's table plus a learned embedding per reference slot); the velocity is the target's.
+    reference_images: int = 0
+    # Qwen-Image-Edit-2511's zero_cond_t: the image stream modulates the reference tokens as at
+    # t = 0 (a clean image), the target's as at t.
+    reference_zero_t: bool = False
 
     def __post_init__(self):
         # ConfigDicts may hand lists; a frozen config must stay hashable (it is static in jit)
@@ -219,7 +228,8 @@ class MMDiTConfig:
                               ("timestep_freqs", TIMESTEP_FREQS)):
             if getattr(self, name) not in choices:
                 bad(name, f"choose one of {choices}")
-        for name in ("pos_embed_max_size", "pos_embed_base_size", "pooled_dim", "single_blocks"):
+        for name in ("pos_embed_max_size", "pos_embed_base_size", "pooled_dim", "single_blocks",
+                     "reference_images"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0 (0 = unused)")
         if self.pos_embed == "sd3_table":
@@ -244,6 +254,14 @@ class MMDiTConfig:
         if self.pooled == "input" and self.pooled_dim < 1:
             bad("pooled_dim", "must be >= 1 with pooled='input' (the pooled text width, "
                               "e.g. pooled_dim=2048)")
+        if self.reference_images and self.pos_embed not in ("sincos", "rope3d"):
+            bad("reference_images", f"reference images need pos_embed 'rope3d' (Qwen-Image-Edit) "
+                                    f"or 'sincos', not {self.pos_embed!r} (reference_images=0)")
+        if self.reference_zero_t and not self.reference_images:
+            bad("reference_zero_t", "modulates reference tokens: set reference_images >= 1, or "
+                                    "reference_zero_t=False")
+        if self.reference_zero_t and self.single_blocks:
+            bad("reference_zero_t", "is a dual-stream option; single_blocks must be 0")
         layers = tuple(self.dual_attention_layers)
         if any(not isinstance(i, int) or not 0 <= i < self.depth for i in layers) or \
                 len(set(layers)) != len(layers):
@@ -381,6 +399,16 @@ class SelfAttention(nnx.Module):
         return self.out(attn(q, k, v).reshape(b, n, d))
 
 
+class ReferenceCond(NamedTuple):
+    """The image stream's conditioning when reference tokens are modulated as at t = 0
+    (``reference_zero_t``): ``target`` ``[B, width]`` at t, ``reference`` at 0, and
+    ``is_reference`` ``[N]`` bool over the image-stream tokens."""
+
+    target: jax.Array
+    reference: jax.Array
+    is_reference: jax.Array
+
+
 class StreamParams(nnx.Module):
     """The weights one stream (text or image) owns inside a dual-stream block.
 
@@ -410,8 +438,18 @@ class StreamParams(nnx.Module):
         if dual:
             self.attn2 = SelfAttention(cfg, rngs=rngs)
 
+    def modulations(self, c):
+        """This stream's ``n_mod`` modulation chunks, each ``[B, 1, D]``, or token-wise
+        ``[B, N, D]`` for a :class:`ReferenceCond` (reference tokens at t = 0)."""
+        if isinstance(c, ReferenceCond):
+            now = jnp.split(self.mod(c.target), self.n_mod, axis=-1)
+            ref = jnp.split(self.mod(c.reference), self.n_mod, axis=-1)
+            pick = c.is_reference[None, :, None]
+            return [jnp.where(pick, r[:, None], m[:, None]) for m, r in zip(now, ref)]
+        return [m[:, None] for m in jnp.split(self.mod(c), self.n_mod, axis=-1)]
+
     def pre_attention(self, x, c, heads, rope=None):
-        mods = jnp.split(self.mod(c), self.n_mod, axis=-1)
+        mods = self.modulations(c)
         shift1, scale1 = mods[:2]
         b, n, d = x.shape
         normed = layer_norm(x)
@@ -429,12 +467,12 @@ class StreamParams(nnx.Module):
 
     def post_attention(self, x, attn, mods, spec: AttentionSpec | None = None, rope=None):
         gate1, shift2, scale2, gate2 = mods[:4]
-        x = x + gate1[:, None] * self.out(attn)
+        x = x + gate1 * self.out(attn)
         if self.dual:
             x2, gate3 = mods[4:]
-            x = x + gate3[:, None] * self.attn2(x2, spec, rope)
+            x = x + gate3 * self.attn2(x2, spec, rope)
         h = self.fc2(jax.nn.gelu(self.fc1(modulate(layer_norm(x), shift2, scale2))))
-        return x + gate2[:, None] * h
+        return x + gate2 * h
 
 
 class MMDiTBlock(nnx.Module):
@@ -447,9 +485,12 @@ class MMDiTBlock(nnx.Module):
         self.heads = cfg.num_heads
 
     def __call__(self, txt, img, c, kv_mask, attn: AttentionSpec, rope=None):
-        """``rope``: ``(text (cos, sin), image (cos, sin))`` for rope3d models, else None."""
+        """``rope``: ``(text (cos, sin), image (cos, sin))`` for rope3d models, else None;
+        ``c``: ``[B, width]``, or a :class:`ReferenceCond` for the image stream (the text
+        stream takes its ``target``)."""
         trope, irope = rope if rope is not None else (None, None)
-        (tq, tk, tv), tmods = self.txt.pre_attention(txt, c, self.heads, trope)
+        ctxt = c.target if isinstance(c, ReferenceCond) else c
+        (tq, tk, tv), tmods = self.txt.pre_attention(txt, ctxt, self.heads, trope)
         (iq, ik, iv), imods = self.img.pre_attention(img, c, self.heads, irope)
         o = attn(attn.join(tq, iq), attn.join(tk, ik), attn.join(tv, iv), kv_mask)
         b, n, h, hd = o.shape
@@ -569,6 +610,9 @@ class MMDiT(nnx.Module):
         elif cfg.single_blocks:
             self.single_blocks = nnx.List([SingleStreamBlock(cfg, rngs=rngs)
                                            for _ in range(cfg.single_blocks)])
+        if cfg.reference_images and cfg.pos_embed == "sincos":
+            self.ref_embed = param(rngs, nnx.initializers.normal(0.02),
+                                   (cfg.reference_images, d), pdt, (None, "embed"))
         self.final_mod = Dense(d, 2 * d, axes=("cond", "embed"), zero=True, **kw)
         self.final = Dense(d, cfg.patch_size ** 2 * cfg.channels, axes=("embed", "patch"),
                            zero=True, **kw)
@@ -613,63 +657,77 @@ class MMDiT(nnx.Module):
             txt = self.text_norm(txt)
         return self.text_proj(txt), cond
 
-    def _positions(self, gh: int, gw: int, text_len: int):
-        """Position inputs for a ``gh x gw`` patch grid: the additive table ``[gh*gw, width]``
-        (None for rope3d) and the RoPE ``(text (cos, sin), image (cos, sin))`` (rope3d only).
+    def _positions(self, grids, text_len: int):
+        """Position inputs for the image stream's patch grids ``[(gh, gw), ...]`` (the target's,
+        then each reference's): the additive table ``[sum gh*gw, width]`` (None for RoPE) and
+        the RoPE ``(text (cos, sin), image (cos, sin))`` (rope3d*, else None).
 
-        Qwen-Image's RoPE: image patches at (frame 0, row - (gh - gh//2), col - (gw - gw//2))
-        (centred), text token i at ``max(gh//2, gw//2) + i`` on all three axes. Positions are
+        Qwen-Image's RoPE: grid i's patches at (frame i, row - (gh - gh//2), col - (gw - gw//2))
+        (centred; the target is frame 0, reference j frame j + 1, as Qwen-Image-Edit), text
+        token k at ``max over grids of max(gh//2, gw//2) + k`` on all three axes. Positions are
         of the whole sequence, so sequence-parallel attention sees the same rotated q/k."""
         cfg = self.cfg
         dt = as_dtype(cfg.dtype)
         if cfg.pos_embed == "sincos":
-            return sincos_2d(gh, gw, cfg.width).astype(dt), None
+            return jnp.concatenate([sincos_2d(gh, gw, cfg.width) for gh, gw in grids]
+                                   ).astype(dt), None
+        if cfg.pos_embed == "rope3d":
+            return None, _rope_tables((_qwen_text_positions(grids, text_len),
+                                       _qwen_image_positions(grids)), cfg, np.float32)
+        (gh, gw), = grids                   # validate(): references only with the two above
         if cfg.pos_embed == "sd3_table":
             table = sd3_sincos_crop(gh, gw, cfg.width, cfg.pos_embed_max_size,
                                     cfg.pos_embed_base_size)
             # diffusers adds the stored table: rounded to its dtype, as the checkpoint has it
             stored = jnp.asarray(table).astype(as_dtype(cfg.pos_embed_dtype))
             return stored.astype(dt), None
-        if cfg.pos_embed == "rope3d_flux":      # image from the corner, text at the origin
-            rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
-            img_pos = np.stack([np.zeros(gh * gw, np.int64), rows.reshape(-1),
-                                cols.reshape(-1)], 1)
-            txt_pos = np.zeros((text_len, 3), np.int64)
-            rope = []
-            for pos in (txt_pos, img_pos):
-                ang = rope_angles(pos, cfg.rope_axes, cfg.rope_theta, dtype=np.float64)
-                rope.append((jnp.asarray(np.cos(ang).astype(np.float32)),
-                             jnp.asarray(np.sin(ang).astype(np.float32))))
-            return None, tuple(rope)
-        rows, cols = np.meshgrid(np.arange(gh) - (gh - gh // 2), np.arange(gw) - (gw - gw // 2),
-                                 indexing="ij")
+        # rope3d_flux: image from the corner, text at the origin
+        rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
         img_pos = np.stack([np.zeros(gh * gw, np.int64), rows.reshape(-1), cols.reshape(-1)], 1)
-        start = max(gh // 2, gw // 2)
-        txt_pos = np.repeat(np.arange(start, start + text_len)[:, None], 3, axis=1)
-        rope = []
-        for pos in (txt_pos, img_pos):
-            ang = rope_angles(pos, cfg.rope_axes, cfg.rope_theta)
-            rope.append((jnp.asarray(np.cos(ang)), jnp.asarray(np.sin(ang))))
-        return None, tuple(rope)
+        txt_pos = np.zeros((text_len, 3), np.int64)
+        return None, _rope_tables((txt_pos, img_pos), cfg, np.float64)
 
-    def __call__(self, x, t, tokens, text_mask=None, pooled=None, guidance=None,
-                 attn: AttentionSpec = AttentionSpec(), context=None):
-        """``context``: ``encode(tokens, text_mask, pooled)`` computed once by the caller (the
-        same result as leaving it None, which encodes here)."""
-        cfg = self.cfg
-        dt = as_dtype(cfg.dtype)
-        b, h, w, ch = x.shape
-        if text_mask is not None:
-            text_mask = text_mask.astype(bool)
-        txt, pooled = self.encode(tokens, text_mask, pooled) if context is None else context
-        xin = x.astype(dt)
+    def _embed_patches(self, x):
+        """Tokens ``[B, gh*gw, width]`` of latents ``x`` ``[B, H, W, C]`` (stem, patchify,
+        projection: the target's and every reference's the same way)."""
+        xin = x.astype(as_dtype(self.cfg.dtype))
         if self.stem is not None:
             xin = jax.nn.gelu(self.stem(xin))
-        img = self.patch_embed(patchify(xin, cfg.patch_size))
-        gh, gw = h // cfg.patch_size, w // cfg.patch_size
-        table, rope = self._positions(gh, gw, txt.shape[1])
-        if table is not None:
-            img = img + table[None]
+        return self.patch_embed(patchify(xin, self.cfg.patch_size))
+
+    def _references(self, image_latents, x) -> list:
+        """``image_latents`` as a list of ``[B, H', W', C]`` arrays, checked against the model
+        and the target ``x`` (one-line ValueErrors naming the value and the fix)."""
+        cfg = self.cfg
+        if image_latents is None:
+            if cfg.reference_images:
+                raise ValueError(f"image_latents=None: this model edits an input image "
+                                 f"(reference_images={cfg.reference_images}); pass its VAE "
+                                 f"latents [batch, height, width, {cfg.channels}]")
+            return []
+        refs = list(image_latents) if isinstance(image_latents, (list, tuple)) else [
+            image_latents]
+        if not cfg.reference_images:
+            raise ValueError("image_latents given to a text-to-image model (reference_images=0);"
+                             " convert or configure an editing model, or drop image_latents")
+        if not 1 <= len(refs) <= cfg.reference_images:
+            raise ValueError(f"{len(refs)} reference images: this model takes 1 to "
+                             f"{cfg.reference_images} (reference_images)")
+        p = cfg.patch_size
+        for i, r in enumerate(refs):
+            shape = tuple(r.shape)
+            if len(shape) != 4 or shape[0] != x.shape[0] or shape[3] != cfg.channels:
+                raise ValueError(f"image_latents[{i}] has shape {shape}; expected [batch="
+                                 f"{x.shape[0]}, height, width, channels={cfg.channels}]")
+            if shape[1] % p or shape[2] % p:
+                raise ValueError(f"image_latents[{i}] is {shape[1]}x{shape[2]} latent cells, "
+                                 f"not a multiple of patch_size={p}: resize the input image to "
+                                 f"a multiple of {p} x the VAE's downsampling")
+        return refs
+
+    def _time_embedding(self, t, guidance):
+        cfg = self.cfg
+        dt = as_dtype(cfg.dtype)
         temb = self.t_fc2(jax.nn.silu(self.t_fc1(timestep_embedding(
             t, 256, scale_after_freqs=cfg.timestep_scaling == "after_freqs",
             rounded_freqs=cfg.timestep_freqs == "rounded").astype(dt))))
@@ -678,17 +736,50 @@ class MMDiT(nnx.Module):
                 raise ValueError("guidance=None: this model (guidance_embed=True, FLUX.1 [dev]) "
                                  "needs the distilled guidance scale [batch] (e.g. 3.5, "
                                  "sampler.guidance)")
-            g = jnp.broadcast_to(jnp.asarray(guidance, jnp.float32), (b,))
+            g = jnp.broadcast_to(jnp.asarray(guidance, jnp.float32), (t.shape[0],))
             temb = temb + self.g_fc2(jax.nn.silu(self.g_fc1(timestep_embedding(
                 g, 256, rounded_freqs=cfg.timestep_freqs == "rounded").astype(dt))))
+        return temb
+
+    def __call__(self, x, t, tokens, text_mask=None, pooled=None, guidance=None,
+                 attn: AttentionSpec = AttentionSpec(), context=None, image_latents=None):
+        """``context``: ``encode(tokens, text_mask, pooled)`` computed once by the caller (the
+        same result as leaving it None, which encodes here). ``image_latents``: an editing
+        model's reference latents ``[B, H', W', C]`` (or a list of up to ``reference_images``
+        of them), any size that divides into patches."""
+        cfg = self.cfg
+        dt = as_dtype(cfg.dtype)
+        b, h, w, ch = x.shape
+        if text_mask is not None:
+            text_mask = text_mask.astype(bool)
+        refs = self._references(image_latents, x)
+        txt, pooled = self.encode(tokens, text_mask, pooled) if context is None else context
+        p = cfg.patch_size
+        grids = [(h // p, w // p)] + [(r.shape[1] // p, r.shape[2] // p) for r in refs]
+        parts = [self._embed_patches(x)]
+        for i, r in enumerate(refs):
+            part = self._embed_patches(r)
+            if cfg.pos_embed == "sincos":        # RoPE models tell references by their frame
+                part = part + self.ref_embed[...][i].astype(dt)
+            parts.append(part)
+        img = jnp.concatenate(parts, axis=1) if refs else parts[0]
+        n_target = grids[0][0] * grids[0][1]
+        table, rope = self._positions(grids, txt.shape[1])
+        if table is not None:
+            img = img + table[None]
+        temb = self._time_embedding(t, guidance)
         c = jax.nn.silu(temb + pooled)
+        c_img = c
+        if refs and cfg.reference_zero_t:
+            c_ref = jax.nn.silu(self._time_embedding(jnp.zeros_like(t), guidance) + pooled)
+            c_img = ReferenceCond(c, c_ref, jnp.arange(img.shape[1]) >= n_target)
         attn = attn.resolved(dt, cfg.head_dim)
         kv_mask = None
         if text_mask is not None and cfg.use_text_mask:
             kv_mask = attn.join(text_mask, jnp.ones((b, img.shape[1]), bool))
 
         def run_block(block, txt, img):
-            return block(txt, img, c, kv_mask, attn, rope)
+            return block(txt, img, c_img, kv_mask, attn, rope)
 
         if cfg.remat:
             run_block = nnx.remat(run_block, policy=REMAT_POLICIES[cfg.remat_policy])
@@ -705,17 +796,45 @@ class MMDiT(nnx.Module):
             joint = run_blocks(self.single_blocks, run_single, attn.join(txt, img),
                                 cfg.scan_blocks)
             img = attn.split(joint, txt.shape[1])[1]
+        img = img[:, :n_target]             # the velocity is the target's
         shift, scale = jnp.split(self.final_mod(c), 2, axis=-1)
         feats = modulate(layer_norm(img), shift, scale)
-        out = unpatchify(self.final(feats), cfg.patch_size, h, w, ch)
+        out = unpatchify(self.final(feats), p, h, w, ch)
         if self.head is not None:
             out = out + self.head(out)
         if cfg.pixel_head:
-            z = unpatchify(self.pixel_feat(feats), cfg.patch_size, h, w, cfg.pixel_head)
+            z = unpatchify(self.pixel_feat(feats), p, h, w, cfg.pixel_head)
             z = jnp.concatenate([z, x.astype(dt)], axis=-1)
             conv1, conv2, conv3 = self.pixel_convs
             out = out + conv3(jax.nn.gelu(conv2(jax.nn.gelu(conv1(z)))))
         return out.astype(jnp.float32)
+
+
+def _qwen_image_positions(grids) -> np.ndarray:
+    """``[sum gh*gw, 3]`` (frame, row, col) of Qwen-Image's centred grids, grid i at frame i."""
+    out = []
+    for i, (gh, gw) in enumerate(grids):
+        rows, cols = np.meshgrid(np.arange(gh) - (gh - gh // 2), np.arange(gw) - (gw - gw // 2),
+                                 indexing="ij")
+        out.append(np.stack([np.full(gh * gw, i), rows.reshape(-1), cols.reshape(-1)], 1))
+    return np.concatenate(out).astype(np.int64)
+
+
+def _qwen_text_positions(grids, text_len: int) -> np.ndarray:
+    """``[text_len, 3]``: text token k at ``max(gh//2, gw//2 over the grids) + k`` on every axis."""
+    start = max(max(gh // 2, gw // 2) for gh, gw in grids)
+    return np.repeat(np.arange(start, start + text_len)[:, None], 3, axis=1)
+
+
+def _rope_tables(positions, cfg: MMDiTConfig, dtype):
+    """``((cos, sin), ...)`` float32 tables of each ``[S, 3]`` position array, the angles
+    computed in ``dtype`` (float32 as diffusers does for Qwen-Image, float64 for Flux)."""
+    out = []
+    for pos in positions:
+        ang = rope_angles(pos, cfg.rope_axes, cfg.rope_theta, dtype=dtype)
+        out.append((jnp.asarray(np.cos(ang).astype(np.float32)),
+                    jnp.asarray(np.sin(ang).astype(np.float32))))
+    return tuple(out)
 
 
 def count_params(state) -> int:

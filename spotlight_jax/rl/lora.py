@@ -1,5 +1,8 @@
-"""LoRA on the attention projections (qkv, out) of every MMDiT block (dual-stream, and Flux's
-single-stream ones, whose ``out`` projects [attention; MLP]).
+"""LoRA on the attention projections of every transformer block: the fused ``qkv`` and ``out`` of
+each MMDiT and FLUX.2 block (dual-stream, and the single-stream ones, whose ``out`` projects
+[attention; MLP]); ``to_q/to_k/to_v/to_out`` of the Wan transformer's self- and cross-attention
+and of Z-Image's main ``layers`` and image ``noise_refiner`` (not its ``context_refiner``:
+see ``Z_IMAGE_STACKS``).
 
 Functional: the adapters are a separate pytree ``{path: {"a": [in, r], "b": [r, out]}}``.
 Two ways to apply them, equal up to rounding:
@@ -22,16 +25,30 @@ from flax import nnx
 
 from spotlight_jax.models.layers import LoRAKernel
 
-# the MMDiT's fused qkv and out projections; the Wan transformer's to_q/to_k/to_v/to_out (of
-# its self- and cross-attention)
+# the MMDiT's and FLUX.2's fused qkv and out projections; the Wan transformer's
+# to_q/to_k/to_v/to_out (of its self- and cross-attention)
 TARGETS = ("qkv", "out", "to_q", "to_k", "to_v", "to_out")
+# Z-Image's block stacks whose attention (to_q/to_k/to_v/to_out) is adapted: the joint main
+# blocks and the image tokens' refiner. Not the caption's ``context_refiner``: it runs in the
+# model's ``encode``, which the LoRA train step computes once, with the policy, and shares
+# with the old policy and the reference (``rl.nft``: LoRA leaves the prompt encoding alone),
+# so an adapter there would hand those two the policy's encoding instead of their own.
+Z_IMAGE_STACKS = ("layers", "noise_refiner")
+Z_IMAGE_TARGETS = ("to_q", "to_k", "to_v", "to_out")
 
 
 def is_target(path) -> bool:
-    """Whether a parameter path is a LoRA target (a block's attention projection kernel)."""
+    """Whether a parameter path is a LoRA target (a block's attention projection kernel): a
+    ``TARGETS`` kernel anywhere under ``blocks`` / ``single_blocks`` (MMDiT, FLUX.2, Wan), or a
+    Z-Image projection right under a block of ``Z_IMAGE_STACKS`` (``layers[i].to_q`` looped,
+    ``layers.to_q`` stacked; never the MMDiT prompt encoder's ``layers[i].qkv``)."""
     keys = [str(getattr(p, "key", p)) for p in path]
-    return (len(keys) >= 3 and keys[-1] == "kernel" and keys[-2] in TARGETS
-            and ("blocks" in keys or "single_blocks" in keys))
+    if len(keys) < 3 or keys[-1] != "kernel":
+        return False
+    if keys[-2] in TARGETS and ("blocks" in keys or "single_blocks" in keys):
+        return True
+    stack = keys[-4] if len(keys) >= 4 and keys[-3].isdigit() else keys[-3]
+    return keys[-2] in Z_IMAGE_TARGETS and stack in Z_IMAGE_STACKS
 
 
 def init_lora(base_state, rank: int, key):
@@ -45,7 +62,8 @@ def init_lora(base_state, rank: int, key):
             out[jax.tree_util.keystr(path)] = {"a": a / jnp.sqrt(din),
                                                "b": jnp.zeros(lead + (rank, dout), jnp.float32)}
     if not out:
-        raise ValueError("LoRA found no attention projections (qkv/out kernels) to adapt")
+        raise ValueError("LoRA found no attention projections (qkv/out or to_q/to_k/to_v/to_out "
+                         "kernels) to adapt")
     return out
 
 

@@ -41,14 +41,20 @@ def _shard_factor(spec: PartitionSpec, mesh) -> int:
 
 def _prompts(cfg, rows: int):
     """Abstract prompts of ``rows`` rows in the form the model takes them: token ids, or a
-    prompt-embedding file's embeddings (and pooled vector)."""
+    prompt-embedding file's embeddings (and pooled vector); an editing model's with its input
+    images' latents."""
     mask = jax.ShapeDtypeStruct((rows, cfg.text_len), bool)
-    if not cfg.text_embed_dim:
+    refs = getattr(cfg, "reference_images", 0)
+    if not cfg.text_embed_dim and not refs:
         return jax.ShapeDtypeStruct((rows, cfg.text_len), np.int32), mask
-    tokens = {prompt.EMBEDS: jax.ShapeDtypeStruct((rows, cfg.text_len, cfg.text_embed_dim),
-                                                  np.float32)}
+    tokens = {prompt.EMBEDS: (jax.ShapeDtypeStruct((rows, cfg.text_len, cfg.text_embed_dim),
+                                                   np.float32) if cfg.text_embed_dim else
+                              jax.ShapeDtypeStruct((rows, cfg.text_len), np.int32))}
     if cfg.pooled == "input":
         tokens[prompt.POOLED] = jax.ShapeDtypeStruct((rows, cfg.pooled_dim), np.float32)
+    if refs:        # an editing model: every reference slot at the target's size, the most
+        image = jax.ShapeDtypeStruct((rows, *cfg.latent_shape), np.float32)
+        tokens[prompt.IMAGE] = image if refs == 1 else (image,) * refs
     return tokens, mask
 
 
@@ -153,11 +159,13 @@ def dry_run(config, devices=None) -> str:
     gib = 1024**3
     video = (f"{type(cfg).__name__} latent {'x'.join(map(str, cfg.latent_shape))} "
              if is_video(cfg) else "")
+    refs = getattr(cfg, "reference_images", 0)
+    references = f"+{refs * cfg.num_patches} (reference images)" if refs else ""
     lines = [
         f"model: {video}width={cfg.width} depth={cfg.depth}"
         f"{f' (+{cfg.single_blocks} single-stream)' if cfg.single_blocks else ''} "
         f"heads={cfg.num_heads} "
-        f"tokens={cfg.num_patches}+{cfg.text_len} dtype={cfg.dtype}/{cfg.param_dtype} "
+        f"tokens={cfg.num_patches}{references}+{cfg.text_len} dtype={cfg.dtype}/{cfg.param_dtype} "
         f"remat={cfg.remat} scan={cfg.scan_blocks}",
         f"mesh: {dict(mesh.shape)} over {mesh.devices.size} "
         f"{mesh.devices.flat[0].platform} devices",

@@ -173,11 +173,20 @@ TINY = [
                 text_len=6, text_width=0, text_embed_dim=12, single_blocks=3,
                 guidance_embed=True, pos_embed="rope3d_flux", rope_axes=(4, 6, 6),
                 use_text_mask=False),
+    # Qwen-Image-Edit-2511's structure: two reference images, reference tokens at t = 0
+    MMDiTConfig(image_size=8, channels=4, patch_size=2, width=32, depth=2, num_heads=2,
+                text_len=6, text_width=0, text_embed_dim=12, pos_embed="rope3d",
+                rope_axes=(4, 6, 6), pooled="none", reference_images=2, reference_zero_t=True),
+    # our editing model: a conv stem over the references too, a learned slot embedding
+    MMDiTConfig(image_size=8, channels=3, patch_size=2, width=32, depth=1, num_heads=2,
+                vocab_size=11, text_len=5, text_width=16, text_layers=1, text_heads=2,
+                conv_stem=4, reference_images=1),
 ]
 
 
 @pytest.mark.parametrize("cfg", TINY, ids=["encoder+conv", "embeddings+scan+remat",
-                                           "single_blocks+guidance"])
+                                           "single_blocks+guidance", "edit+zero_t",
+                                           "edit+stem"])
 def test_flop_formula_matches_the_model_jaxpr(cfg):
     """The formula counts exactly the matmul/conv FLOPs of the real model (relative error 0:
     both are integers and must agree); params too."""
@@ -190,7 +199,9 @@ def test_flop_formula_matches_the_model_jaxpr(cfg):
            else jax.ShapeDtypeStruct((b, cfg.text_len, cfg.text_embed_dim), f32))
     mask = jax.ShapeDtypeStruct((b, cfg.text_len), jnp.bool_)
     args = (x, t, tok, mask) + ((None, t) if cfg.guidance_embed else ())   # pooled, guidance
-    jaxpr = jax.make_jaxpr(lambda st, *a: nnx.merge(graphdef, st)(*a))(state, *args)
+    refs = [x] * cfg.reference_images or None       # every slot at the target's size
+    jaxpr = jax.make_jaxpr(lambda st, r, *a: nnx.merge(graphdef, st)(*a, image_latents=r))(
+        state, refs, *args)
     ref = dot_flops(jaxpr.jaxpr)
     assert flops.forward_flops(cfg, batch=b) == ref
     n_params = sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(state, nnx.Param)))

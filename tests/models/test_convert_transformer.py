@@ -215,8 +215,8 @@ def test_unsupported_configs_and_a_foreign_position_table_are_named():
     assert "_class_name='HunyuanDiT2DModel' is not a transformer we convert" in msg
     msg = errors_of("flux_dev", lambda c, _: c.update(patch_size=2))
     assert "patch_size=2: Flux's transformer takes packed 2x2 latents" in msg
-    msg = errors_of("qwen_image", lambda c, _: c.update(zero_cond_t=True))
-    assert "zero_cond_t=True is not supported" in msg
+    msg = errors_of("qwen_image", lambda c, _: c.update(use_layer3d_rope=True))
+    assert "use_layer3d_rope=True is not supported (a layered Qwen-Image variant)" in msg
     msg = errors_of("sd3", lambda c, _: c.update(sample_size=32))   # base_size 16, not 8
     assert "'pos_embed.pos_embed' differs from the sin-cos table recomputed with " \
            "base_size=16" in msg

@@ -8,6 +8,11 @@ every block dual-stream with a text key mask, packed 2x2 latents ``(c, py, px)``
 our patch order at conversion, so the model takes unpacked ``[B, H, W, C]`` latents), and
 ``norm_out`` (scale, shift) + ``proj_out``. The model is fed ``t`` = sigma, as the pipeline
 does (it divides the scheduler's ``sigma * 1000`` by 1000).
+
+Qwen-Image-Edit (and Edit Plus, -2509, -2511) is the same transformer called with the input
+images' packed latents after the target's: a folder whose pipeline (``model_index.json`` beside
+it) is an edit pipeline converts to ``reference_images`` > 0, and ``zero_cond_t``
+(Qwen-Image-Edit-2511: reference tokens modulated as at t = 0) to ``reference_zero_t``.
 """
 from __future__ import annotations
 
@@ -18,22 +23,29 @@ from spotlight_jax.models.mmdit import MMDiTConfig
 CLASS_NAME = "QwenImageTransformer2DModel"
 
 # config.json options of variants this converter does not reproduce, with their plain value
-_UNSUPPORTED = {"guidance_embeds": False, "zero_cond_t": False, "use_additional_t_cond": False,
+_UNSUPPORTED = {"guidance_embeds": False, "use_additional_t_cond": False,
                 "use_layer3d_rope": False}
+# edit pipelines (model_index.json's _class_name) and the most input images each passes
+EDIT_PIPELINES = {"QwenImageEditPipeline": 1, "QwenImageEditInpaintPipeline": 1,
+                  "QwenImageEditPlusPipeline": 3}
 
 
 def model_config(config: dict, tensors: dict, source: str = "checkpoint") -> MMDiTConfig:
     """Our config of the diffusers ``config`` (its ``config.json``)."""
     for key, plain in _UNSUPPORTED.items():
         if config.get(key, plain) != plain:
-            raise CheckpointError(f"{source}: {key}={config[key]!r} is not supported (an edit/"
-                                  f"layered Qwen-Image variant); convert the base model")
+            raise CheckpointError(f"{source}: {key}={config[key]!r} is not supported (a "
+                                  f"layered Qwen-Image variant); convert Qwen-Image or "
+                                  f"Qwen-Image-Edit")
     p = int(config.get("patch_size", 2))
     cin = int(config.get("in_channels", 64))
     cout = int(config.get("out_channels") or cin)
     if cin != cout * p * p:
         raise CheckpointError(f"{source}: in_channels={cin} is not out_channels * patch_size**2 "
                               f"= {cout * p * p} (packed {p}x{p} latents of {cout} channels)")
+    zero_t = bool(config.get("zero_cond_t", False))
+    # an edit pipeline beside the folder (transformer.pipeline_class), or -2511's zero_cond_t
+    refs = EDIT_PIPELINES.get(config.get("_pipeline_class"), 3 if zero_t else 0)
     heads = int(config.get("num_attention_heads", 24))
     head_dim = int(config.get("attention_head_dim", 128))
     return MMDiTConfig(
@@ -43,7 +55,7 @@ def model_config(config: dict, tensors: dict, source: str = "checkpoint") -> MMD
         pos_embed="rope3d", rope_axes=tuple(int(a) for a in config.get("axes_dims_rope",
                                                                         (16, 56, 56))),
         rope_theta=10_000.0, pooled="none", text_norm=True, timestep_scaling="after_freqs",
-        timestep_freqs="rounded")
+        timestep_freqs="rounded", reference_images=refs, reference_zero_t=zero_t)
 
 
 def rules(cfg: MMDiTConfig) -> list[layout.Rule]:

@@ -7,17 +7,42 @@ straight into an abstract model (``nnx.eval_shape``): nothing is randomly initia
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from spotlight_jax.models.convert import flux, layout, placement, qwen_image, sd3, wan
+from spotlight_jax.models.convert import (
+    flux,
+    flux2,
+    layout,
+    placement,
+    qwen_image,
+    sd3,
+    wan,
+    z_image,
+)
 from spotlight_jax.models.convert.diffusers_folder import CheckpointError, read_component
 from spotlight_jax.models.mmdit import MMDiT, MMDiTConfig
 
 FAMILIES = {m.CLASS_NAME: m for m in (flux, qwen_image, sd3)}
+# transformers that are their own model class: (config of config.json, model of the folder)
+OWN_CLASSES = {
+    wan.CLASS_NAME: (lambda config, source, **o: wan.wan_config(config, **o),
+                     lambda config, tensors, dtype, shardings, source, **o: wan.wan_model(
+                         config, tensors, dtype, shardings, **o)),
+    z_image.CLASS_NAME: (lambda config, source, **o: z_image.z_image_config(config, **o),
+                         lambda config, tensors, dtype, shardings, source, **o:
+                         z_image.z_image_model(config, tensors, dtype, shardings, source=source,
+                                               **o)),
+    flux2.CLASS_NAME: (lambda config, source, **o: flux2.flux2_config(config, source=source, **o),
+                       lambda config, tensors, dtype, shardings, source, **o: flux2.flux2_model(
+                           config, tensors, dtype, shardings, source=source, **o)),
+}
+SUPPORTED = sorted([*FAMILIES, *OWN_CLASSES])
 
 
 def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
@@ -29,7 +54,7 @@ def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
     family = FAMILIES.get(name)
     if family is None:
         raise CheckpointError(f"{source}: _class_name={name!r} is not a transformer we convert "
-                              f"(supported: {sorted(FAMILIES)})")
+                              f"(supported: {SUPPORTED})")
     cfg = dataclasses.replace(family.model_config(config, tensors, source),
                               **overrides).validate()
     flat = dataclasses.replace(cfg, scan_blocks=False, remat=False)
@@ -42,18 +67,36 @@ def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
     return cfg, arrays
 
 
+def pipeline_class(checkpoint_dir) -> str | None:
+    """The ``_class_name`` of the pipeline whose ``model_index.json`` sits beside the component
+    folder (``<pipeline>/transformer``), or None: it tells Qwen-Image-Edit from Qwen-Image,
+    whose transformers share a class and a config."""
+    index = pathlib.Path(checkpoint_dir).resolve().parent / "model_index.json"
+    try:
+        return json.loads(index.read_text()).get("_class_name")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def _component(checkpoint_dir) -> tuple[dict, dict]:
+    """``read_component`` with the pipeline's class added to the config (``_pipeline_class``)."""
+    config, tensors = read_component(checkpoint_dir)
+    return {**config, "_pipeline_class": pipeline_class(checkpoint_dir)}, tensors
+
+
 def config_from_diffusers(checkpoint_dir, **overrides) -> MMDiTConfig:
     """Our config of a diffusers transformer folder without converting its weights (the
     tensors are only memory-mapped, for the families whose options the stored shapes decide;
-    a Wan folder gives its ``WanConfig``); ``overrides`` replace fields as in
+    a Wan, Z-Image or FLUX.2 folder gives its own config class); ``overrides`` replace fields as in
     :func:`from_diffusers`."""
-    config, tensors = read_component(checkpoint_dir)
-    if config.get("_class_name") == wan.CLASS_NAME:          # the video transformer
-        return wan.wan_config(config, **overrides)
+    config, tensors = _component(checkpoint_dir)
+    own = OWN_CLASSES.get(config.get("_class_name"))
+    if own is not None:                     # Wan (video), Z-Image, FLUX.2
+        return own[0](config, str(checkpoint_dir), **overrides)
     family = FAMILIES.get(config.get("_class_name"))
     if family is None:
         raise CheckpointError(f"{checkpoint_dir}: _class_name={config.get('_class_name')!r} is "
-                              f"not a transformer we convert (supported: {sorted(FAMILIES)})")
+                              f"not a transformer we convert (supported: {SUPPORTED})")
     return dataclasses.replace(family.model_config(config, tensors, str(checkpoint_dir)),
                                **overrides).validate()
 
@@ -63,7 +106,9 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
     """``(model, config)`` of a diffusers transformer component folder (``.../transformer``:
     ``config.json`` and one or sharded safetensors, fp32/bf16/fp16); for a Wan video
     transformer ``(models.wan_transformer.WanTransformer, WanConfig)`` (``convert.wan``, its ``x``
-    ``[B, F, H, W, C]``; each parameter placed on its sharding in turn).
+    ``[B, F, H, W, C]``; each parameter placed on its sharding in turn), for Z-Image
+    ``(ZImageTransformer, ZImageConfig)`` and for FLUX.2 ``(Flux2Transformer, Flux2Config)``
+    (``convert.z_image``, ``convert.flux2``: the same call).
 
     ``dtype`` is the parameter and compute dtype. The model takes unpacked latents ``x``
     ``[B, H, W, C]``, ``t`` = sigma in [0, 1], text embeddings ``[B, L, D]``, an optional bool
@@ -76,10 +121,15 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
     ``shardings(path, shape)`` (our parameter path, the stored shape) gives a
     ``jax.sharding.Sharding`` (default: the default device). The host then never holds more
     than one parameter's local shards and one source tensor (:func:`host_peak_bytes`).
+
+    A Qwen-Image-Edit folder (its pipeline's ``model_index.json`` beside it names an edit
+    pipeline) gives an editing model: call it with ``image_latents``, the input image's VAE
+    latents (``MMDiTConfig.reference_images``).
     """
-    config, tensors = read_component(checkpoint_dir)
-    if config.get("_class_name") == wan.CLASS_NAME:          # the video transformer
-        return wan.wan_model(config, tensors, dtype, shardings, **overrides)
+    config, tensors = _component(checkpoint_dir)
+    own = OWN_CLASSES.get(config.get("_class_name"))
+    if own is not None:                     # Wan (video), Z-Image, FLUX.2
+        return own[1](config, tensors, dtype, shardings, str(checkpoint_dir), **overrides)
     dtype_name = np.dtype(dtype).name
     cfg, thunks = convert_tensors(config, tensors, source=str(checkpoint_dir), lazy=True,
                                   dtype=dtype_name, param_dtype=dtype_name, **overrides)
