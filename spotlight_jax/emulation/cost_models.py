@@ -303,8 +303,10 @@ class ProfileCost(CostModel):
 
     @property
     def tokens(self) -> tuple[int, int]:
-        """(text tokens, image tokens) of one sample."""
-        return self.model.text_len, self.model.num_patches
+        """(text tokens, image tokens) of one sample; an editing model's image tokens hold its
+        reference images' (each at the target's size)."""
+        m = self.model
+        return m.text_len, m.num_patches * (1 + getattr(m, "reference_images", 0))
 
     def sp_strategy(self, sp: int) -> str:
         if sp == 1:
@@ -325,7 +327,8 @@ class ProfileCost(CostModel):
         else:
             nbytes, ncoll = 2 * local * (sp - 1), sp - 1
         bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
-        return m.depth * (nbytes / bw + ncoll * c.collective_latency_s)
+        layers = m.depth + getattr(m, "single_blocks", 0)     # every joint attention
+        return layers * (nbytes / bw + ncoll * c.collective_latency_s)
 
     def rollout_mfu(self, batch: int, sp: int) -> tuple[float, bool]:
         """``(mfu, includes_sp)`` of a rollout step: measured (the profile), set
@@ -440,9 +443,10 @@ class ProfileCost(CostModel):
             Assumption("mbu", c.mbu, "fraction of HBM peak", "assumption"),
             Assumption("collective_latency", c.collective_latency_s, "s",
                        "assumption: NCCL small-message latency order"),
-            Assumption("model", f"{'Wan' if video else 'MMDiT'} d={m.width} depth={m.depth} "
-                       f"heads={m.num_heads}", "",
-                       "config cost.profile_model (configs/qwen_image.py, configs/wan21_14b.py)"),
+            Assumption("model", f"{type(m).__name__.removesuffix('Config')} d={m.width} "
+                       f"depth={m.depth} heads={m.num_heads}", "",
+                       "config cost.profile_model (e.g. configs/qwen_image.py, "
+                       "configs/wan21_14b.py)"),
             Assumption("params", self.params, "parameters", "derived: emulation.flops.param_count"),
             (Assumption("video", f"{c.image_pixels}px rows -> {'x'.join(map(str, shape))} "
                         f"latent, patch {m.patch_size}", "",

@@ -119,7 +119,7 @@ def export_lora(run, base_source: str = "") -> str | None:
         return None
     path = os.path.join(run.workdir, LORA_EXPORT)
     lora_export.export(jax.device_get(lora), cfg.lora_alpha / cfg.lora_rank, path,
-                       rank=cfg.lora_rank, base=str(base_source))
+                       rank=cfg.lora_rank, base=str(base_source), model=run.mcfg)
     return path
 
 

@@ -56,6 +56,11 @@ VOCAB: tuple[str, ...] = (
     "falling",
     "standing",
     "still",
+    # the editing world's verbs (world.edit): recolour, move, add, remove
+    "make",
+    "put",
+    "add",
+    "remove",
 )
 TOKEN_ID: dict[str, int] = {w: i for i, w in enumerate(VOCAB)}
 assert len(TOKEN_ID) == len(VOCAB), "duplicate word in VOCAB"

@@ -2,7 +2,6 @@
 operation: guidance's null prompt keeps the image and drops the words, prompt dropout too, and
 ``rollout.velocity`` hands the image to both of guidance's forwards, equal to calling the
 model directly; a rollout of an editing model runs end to end."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -52,13 +51,13 @@ def test_the_null_prompt_keeps_the_image_and_drops_the_words():
 def test_guided_velocity_passes_the_image_to_both_forwards(model):
     x, tokens, mask, image = inputs()
     t = jnp.full((2,), 0.6)
-    got = rollout.velocity(model, x, 0.6, tokens, mask, guidance=4.0)
-    cond = model(x, t, tokens[prompt.EMBEDS], mask, image_latents=image)
-    uncond = model(x, t, jnp.zeros_like(tokens[prompt.EMBEDS]), jnp.zeros_like(mask),
-                   image_latents=image)
+    guided = nnx.jit(lambda m, tokens: rollout.velocity(m, x, 0.6, tokens, mask, guidance=4.0))
+    direct = nnx.jit(lambda m, words, mask: m(x, t, words, mask, image_latents=image))
+    got = guided(model, tokens)
+    cond = direct(model, tokens[prompt.EMBEDS], mask)
+    uncond = direct(model, jnp.zeros_like(tokens[prompt.EMBEDS]), jnp.zeros_like(mask))
     np.testing.assert_allclose(got, uncond + 4.0 * (cond - uncond), rtol=1e-5, atol=1e-5)
-    other = rollout.velocity(model, x, 0.6, {**tokens, prompt.IMAGE: image[::-1]}, mask,
-                             guidance=4.0)
+    other = guided(model, {**tokens, prompt.IMAGE: image[::-1]})
     assert np.abs(np.asarray(other) - np.asarray(got)).max() > 1e-4   # the image is used
 
 
@@ -71,8 +70,8 @@ def test_an_editing_model_without_its_image_says_so(model):
 
 def test_encode_prompt_context_gives_the_same_guided_velocity(model):
     x, tokens, mask, _ = inputs()
-    context = rollout.encode_prompt(model, tokens, mask, guidance=4.0)
-    direct = rollout.velocity(model, x, 0.3, tokens, mask, guidance=4.0)
-    cached = jax.jit(lambda x: rollout.velocity(model, x, 0.3, tokens, mask, guidance=4.0,
-                                                context=context))(x)
+    context = nnx.jit(lambda m: rollout.encode_prompt(m, tokens, mask, guidance=4.0))(model)
+    direct = nnx.jit(lambda m: rollout.velocity(m, x, 0.3, tokens, mask, guidance=4.0))(model)
+    cached = nnx.jit(lambda m, c: rollout.velocity(m, x, 0.3, tokens, mask, guidance=4.0,
+                                                   context=c))(model, context)
     np.testing.assert_allclose(cached, direct, rtol=1e-5, atol=1e-5)

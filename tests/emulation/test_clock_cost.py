@@ -366,3 +366,20 @@ def _with_cost_field(name, value):
 def test_bad_inputs_raise_value_error_naming_choices(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("name", ["qwen_image_edit", "z_image", "flux2_dev", "flux2_klein_4b"])
+def test_every_paper_scale_family_is_a_cost_profile(name):
+    """``cost.profile_model`` may name any paper-scale config: its model times the emulated
+    deployment (its FLOPs at ``cost.image_pixels``, its parameters for the broadcast), and the
+    assumptions table names it."""
+    base = conf.load_config("base", {"cost.profile_model": name})
+    cost = conf.cost_config(base)
+    model = cost.profile_model
+    profile = cost_models.profile_for(model, 512, cost)
+    assert profile.flops == flops.forward_flops(dataclasses.replace(model, image_size=64))
+    assert profile.params == flops.param_count(model)
+    assert profile.rollout_step(8, sp=2) > 0 and profile.train_sample() > 0
+    assert profile.broadcast() > 0
+    rows = {a.name: a for a in profile.describe()}
+    assert type(model).__name__.removesuffix("Config") in rows["model"].value

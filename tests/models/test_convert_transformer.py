@@ -213,6 +213,7 @@ def test_a_missing_an_unexpected_and_a_misshaped_tensor_are_named():
 def test_unsupported_configs_and_a_foreign_position_table_are_named():
     msg = errors_of("sd3", lambda c, _: c.update(_class_name="HunyuanDiT2DModel"))
     assert "_class_name='HunyuanDiT2DModel' is not a transformer we convert" in msg
+    assert "'Flux2Transformer2DModel'" in msg and "'ZImageTransformer2DModel'" in msg  # listed
     msg = errors_of("flux_dev", lambda c, _: c.update(patch_size=2))
     assert "patch_size=2: Flux's transformer takes packed 2x2 latents" in msg
     msg = errors_of("qwen_image", lambda c, _: c.update(use_layer3d_rope=True))

@@ -1,8 +1,8 @@
 """LoRA applied factored (``lora.adapted_model``: ``x W + s (x a) b``, what train steps
 differentiate) against the merged weights (``lora.merge``: ``x (W + s a b)``, what samplers use):
 the same velocity and the same gradients of the factors, on the MMDiT (looped and scanned
-blocks, Flux's single-stream blocks) and the Wan transformer; and the factored gradient never
-forms a weight gradient of a frozen kernel."""
+blocks, Flux's single-stream blocks), the Wan, Z-Image and FLUX.2 transformers; and the factored
+gradient never forms a weight gradient of a frozen kernel."""
 import pathlib
 
 import jax
@@ -17,7 +17,9 @@ from spotlight_jax.models import convert
 from spotlight_jax.rl import lora as lora_lib
 
 SCALE = 2.0
-WAN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers" / "transformer" / "wan"
+TRANSFORMERS = (pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "diffusers"
+                / "transformer")
+WAN = TRANSFORMERS / "wan"
 
 
 def _random_lora(state, rank=3):
@@ -78,6 +80,22 @@ def test_factored_lora_equals_merged_on_the_wan_transformer(scan):
     graphdef, state = nnx.split(model)
     ref = np.load(WAN.with_suffix(".npz"))      # a small clip, its times and text states
     inputs = tuple(jnp.asarray(ref[k]) for k in ("odd_x", "odd_t", "odd_text"))
+    _assert_same(graphdef, state, _random_lora(state), inputs)
+
+
+@pytest.mark.parametrize("name, scan", [("z_image", False), ("flux2_klein", False),
+                                        pytest.param("z_image", True, marks=pytest.mark.e2e),
+                                        pytest.param("flux2_klein", True,
+                                                     marks=pytest.mark.e2e)])
+def test_factored_lora_equals_merged_on_z_image_and_flux2(name, scan):
+    """Z-Image (adapters on its main layers and noise refiner, a padded caption) and FLUX.2
+    (dual- and single-stream blocks) on their fixtures' odd case."""
+    model, _ = convert.from_diffusers(TRANSFORMERS / name, scan_blocks=scan)
+    graphdef, state = nnx.split(model)
+    ref = np.load(TRANSFORMERS / f"{name}.npz")
+    inputs = tuple(jnp.asarray(ref[f"odd/{k}"]) for k in ("x", "t", "text"))
+    if name == "z_image":
+        inputs += (jnp.asarray(ref["odd/mask"]),)
     _assert_same(graphdef, state, _random_lora(state), inputs)
 
 

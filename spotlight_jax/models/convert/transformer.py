@@ -43,6 +43,9 @@ OWN_CLASSES = {
                            config, tensors, dtype, shardings, source=source, **o)),
 }
 SUPPORTED = sorted([*FAMILIES, *OWN_CLASSES])
+# the top-level groups whose blocks scan_blocks stacks (one source tensor per block): the MMDiT's
+# and FLUX.2's dual- and single-stream blocks, Z-Image's layers and refiners
+STACKS = ("blocks", "single_blocks", "layers", "noise_refiner", "context_refiner")
 
 
 def convert_tensors(config: dict, tensors: dict, *, source: str = "checkpoint",
@@ -178,7 +181,7 @@ def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> in
         indices = shardings(tuple(path), shape).addressable_devices_indices_map(shape)
         keys = {placement.index_key(ix, shape) for ix in indices.values()}
         local = sum(int(np.prod([b - a for a, b in k])) for k in keys) * item
-        per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] in (
-            "blocks", "single_blocks") else shape))
+        per_part = int(np.prod(shape[1:] if cfg.scan_blocks and path[0] in STACKS
+                               else shape))
         peak = max(peak, local + per_part * max(source_itemsize, item))
     return peak
