@@ -32,6 +32,9 @@ Shipped (see each module for the exact definitions):
                         (`rewards.geneval.aspect_credit`)
   ocr_lite              max(1 - edit_distance(read, target) / len(target), 0)  (`rewards.ocr`)
   jpeg_compressibility  -(JPEG bytes at quality 95) / 1000 / 500  (`rewards.jpeg`)
+  edit_lite             editing world (`world.edit`): instruction applied x the rest of the source
+                        kept, read by the world's detector from an edit prompt
+                        ("<instruction> | <source prompt> | <seed>")  (`rewards.edit`)
   video_motion          video world (clips [B, F, H, W, 3]): mean of count, shape, motion and
                         persistence of the asked objects  (`rewards.motion`)
   video_motion_exact    their product: 1 only for a clip that meets every part
@@ -45,6 +48,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from spotlight_jax.rewards import mix
+from spotlight_jax.rewards.edit import edit_breakdown, edit_lite, edit_reward, make_edit_lite
 from spotlight_jax.rewards.geneval import (
     aspect_breakdown,
     constraint_breakdown,
@@ -73,7 +77,8 @@ _REGISTRY: dict[str, RewardFn] = {}
 # `(images, prompts) -> {part: float32 [B]}`, NaN where a part does not apply to a prompt.
 _COMPONENTS: dict[str, Callable] = {}
 _VIDEO: set[str] = set()          # the rewards registered for clips [B, F, H, W, 3]
-IMAGE_WORLD_REWARDS = ("geneval_lite", "geneval_lite_shaped", "geneval_lite_aspect", "ocr_lite")
+IMAGE_WORLD_REWARDS = ("geneval_lite", "geneval_lite_shaped", "geneval_lite_aspect", "ocr_lite",
+                       "edit_lite")
 """The rewards that read the image world's prompts (counts, positions, text): no reward of a
 video prompt's frames."""
 
@@ -265,6 +270,7 @@ register("geneval_lite", geneval_lite, components=constraint_breakdown)
 register("geneval_lite_shaped", geneval_lite_shaped, components=shaped_breakdown)
 register("geneval_lite_aspect", geneval_lite_aspect, components=aspect_breakdown)
 register("ocr_lite", ocr_lite)
+register("edit_lite", edit_lite)
 register("jpeg_compressibility", jpeg_compressibility)
 register("video_motion", video_motion, components=video_motion_parts, video=True)
 register("video_motion_exact", video_motion_exact, video=True)
@@ -276,7 +282,10 @@ __all__ = [
     "is_video_reward",
     "constraint_breakdown",
     "missing_credit",
+    "edit_breakdown",
     "edit_distance",
+    "edit_lite",
+    "edit_reward",
     "geneval_lite",
     "geneval_lite_aspect",
     "geneval_lite_shaped",
@@ -285,6 +294,7 @@ __all__ = [
     "get",
     "mix",
     "jpeg_compressibility",
+    "make_edit_lite",
     "make_geneval_lite",
     "make_ocr_lite",
     "names",

@@ -23,9 +23,12 @@ instruction) pairs, like the grammar's train/validation prompts. `render_pair` d
 with the renderer's own `layout` and derives the target from the same boxes (recoloured, one
 dropped, one added in free space, or one moved), so untouched objects keep every pixel.
 Instructions use the world's tokenizer; its four verbs ("make", "put", "add", "remove") are the
-last words of its vocabulary. `format_edit_prompt` writes a task and a layout seed as one string
-("make the red square blue | a red square and a green bar | 7") from which the registered edit
-reward (`rewards.edit`) re-renders the source it scores an edited image against.
+last words of its vocabulary, and it reads a move's relation in its canonical order ("put A on
+the right of B" is encoded as "the B on the left of put A": the first-named object is the left
+one after the edit, and "put" still marks the one that moves). `format_edit_prompt` writes a
+task and a layout seed as one string ("make the red square blue | a red square and a green bar |
+7") from which the registered edit reward (`rewards.edit`) re-renders the source it scores an
+edited image against.
 """
 
 from __future__ import annotations
