@@ -24,8 +24,8 @@ from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler, SamplerConfig, from_image, prompt, sample_t
 from spotlight_jax.evaluate import evaluate
 from spotlight_jax.io.metrics import MetricWriter
-from spotlight_jax.models.factory import is_video
-from spotlight_jax.world import video
+from spotlight_jax.models.factory import is_edit, is_video
+from spotlight_jax.world import edit, video
 
 T_SAMPLING = ("uniform", "logit_normal")   # diffusion.sample_t's kinds
 
@@ -168,8 +168,10 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
              ema=None, progress: bool = True, log_name: str = "pretrain", on_eval=None,
              tokenize=world.tokenize):
     """Runs ``cfg.steps`` of flow-matching pretraining on the world's images (a video model's:
-    the video world's clips, evaluated by ``video_motion``); returns ``(state, opt_state, ema,
-    history)``. ``on_eval(step, state, ema, result)`` is called after each evaluation (snapshots).
+    the video world's clips, evaluated by ``video_motion``; an editing model's: the editing
+    world's edited scenes given instruction and source, evaluated by ``edit_lite``); returns
+    ``(state, opt_state, ema, history)``. ``on_eval(step, state, ema, result)`` is called
+    after each evaluation (snapshots).
     ``tokenize``: the run's prompt source's (``config.prompt_source``; default the world's
     tokenizer): the images are the world's, rendered from its prompts, whatever encodes them.
     """
@@ -187,6 +189,14 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
         stream = video.video_stream(prompts, cfg.batch_size, seed + start_step,
                                     model_cfg.frames, cfg=world_cfg)
         eval_reward = rewards.resolve("video_motion")
+    elif is_edit(model_cfg):    # the editing world: instruction + source -> the edited scene
+        if cfg.kind_list:
+            raise ValueError(f"kinds={cfg.kinds!r}: task kinds are the image world's; an "
+                             "editing model pretrains on every edit kind (kinds='')")
+        val = edit.edit_prompts(edit.val_tasks(world_cfg))
+        stream = edit.edit_stream(edit.train_tasks(world_cfg), cfg.batch_size,
+                                  seed + start_step, world_cfg)
+        eval_reward = rewards.resolve("edit_lite")
     else:
         if cfg.kind_list:
             by_kind = world.prompts_by_kind(world_cfg, "train")

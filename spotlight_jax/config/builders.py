@@ -45,6 +45,7 @@ from spotlight_jax.models.factory import abstract_model, is_video
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_shardings
 from spotlight_jax.prompt_embeddings import (
+    EditPrompts,
     EmbeddingPrompts,
     PromptEmbeddingError,
     PromptSource,
@@ -205,7 +206,8 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
     def bad(why):
         raise ConfigError(f"prompts.embeddings_file={path!r}: {why}")
 
-    if m.text_width:
+    editing = getattr(m, "reference_images", 0) > 0
+    if getattr(m, "text_width", 0):
         if path:
             bad(f"the model has its own prompt encoder (model.text_width={m.text_width}), which "
                 "reads token ids; set --config.model.text_width=0 and "
@@ -221,7 +223,18 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
                                   "image world's; the video world trains on all its prompts "
                                   "(set --config.prompts.train_kinds='')")
             return VideoPrompts(world.WorldConfig(image_size=m.image_size))
+        if editing:
+            if kinds:
+                raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are the "
+                                  "image world's; the editing world trains on all its edit "
+                                  "kinds (set --config.prompts.train_kinds='')")
+            return EditPrompts(world.WorldConfig(image_size=m.image_size))
         return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
+    if editing:
+        raise ConfigError(f"model.reference_images={m.reference_images}: an editing model "
+                          "without a prompt encoder needs prompt files holding each "
+                          "instruction's input image, which are not built yet; use an editing "
+                          "model with a prompt encoder (configs/tiny_edit.py)")
     if train_kinds:
         raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are "
                           "the synthetic world's; a prompt-embedding file's training pool is its "

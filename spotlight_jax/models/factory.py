@@ -34,6 +34,12 @@ def is_video(cfg: ModelConfig) -> bool:
     return len(cfg.latent_shape) == 4
 
 
+def is_edit(cfg: ModelConfig) -> bool:
+    """Whether the model edits an input image (``reference_images > 0``): its prompts carry the
+    image (``diffusion.prompt.IMAGE``), and with a prompt encoder it learns the editing world."""
+    return getattr(cfg, "reference_images", 0) > 0
+
+
 def abstract_model(cfg: ModelConfig, seed: int = 0):
     """``(graphdef, abstract_state)`` without allocating parameters."""
     cls = model_class(cfg)

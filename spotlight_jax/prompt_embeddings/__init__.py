@@ -20,6 +20,7 @@ from spotlight_jax.prompt_embeddings.file import (
     write,
 )
 from spotlight_jax.prompt_embeddings.source import (
+    EditPrompts,
     EmbeddingPrompts,
     PromptSource,
     VideoPrompts,
@@ -31,6 +32,7 @@ __all__ = [
     "FORMAT",
     "SPLITS",
     "VERSION",
+    "EditPrompts",
     "EmbeddingPrompts",
     "PromptEmbeddingError",
     "PromptEmbeddings",

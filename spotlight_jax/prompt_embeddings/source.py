@@ -10,6 +10,10 @@ take its ``tokenize``, so no call site decides between the two kinds:
   synthetic world's prompts and its word tokenizer, exactly ``world.tokenize``;
 * :class:`VideoPrompts` (a video model with a prompt encoder): the video world's moving-shape
   prompts and the same tokenizer;
+* :class:`EditPrompts` (an editing model with a prompt encoder, ``model.reference_images > 0``):
+  the editing world's tasks as prompts ``"<instruction> | <source scene> | <seed>"``, whose
+  model input is the instruction's word ids and the source scene rendered at its seed, as the
+  prompt pytree ``{"embeds": ids, "image": source [B, H, W, 3] in [-1, 1]}``;
 * :class:`EmbeddingPrompts` (``model.text_width == 0``): a prompt-embedding file's prompts
   (its ``train`` and ``val`` splits) and their precomputed embeddings, as the prompt pytree of
   ``spotlight_jax.diffusion.prompt``: ``{"embeds": [B, max_len, D], "pooled": [B, P] (SD3),
@@ -27,7 +31,7 @@ import numpy as np
 from spotlight_jax import world
 from spotlight_jax.diffusion import prompt
 from spotlight_jax.prompt_embeddings.file import PromptEmbeddings
-from spotlight_jax.world import video
+from spotlight_jax.world import edit, video
 
 
 class PromptSource(Protocol):
@@ -89,6 +93,32 @@ class VideoPrompts:
     @staticmethod
     def tokenize(prompts, max_len):
         return world.tokenize(prompts, max_len)
+
+
+class EditPrompts:
+    """The editing world's train/held-out tasks (``world.edit``: recolour, move, add, remove),
+    one prompt per task. ``tokenize`` gives the instruction's word ids under ``embeds`` and the
+    source scene the prompt names (rendered at its seed, model space [-1, 1]) under ``image``:
+    the image an editing model edits, which travels with its prompt everywhere (a guidance null
+    prompt keeps it, ``diffusion.prompt``)."""
+
+    def __init__(self, world_cfg: world.WorldConfig):
+        self.world_cfg = world_cfg
+
+    @functools.cached_property
+    def train_prompts(self) -> list[str]:
+        return edit.edit_prompts(edit.train_tasks(self.world_cfg))
+
+    @functools.cached_property
+    def val_prompts(self) -> list[str]:
+        return edit.edit_prompts(edit.val_tasks(self.world_cfg))
+
+    def tokenize(self, prompts, max_len):
+        parsed = [edit.parse_edit_prompt(p, self.world_cfg) for p in prompts]
+        tasks, seeds = [t for t, _ in parsed], [s for _, s in parsed]
+        sources, _ = edit.render_pairs(tasks, seeds, self.world_cfg)
+        ids, mask = edit.tokenize_instructions(tasks, max_len)
+        return {prompt.EMBEDS: ids, prompt.IMAGE: sources * 2.0 - 1.0}, mask
 
 
 class EmbeddingPrompts:

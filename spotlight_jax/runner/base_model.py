@@ -18,7 +18,13 @@ from absl import logging
 from spotlight_jax import world
 from spotlight_jax.config import RunSpec
 from spotlight_jax.io import checkpoints
-from spotlight_jax.models.factory import ModelConfig, abstract_model, create_model, is_video
+from spotlight_jax.models.factory import (
+    ModelConfig,
+    abstract_model,
+    create_model,
+    is_edit,
+    is_video,
+)
 from spotlight_jax.pretrain import pretrain
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
@@ -36,6 +42,8 @@ def world_fingerprint(cfg: ModelConfig) -> dict:
     fingerprint = dataclasses.asdict(dataclasses.replace(w, text_scale=w.glyph_scale))
     if is_video(cfg):           # the video world's clips also depend on how fast objects move
         fingerprint["video_speed"] = world.video.SPEED
+    if is_edit(cfg):            # the editing world's tasks: its kinds and its train split
+        fingerprint["edit_kinds"] = list(world.edit.EDIT_KINDS)
     return json.loads(json.dumps(fingerprint))
 
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from PIL import Image
 
+from spotlight_jax.diffusion import prompt
 from spotlight_jax.emulation.deployment import PRICING_RULE
 from spotlight_jax.evaluate import evaluate as evaluate_policy
 from spotlight_jax.io import provenance
@@ -57,11 +58,31 @@ def save_samples(run, k: int, images, prompts) -> None:
     with np.load(first) as f:
         before, was, k0 = f["images"], f["scores"], int(f["iteration"])
     n = min(16, len(before), len(images))
-    pairs = np.stack([before[:n], images[:n]], 1).reshape(2 * n, *images.shape[1:])
+    sources = _input_images(run, prompts[:n])
+    if sources is None:
+        pairs = np.stack([before[:n], images[:n]], 1).reshape(2 * n, *images.shape[1:])
+        captions = [c for p, r0, r1 in zip(prompts[:n], was, scores)
+                    for c in (f"{p} | it {k0}: {r0:.2f}", f"it {k}: {r1:.2f}")]
+        save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), pairs, cols=8,
+                  captions=captions)
+        return
+    # an editing run: the image it edits | the base's edit | this one's, per prompt
+    triples = np.stack([sources, before[:n], images[:n]], 1).reshape(3 * n, *images.shape[1:])
     captions = [c for p, r0, r1 in zip(prompts[:n], was, scores)
-                for c in (f"{p} | it {k0}: {r0:.2f}", f"it {k}: {r1:.2f}")]
-    save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), pairs, cols=8,
+                for c in (f"source: {p.split(' | ')[0]}", f"it {k0}: {r0:.2f}",
+                          f"it {k}: {r1:.2f}")]
+    save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), triples, cols=9,
               captions=captions)
+
+
+def _input_images(run, prompts):
+    """The images an editing run's prompts carry for the model to edit, ``[N, H, W, 3]`` in
+    [0, 1]; None for a text-to-image run (or input latents, which are no picture)."""
+    tokens, _ = run.prompt_source.tokenize(prompts, run.mcfg.text_len)
+    image = prompt.image_latents(tokens)
+    if image is None or isinstance(image, (list, tuple)) or np.shape(image)[-1] != 3:
+        return None
+    return np.clip((np.asarray(image) + 1.0) / 2.0, 0.0, 1.0)
 
 
 def plot_rewards(run) -> None:

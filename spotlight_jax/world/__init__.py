@@ -8,7 +8,10 @@ the same palette, shapes and font back (`detect`), which the rewards in `spotlig
 build on. Everything is plain numpy; `WorldConfig` (`config`) holds every knob.
 """
 
-from spotlight_jax.world import video  # the video world (world.video)
+from spotlight_jax.world import (
+    edit,  # the editing world (world.edit)
+    video,  # the video world (world.video)
+)
 from spotlight_jax.world.config import (
     COMPACT_SHAPES,
     COUNT_WORDS,
@@ -79,5 +82,6 @@ __all__ = [
     "tokenize",
     "train_prompts",
     "val_prompts",
+    "edit",
     "video",
 ]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -425,3 +425,33 @@ def parse_edit_prompt(prompt: str, cfg: WorldConfig = DEFAULT) -> tuple[EditTask
         raise ValueError(f"edit prompt {prompt!r}: expected '<instruction> | <source prompt> | "
                          "<seed>', e.g. 'make the red square blue | a red square | 0'")
     return parse_task(parts[1].strip(), parts[0].strip(), cfg), int(parts[2])
+
+
+# ---------------------------------------------------------------- prompts and pretraining data
+
+def edit_prompts(tasks: Sequence[EditTask]) -> list[str]:
+    """The prompt pool of ``tasks``: each task once, its layout seed its index (a fixed source
+    scene per task, so a prompt always shows the same image to edit)."""
+    return [format_edit_prompt(t, i) for i, t in enumerate(tasks)]
+
+
+def edit_stream(tasks: Sequence[EditTask], batch_size: int, seed: int,
+                cfg: WorldConfig = DEFAULT) -> Iterator[tuple[list[str], np.ndarray]]:
+    """Endless pretraining stream of (edit prompts [B], target images float32 [B, H, W, 3]):
+    each example draws a kind uniformly, then a task of that kind and a fresh layout seed, so
+    pretraining sees many layouts of each task (the prompt names the seed: its source image is
+    re-rendered from it). Deterministic given ``seed``."""
+    tasks = list(tasks)
+    if not tasks:
+        raise ValueError("edit_stream needs at least one task")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    by_kind = [np.array([i for i, t in enumerate(tasks) if t.kind == k]) for k in EDIT_KINDS]
+    by_kind = [ix for ix in by_kind if ix.size]
+    rng = np.random.default_rng(seed)
+    while True:
+        kinds = rng.integers(len(by_kind), size=batch_size)
+        picked = [tasks[int(by_kind[k][rng.integers(by_kind[k].size)])] for k in kinds]
+        seeds = rng.integers(1 << 30, size=batch_size)
+        _, targets = render_pairs(picked, seeds, cfg)
+        yield [format_edit_prompt(t, s) for t, s in zip(picked, seeds)], targets
