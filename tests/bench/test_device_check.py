@@ -1,7 +1,9 @@
 """The prepared device script runs end to end on CPU devices (so it cannot rot between GPU
 loans): every part present, the attention paths equal the kernel alone, the train steps really
-update the weights, and the profile it writes beside its JSON prices a cost model. Among the
-e2e checks (~2.5 minutes of compiles on 2 cores)."""
+update the weights, and the profile it writes beside its JSON prices a cost model. The whole
+script's rehearsal is a slow check (4-6 minutes on 2 cores, past CI's budget): run it before a
+device session, `pytest -m slow tests/bench/test_device_check.py`; its parts' own checks stay
+among the e2e ones."""
 import dataclasses
 import json
 
@@ -17,6 +19,7 @@ from spotlight_jax.programs import TINY_CONFIG
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_device_script_runs_every_part_on_cpu_devices(tmp_path):
     out = str(tmp_path / "device_check.json")
     small = [kv for kv in device_check.ITERATION_SET if not kv.startswith(
