@@ -6,6 +6,7 @@ import numpy as np
 from spotlight_jax import rewards, world
 from spotlight_jax.diffusion import Sampler, batches
 from spotlight_jax.rewards import constraint_breakdown, missing_credit
+from spotlight_jax.rewards.edit import edit_summary
 from spotlight_jax.rewards.geneval import exact_scores
 from spotlight_jax.rewards.motion import motion_summary
 
@@ -49,6 +50,8 @@ def evaluate(sampler: Sampler, state, prompts, *, num_seeds: int, text_len: int,
         result.update({f"reward_{name}": float(np.mean(v)) for name, v in terms.items()})
     if reward.name == "video_motion":             # its parts and the strict success rate
         result.update(motion_summary(images, ps))
+    if reward.name == "edit_lite":                # the edit done, the rest kept, per kind
+        result.update(edit_summary(images, ps))
     if reward.name == "geneval_lite":
         graded = constraint_breakdown(images, ps)            # one detection for both views
         for k, v in exact_scores(graded).items():

@@ -80,3 +80,20 @@ def test_an_editing_model_without_a_prompt_encoder_says_what_is_missing():
     with pytest.raises(ConfigError, match=r"^model.reference_images=1: an editing model without "
                                           r"a prompt encoder needs prompt files"):
         prompt_source(config)
+
+
+def test_the_held_out_summary_splits_the_reward_by_factor_and_kind(source):
+    from spotlight_jax.rewards.edit import edit_summary
+
+    by_kind = {}
+    for p in source.val_prompts:
+        by_kind.setdefault(edit.parse_edit_prompt(p)[0].kind, p)
+    prompts = list(by_kind.values())
+    cfg = WorldConfig(image_size=32)
+    pairs = [edit.render_pair(*edit.parse_edit_prompt(p, cfg), cfg) for p in prompts]
+    done = edit_summary(np.stack([t for _, t in pairs]), prompts)
+    assert done == pytest.approx({"part_applied": 1.0, "part_preserved": 1.0,
+                                  **{f"kind_{k}": 1.0 for k in edit.EDIT_KINDS}})
+    undone = edit_summary(np.stack([s for s, _ in pairs]), prompts)
+    assert undone["part_applied"] < 0.3 and max(
+        undone[f"kind_{k}"] for k in edit.EDIT_KINDS) < 0.3

@@ -37,6 +37,14 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
             m = "val_missing_" + k[8:]
             share = (f"   {a.get(m, float('nan')):.3f} -> {b[m]:.3f}" if m in b else "")
             lines.append(f"  {k[8:]:<9}   {a.get(k, float('nan')):.2f} -> {b[k]:.2f}{share}")
+        kinds = [k for k in b if k.startswith("val_kind_")]
+        if "val_part_applied" in b:             # an editing run: the two factors, each kind
+            lines.append(f"  edit applied {a.get('val_part_applied', float('nan')):.2f} -> "
+                         f"{b['val_part_applied']:.2f}, rest of the source kept "
+                         f"{a.get('val_part_preserved', float('nan')):.2f} -> "
+                         f"{b['val_part_preserved']:.2f}; by kind: " + ", ".join(
+                             f"{k[9:]} {a.get(k, float('nan')):.2f} -> {b[k]:.2f}"
+                             for k in kinds))
     if "vtime_s" in last:
         lines.append(f"emulated deployment: {last['vtime_s'] / 3600:.2f} h, "
                      f"${last['dollars']:.2f}, spot utilisation "
