@@ -29,6 +29,11 @@ SMALL = {
     "sequence_parallel": dict(SEQ=256, REPEATS=1, STEPS=2, OVERRIDES={
         k: v for k, v in MICRO_OVERRIDES.items() if k.startswith("model.")}),
     "seed_exploration": dict(ITERATIONS=2, PROMPTS=2, SEEDS=6, OVERRIDES=MICRO_OVERRIDES),
+    # the shipped tiny editing base, 1 iteration, a small held-out set
+    "edit": dict(MAX_MINUTES=5.0, EVAL_EVERY=1, OVERRIDES={
+        "num_cpu_devices": 8, "compilation_cache_dir": "", "rl.iterations": 1,
+        "rl.max_minutes": 0.0, "rl.eval_prompts": 4, "rl.eval_seeds": 1, "rl.prompts_per_iter": 2,
+        "rl.group_size": 4, "sampler.num_steps": 6, "sampler.eval_steps": 4}),
     # the shipped tiny video base, 1 iteration, a small held-out set
     "video": dict(MAX_MINUTES=5.0, EVAL_EVERY=1, OVERRIDES={
         "num_cpu_devices": 8, "compilation_cache_dir": "", "rl.iterations": 1,

@@ -6,6 +6,7 @@ import numpy as np
 from PIL import Image
 
 from spotlight_jax import rewards, world
+from spotlight_jax.prompt_embeddings import WorldPrompts
 from spotlight_jax.runner import outputs
 
 
@@ -13,7 +14,9 @@ def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
     logged = []
     writer = types.SimpleNamespace(image=lambda k, key, img, caption: logged.append((k, key, img)))
     run = types.SimpleNamespace(workdir=str(tmp_path), writer=writer,
-                                eval_reward=rewards.resolve("geneval_lite"))
+                                eval_reward=rewards.resolve("geneval_lite"),
+                                prompt_source=WorldPrompts(world.WorldConfig(image_size=16)),
+                                mcfg=types.SimpleNamespace(text_len=16))
     prompts = world.val_prompts(world.WorldConfig(image_size=16))[:4]
     rng = np.random.default_rng(0)
     first, later = rng.uniform(size=(2, 4, 16, 16, 3)).astype(np.float32)
