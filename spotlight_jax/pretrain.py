@@ -218,6 +218,7 @@ def pretrain(graphdef, state, model_cfg, cfg: PretrainConfig, eval_sampler_cfg: 
     def run_eval(step):
         res, _, _ = evaluate(eval_sampler, ema, val, num_seeds=cfg.eval_seeds,
                              text_len=model_cfg.text_len, reward=eval_reward, tokenize=tokenize)
+        res.pop("scores")
         writer.write(step, **{f"eval/{k}": v for k, v in res.items()})
         history.append({"step": step, **res})
         return res

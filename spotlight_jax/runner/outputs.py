@@ -28,12 +28,22 @@ LORA_EXPORT = "lora_diffusers.safetensors"
 
 def evaluate(run, k: int) -> dict:
     """Held-out reward with the evaluation state (ODE sampler, fixed prompts and seeds); saves
-    the captioned sample grid ``samples/val_<k>.png``."""
+    the captioned sample grid ``samples/val_<k>.png``. The first evaluation's per-sample scores
+    are kept (``samples/val_scores_first.npy``) and every later one adds its paired gain over
+    them (``gain_paired`` and its 95% interval: the same prompts and noise)."""
     st = run.settings
+    first = os.path.join(run.workdir, "samples", "val_scores_first.npy")
+    baseline = np.load(first) if os.path.exists(first) else None
+    if baseline is not None and len(baseline) != len(run.val_prompts) * st.eval_seeds:
+        baseline = None                 # another held-out set (a changed config): no pairing
     res, images, _ = evaluate_policy(run.eval_sampler, run.trainer.eval_state(),
                                      run.val_prompts, num_seeds=st.eval_seeds,
                                      text_len=run.mcfg.text_len, reward=run.eval_reward,
-                                     tokenize=run.prompt_source.tokenize)
+                                     tokenize=run.prompt_source.tokenize, baseline=baseline)
+    scores = res.pop("scores")
+    if not os.path.exists(first):
+        os.makedirs(os.path.dirname(first), exist_ok=True)
+        np.save(first, scores)
     save_samples(run, k, images[::st.eval_seeds][:32], run.val_prompts[:32])
     return res
 

@@ -20,6 +20,15 @@ def gain_line(first: dict, last: dict) -> str:
     return f"gain {gain:+.3f}: {verdict} the 95% interval of the difference (±{half:.3f})"
 
 
+def paired_gain_line(last: dict) -> str:
+    """One line: the gain measured on the same held-out prompts and seeds before and after
+    (the mean per-sample difference) and whether it is beyond its own 95% interval."""
+    gain, half = last["val_gain_paired"], last["val_gain_paired_ci95"]
+    verdict = "beyond" if abs(gain) > half else "inside"
+    return (f"paired gain (same prompts and seeds) {gain:+.3f}: {verdict} its 95% interval "
+            f"(±{half:.3f})")
+
+
 def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) -> str:
     """The end-of-run table: held-out reward before/after, time and cost axes, where things are."""
     evals = [h for h in history if "val_reward" in h]
@@ -31,6 +40,8 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
         lines.append(f"held-out {spec.settings.eval_reward}: {a['val_reward']:.3f} -> "
                      f"{b['val_reward']:.3f} (±{b.get('val_reward_ci95', 0):.3f} 95%)")
         lines.append(gain_line(a, b))
+        if "val_gain_paired" in b:
+            lines.append(paired_gain_line(b))
         if any(k.startswith("val_acc_") for k in b):
             lines.append("  constraint  exact accuracy   its share of the missing reward")
         for k in sorted(k for k in b if k.startswith("val_acc_")):

@@ -2,6 +2,9 @@
 import pathlib
 import runpy
 
+import numpy as np
+import pytest
+
 from spotlight_jax.config import RunSpec
 from spotlight_jax.runner.summary import summary
 
@@ -50,3 +53,29 @@ def test_summary_states_the_worst_log_prob_gap_and_the_mfu(tmp_path):
     text = summary(RunSpec.from_config(c), str(tmp_path), rows, "base")
     assert "update 5.0 images/s (0.6 model TFLOP/s, MFU 30.0%)" in text
     assert "max 3e-07 (sampler step 5); first inner step's |ratio - 1| max 1e-08" in text
+
+
+def test_the_paired_gain_is_the_mean_difference_with_its_t_interval():
+    """Against a brute-force t-interval (scipy's) of the per-sample differences; a paired gain
+    can be beyond its interval where the unpaired comparison of the two means is not."""
+    from scipy import stats
+
+    from spotlight_jax.evaluate import paired_gain
+    from spotlight_jax.runner.summary import gain_line, paired_gain_line
+
+    rng = np.random.default_rng(0)
+    before = rng.uniform(0, 1, 400)
+    after = np.clip(before + rng.normal(0.03, 0.1, 400), 0, 1)
+    got = paired_gain(after, before)
+    d = after - before
+    lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    assert got["gain_paired"] == pytest.approx(d.mean())
+    assert got["gain_paired_ci95"] == pytest.approx((hi - lo) / 2)
+    a = {"val_reward": before.mean(), "val_reward_ci95": 1.96 * before.std(ddof=1) / 20}
+    b = {"val_reward": after.mean(), "val_reward_ci95": 1.96 * after.std(ddof=1) / 20,
+         **{f"val_{k}": v for k, v in got.items()}}
+    assert "inside" in gain_line(a, b)
+    assert paired_gain_line(b).startswith("paired gain (same prompts and seeds) +0.0")
+    assert "beyond its 95% interval" in paired_gain_line(b)
+    with pytest.raises(ValueError, match="the same samples"):
+        paired_gain(after, before[:10])
