@@ -97,3 +97,19 @@ def test_the_held_out_summary_splits_the_reward_by_factor_and_kind(source):
     undone = edit_summary(np.stack([s for s, _ in pairs]), prompts)
     assert undone["part_applied"] < 0.3 and max(
         undone[f"kind_{k}"] for k in edit.EDIT_KINDS) < 0.3
+
+
+def test_a_sample_grid_shows_every_edit_kind(source):
+    shown = source.shown(source.val_prompts, 8)
+    kinds = [edit.parse_edit_prompt(source.val_prompts[i])[0].kind for i in shown]
+    assert len(shown) == 8 and kinds[:4] == list(edit.EDIT_KINDS) == kinds[4:]
+
+
+def test_train_kinds_narrow_the_training_pool_not_the_held_out_one(source):
+    narrow = prompt_source(conf.load_config("tiny_edit", {"prompts.train_kinds": "move,add"}))
+    kinds = {edit.parse_edit_prompt(p)[0].kind for p in narrow.train_prompts}
+    assert kinds == {"move", "add"} and set(narrow.train_prompts) < set(source.train_prompts)
+    assert narrow.val_prompts == source.val_prompts
+    with pytest.raises(ConfigError, match=r"^prompts.train_kinds='color': unknown edit kind "
+                                          r"'color'; choose from"):
+        prompt_source(conf.load_config("tiny_edit", {"prompts.train_kinds": "color"}))

@@ -213,6 +213,14 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
                 "reads token ids; set --config.model.text_width=0 and "
                 "--config.model.text_embed_dim=<the file's width> to use the file, or "
                 "--config.prompts.embeddings_file=''")
+        if editing:             # the editing world's kinds (world.edit.EDIT_KINDS)
+            kinds = tuple(k.strip() for k in train_kinds.split(",") if k.strip())
+            unknown = [k for k in kinds if k not in world.edit.EDIT_KINDS]
+            if unknown:
+                raise ConfigError(f"prompts.train_kinds={train_kinds!r}: unknown edit kind "
+                                  f"{unknown[0]!r}; choose from {world.edit.EDIT_KINDS} "
+                                  "(comma-separated, '' = all)")
+            return EditPrompts(world.WorldConfig(image_size=m.image_size), kinds)
         try:
             kinds = world.parse_kinds(train_kinds)
         except ValueError as e:
@@ -223,12 +231,6 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
                                   "image world's; the video world trains on all its prompts "
                                   "(set --config.prompts.train_kinds='')")
             return VideoPrompts(world.WorldConfig(image_size=m.image_size))
-        if editing:
-            if kinds:
-                raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are the "
-                                  "image world's; the editing world trains on all its edit "
-                                  "kinds (set --config.prompts.train_kinds='')")
-            return EditPrompts(world.WorldConfig(image_size=m.image_size))
         return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
     if editing:
         raise ConfigError(f"model.reference_images={m.reference_images}: an editing model "

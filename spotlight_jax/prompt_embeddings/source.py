@@ -23,6 +23,7 @@ take its ``tokenize``, so no call site decides between the two kinds:
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -97,21 +98,37 @@ class VideoPrompts:
 
 class EditPrompts:
     """The editing world's train/held-out tasks (``world.edit``: recolour, move, add, remove),
-    one prompt per task. ``tokenize`` gives the instruction's word ids under ``embeds`` and the
+    one prompt per task; ``train_kinds``: the training pool keeps only tasks of these edit kinds
+    (empty = all; the held-out pool always covers every kind). ``tokenize`` gives the instruction's word ids under ``embeds`` and the
     source scene the prompt names (rendered at its seed, model space [-1, 1]) under ``image``:
     the image an editing model edits, which travels with its prompt everywhere (a guidance null
     prompt keeps it, ``diffusion.prompt``)."""
 
-    def __init__(self, world_cfg: world.WorldConfig):
+    def __init__(self, world_cfg: world.WorldConfig, train_kinds: Sequence[str] = ()):
         self.world_cfg = world_cfg
+        self.train_kinds = tuple(train_kinds)
 
     @functools.cached_property
     def train_prompts(self) -> list[str]:
-        return edit.edit_prompts(edit.train_tasks(self.world_cfg))
+        prompts = edit.edit_prompts(edit.train_tasks(self.world_cfg))
+        if not self.train_kinds:
+            return prompts
+        return [p for p in prompts
+                if edit.parse_edit_prompt(p, self.world_cfg)[0].kind in self.train_kinds]
 
     @functools.cached_property
     def val_prompts(self) -> list[str]:
         return edit.edit_prompts(edit.val_tasks(self.world_cfg))
+
+    def shown(self, prompts, n: int) -> list[int]:
+        """Indices of up to ``n`` of ``prompts`` for a sample grid, taking the edit kinds in
+        turn (the pools list their tasks kind by kind, so a prefix would show one kind)."""
+        by_kind: dict[str, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_kind.setdefault(edit.parse_edit_prompt(p, self.world_cfg)[0].kind, []).append(i)
+        turns = [i for group in itertools.zip_longest(*by_kind.values()) for i in group
+                 if i is not None]
+        return turns[:n]
 
     def tokenize(self, prompts, max_len):
         parsed = [edit.parse_edit_prompt(p, self.world_cfg) for p in prompts]

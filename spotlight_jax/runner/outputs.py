@@ -44,7 +44,9 @@ def evaluate(run, k: int) -> dict:
     if not os.path.exists(first):
         os.makedirs(os.path.dirname(first), exist_ok=True)
         np.save(first, scores)
-    save_samples(run, k, images[::st.eval_seeds][:32], run.val_prompts[:32])
+    pick = getattr(run.prompt_source, "shown", None)   # editing: every kind in the grid
+    shown = pick(run.val_prompts, 32) if pick else list(range(min(32, len(run.val_prompts))))
+    save_samples(run, k, images[::st.eval_seeds][shown], [run.val_prompts[i] for i in shown])
     return res
 
 
