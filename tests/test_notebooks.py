@@ -77,5 +77,6 @@ def test_notebook_runs(name, tmp_path):
                  for o in c.outputs)
     assert images >= 2, f"{name} displayed {images} figures"
     expected = {"quickstart": "held-out reward", "sequence_parallel": "equals the single-device",
-                "seed_exploration": "Kendall tau", "video": "(count "}[name]
+                "seed_exploration": "Kendall tau", "video": "(count ",
+                "edit": "(applied "}[name]
     assert expected in text
