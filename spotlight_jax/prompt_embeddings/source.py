@@ -99,10 +99,11 @@ class VideoPrompts:
 class EditPrompts:
     """The editing world's train/held-out tasks (``world.edit``: recolour, move, add, remove),
     one prompt per task; ``train_kinds``: the training pool keeps only tasks of these edit kinds
-    (empty = all; the held-out pool always covers every kind). ``tokenize`` gives the instruction's word ids under ``embeds`` and the
-    source scene the prompt names (rendered at its seed, model space [-1, 1]) under ``image``:
-    the image an editing model edits, which travels with its prompt everywhere (a guidance null
-    prompt keeps it, ``diffusion.prompt``)."""
+    (empty = all; the held-out pool always covers every kind). ``tokenize`` gives the
+    instruction's word ids under ``embeds`` and the source scene the prompt names (rendered at
+    its seed, model space [-1, 1]) under ``image``: the image an editing model edits, which
+    travels with its prompt everywhere (a guidance null prompt keeps it,
+    ``diffusion.prompt``)."""
 
     def __init__(self, world_cfg: world.WorldConfig, train_kinds: Sequence[str] = ()):
         self.world_cfg = world_cfg
