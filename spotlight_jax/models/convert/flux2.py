@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 from flax import nnx
 
@@ -166,29 +165,7 @@ def flux2_model(config: dict, tensors: dict, dtype="float32", shardings=None, *,
     cfg, thunks = flux2_tensors(config, tensors, source=source, lazy=True, dtype=name,
                                 param_dtype=name, **overrides)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Flux2Transformer(cfg, rngs=nnx.Rngs(0))))
-    pure = nnx.to_pure_dict(state)
-    place = shardings or (lambda path, shape: None)
-    for path, parts in _parts(thunks, cfg).items():
-        node = pure
-        for key in path[:-1]:
-            node = node[key]
-        shape = tuple(node[path[-1]].shape)
-        node[path[-1]] = placement.assemble(parts, shape, np.dtype(dtype), place(path, shape))
-    leftover = [p for p, v in jax.tree_util.tree_leaves_with_path(pure)
-                if isinstance(v, jax.ShapeDtypeStruct)]
-    if leftover:
-        raise ValueError(f"FLUX.2 parameters left unconverted: {leftover[:3]}")
-    nnx.replace_by_pure_dict(state, pure)
+    stacks = ({"blocks": cfg.num_layers, "single_blocks": cfg.num_single_layers}
+              if cfg.scan_blocks else {})
+    placement.fill(state, placement.stack_parts(thunks, stacks), dtype, shardings, "FLUX.2")
     return nnx.merge(graphdef, state), cfg
-
-
-def _parts(thunks: dict, cfg: Flux2Config) -> dict:
-    """``{our state path: [functions, one per stacked block (scan_blocks) or one]}``."""
-    if not cfg.scan_blocks:
-        return {p: [f] for p, f in thunks.items()}
-    stacks = {"blocks": cfg.num_layers, "single_blocks": cfg.num_single_layers}
-    out = {p: [f] for p, f in thunks.items() if p[0] not in stacks}
-    for stack, n in stacks.items():
-        for suffix in sorted({p[2:] for p in thunks if p[0] == stack}, key=str):
-            out[(stack,) + suffix] = [thunks[(stack, i) + suffix] for i in range(n)]
-    return out

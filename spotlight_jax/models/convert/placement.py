@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 
 def assemble(parts: list, shape: tuple, dtype: np.dtype, sharding) -> jax.Array:
@@ -50,3 +51,38 @@ def assemble(parts: list, shape: tuple, dtype: np.dtype, sharding) -> jax.Array:
 def index_key(index: tuple, shape: tuple) -> tuple:
     """A device's index (a tuple of slices) as ``((start, stop), ...)`` per dimension."""
     return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+
+
+def stack_parts(thunks: dict, stacks: dict) -> dict:
+    """``{state path: [part functions]}`` for :func:`assemble` from ``thunks`` (``{path:
+    function}`` of each converted tensor, a block's under ``(group, i, ...)``): each parameter
+    of a scanned stack (``stacks``: its top-level group -> its number of blocks) gets one part
+    per block, in order; every other parameter one part. A stack of one block keeps its axis."""
+    out = {p: [f] for p, f in thunks.items() if p[0] not in stacks}
+    for group, n in stacks.items():
+        for suffix in sorted({p[2:] for p in thunks if p[0] == group}, key=str):
+            parts = [thunks[(group, i) + suffix] for i in range(n)]
+            if n == 1:          # one part is taken whole by assemble: give it the block axis
+                parts = [lambda f=parts[0]: np.asarray(f())[None]]
+            out[(group,) + suffix] = parts
+    return out
+
+
+def fill(state, parts: dict, dtype, shardings=None, what: str = "model") -> None:
+    """Replaces every abstract parameter of the nnx ``state`` (from ``nnx.eval_shape``) by its
+    :func:`assemble`-d array: ``parts`` ``{state path: [part functions]}``, cast to ``dtype``,
+    placed on ``shardings(path, shape)`` (None: the default device). A parameter left abstract
+    is a ValueError naming the first ones (``what``: the model, for the message)."""
+    pure = nnx.to_pure_dict(state)
+    place = shardings or (lambda path, shape: None)
+    for path, fns in parts.items():
+        node = pure
+        for key in path[:-1]:
+            node = node[key]
+        shape = tuple(node[path[-1]].shape)
+        node[path[-1]] = assemble(fns, shape, np.dtype(dtype), place(path, shape))
+    leftover = [p for p, v in jax.tree_util.tree_leaves_with_path(pure)
+                if isinstance(v, jax.ShapeDtypeStruct)]
+    if leftover:
+        raise ValueError(f"{what} parameters left unconverted: {leftover[:3]}")
+    nnx.replace_by_pure_dict(state, pure)

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import pathlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -137,34 +136,10 @@ def from_diffusers(checkpoint_dir, dtype=jnp.float32, *, shardings=None,
     cfg, thunks = convert_tensors(config, tensors, source=str(checkpoint_dir), lazy=True,
                                   dtype=dtype_name, param_dtype=dtype_name, **overrides)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: MMDiT(cfg, rngs=nnx.Rngs(0))))
-    pure = nnx.to_pure_dict(state)
-    place = shardings or (lambda path, shape: None)
-    host_dtype = np.dtype(dtype)
-    for path, parts in _parameters(thunks, cfg).items():
-        node = pure
-        for key in path[:-1]:
-            node = node[key]
-        shape = tuple(node[path[-1]].shape)
-        node[path[-1]] = placement.assemble(parts, shape, host_dtype, place(path, shape))
-    leftover = [p for p, v in jax.tree_util.tree_leaves_with_path(pure)
-                if isinstance(v, jax.ShapeDtypeStruct)]
-    if leftover:
-        raise ValueError(f"parameters left unconverted: {leftover[:3]}")
-    nnx.replace_by_pure_dict(state, pure)
+    stacks = ({"blocks": cfg.depth, "single_blocks": cfg.single_blocks} if cfg.scan_blocks
+              else {})
+    placement.fill(state, placement.stack_parts(thunks, stacks), dtype, shardings)
     return nnx.merge(graphdef, state), cfg
-
-
-def _parameters(thunks: dict, cfg: MMDiTConfig) -> dict:
-    """``{our state path: [functions, one per stacked block (scan_blocks) or one]}``."""
-    if not cfg.scan_blocks:
-        return {p: [f] for p, f in thunks.items()}
-    stacks = {"blocks": cfg.depth, "single_blocks": cfg.single_blocks}
-    out = {p: [f] for p, f in thunks.items() if p[0] not in stacks}
-    for stack, n in stacks.items():
-        suffixes = sorted({p[2:] for p in thunks if p[0] == stack}, key=str)
-        for suffix in suffixes:
-            out[(stack,) + suffix] = [thunks[(stack, i) + suffix] for i in range(n)]
-    return out
 
 
 def host_peak_bytes(cfg: MMDiTConfig, shardings, source_itemsize: int = 2) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 from flax import nnx
 
@@ -101,32 +100,6 @@ def z_image_model(config: dict, tensors: dict, dtype="float32", shardings=None, 
     thunks = layout.apply_rules(tensors, rules(cfg), targets, source=source, lazy=True)
 
     graphdef, state = nnx.split(nnx.eval_shape(lambda: ZImageTransformer(cfg, rngs=nnx.Rngs(0))))
-    pure = nnx.to_pure_dict(state)
-    place = shardings or (lambda path, shape: None)
-    for path, parts in _parameters(thunks, cfg).items():
-        node = pure
-        for k in path[:-1]:
-            node = node[k]
-        shape = tuple(node[path[-1]].shape)
-        node[path[-1]] = placement.assemble(parts, shape, np.dtype(name), place(path, shape))
-    leftover = [p for p, v in jax.tree_util.tree_leaves_with_path(pure)
-                if isinstance(v, jax.ShapeDtypeStruct)]
-    if leftover:
-        raise ValueError(f"Z-Image parameters left unconverted: {leftover[:3]}")
-    nnx.replace_by_pure_dict(state, pure)
+    stacks = {g: n for g, n, _ in _groups(cfg)} if cfg.scan_blocks else {}
+    placement.fill(state, placement.stack_parts(thunks, stacks), name, shardings, "Z-Image")
     return nnx.merge(graphdef, state), cfg
-
-
-def _parameters(thunks: dict, cfg: ZImageConfig) -> dict:
-    """``{our state path: [functions, one per stacked block (scan_blocks) or one]}``."""
-    if not cfg.scan_blocks:
-        return {p: [f] for p, f in thunks.items()}
-    groups = {g: n for g, n, _ in _groups(cfg)}
-    out = {p: [f] for p, f in thunks.items() if p[0] not in groups}
-    for group, n in groups.items():
-        for suffix in sorted({p[2:] for p in thunks if p[0] == group}, key=str):
-            parts = [thunks[(group, i) + suffix] for i in range(n)]
-            if n == 1:      # one part is taken whole by placement.assemble: give it the axis
-                parts = [lambda f=parts[0]: np.asarray(f())[None]]
-            out[(group,) + suffix] = parts
-    return out
