@@ -186,7 +186,8 @@ def check_devices(config, devices) -> None:
 
 def kernel_fits(impl: str, model: MMDiTConfig, devices) -> None:
     """A ConfigError when the forced attention kernel ``impl`` cannot run ``model`` on
-    ``devices`` (``parallel.kernels``: cuDNN needs NVIDIA GPUs, bf16/fp16, its head dims)."""
+    ``devices`` (``parallel.kernels``: cuDNN needs NVIDIA GPUs, bf16/fp16, its head dims;
+    splash needs TPUs)."""
     try:
         resolve_kernel(impl, as_dtype(model.dtype), model.head_dim, list(devices))
     except ValueError as e:

@@ -3,15 +3,14 @@
 One entry point, :func:`attention`, computes bidirectional softmax attention of
 ``[batch, seq, heads, head_dim]`` inputs with the sequence sharded over one or two mesh axes:
 
-* ``dense``: plain local attention (the kernel of ``parallel.kernels``: cuDNN flash attention
-  on NVIDIA GPUs where it can run, XLA elsewhere); no SP.
+* ``dense``: plain local attention (the kernel of ``parallel.kernels``: splash attention on
+  TPUs, cuDNN flash attention on NVIDIA GPUs where it can run, XLA elsewhere); no SP.
 * ``ulysses``: ``all_to_all`` turns sequence shards into head shards, attention runs locally over
   the whole sequence, and the inverse ``all_to_all`` restores sequence shards. Needs
   ``heads % sp == 0``; otherwise falls back to ``ring`` (logged once per configuration).
 * ``ring``: K/V blocks travel around the SP group with ``ppermute`` while each device accumulates
-  an online softmax in float32 (block logits via einsum); under a kernel that returns the
-  log-sum-exp (cuDNN) each block is the kernel's and the blocks merge by their log-sum-exp. The
-  backward pass is a custom VJP that recomputes block probabilities from the saved log-sum-exp
+  an online softmax in float32 (block logits via einsum); under a fused kernel (cuDNN,
+  splash) each block is the kernel's and the blocks merge by their log-sum-exp. The backward pass is a custom VJP that recomputes block probabilities from the saved log-sum-exp
   and sends dK/dV home around the same ring: only one ``(seq/sp)^2`` block of logits is live at
   a time and nothing per step is kept for the backward pass.
 * ``usp``: Ulysses over groups of ``u`` consecutive SP ranks, then ring over the ``r`` groups
@@ -111,7 +110,7 @@ def attention(q, k, v, *, mesh: Mesh | None = None, strategy: str = "dense",
       axis: SP mesh axis name, or a tuple of names. For ``usp`` a pair means
         ``(ulysses_axis, ring_axis)``; for ``ulysses``/``ring`` a tuple is one combined SP group.
       kv_mask: optional bool ``[batch, kv_seq]``, True where the key is valid.
-      implementation: the local kernel, ``auto``, ``xla`` or ``cudnn`` (or a resolved
+      implementation: the local kernel, ``auto``, ``xla``, ``cudnn`` or ``splash`` (or a resolved
         :class:`~spotlight_jax.parallel.kernels.Kernel`); see ``parallel.kernels``. Under
         cuDNN the valid keys of ``kv_mask`` must come first.
 
@@ -259,8 +258,9 @@ def _sp_attention(plan: _Plan, q, k, v, kv_mask=None):
         args.append(_constrain(_pad_seq(kv_mask.astype(bool), kv_pad, False), plan.mesh,
                                mask_spec))
         specs.append(mask_spec)
+    # Pallas kernels (splash) do not type their outputs' variance: check it for the others.
     out = jax.shard_map(functools.partial(_sp_body, plan), mesh=plan.mesh, in_specs=tuple(specs),
-                        out_specs=qkv_spec, check_vma=True)(*args)
+                        out_specs=qkv_spec, check_vma=plan.kernel.impl != "splash")(*args)
     if q_pad != q_len:
         if not all(t == AxisType.Auto for t in plan.mesh.axis_types):
             # Explicit sharding cannot slice an unevenly split dimension; gather it first.
@@ -314,9 +314,9 @@ def _ring_attention(q, k, v, mask, plan: _Plan):
 
 def _ring_forward(q, k, v, mask, plan: _Plan):
     """Online softmax over the ``plan.ring`` K/V blocks; returns (out, lse), lse=-inf if no key.
-    A kernel that takes key lengths (cuDNN) computes each block itself and the blocks merge by
-    their log-sum-exp (:func:`_ring_forward_merged`)."""
-    if plan.kernel.by_lengths:
+    A fused kernel (cuDNN, splash) computes each block itself and the blocks merge by their
+    log-sum-exp (:func:`_ring_forward_merged`)."""
+    if plan.kernel.fused:
         return _ring_forward_merged(q, k, v, mask, plan)
     axes, perm = plan.sp_axes, plan.ring_perm
     b, s_q, h, d = q.shape

@@ -1,9 +1,16 @@
-"""The local attention kernel every attention path ends in: XLA's, or cuDNN's flash attention.
+"""The local attention kernel every attention path ends in: XLA's, cuDNN's flash attention on
+NVIDIA GPUs, or the Pallas splash attention kernel on TPUs.
 
 ``resolve(requested, dtype, head_dim, devices)`` turns a requested implementation (``auto``,
-``xla``, ``cudnn``) into a :class:`Kernel`. ``auto`` is cuDNN flash attention where it can run
-(an NVIDIA GPU, bf16 or fp16, a head dim that is a multiple of 8 and at most 128, or 256 from
-Hopper on) and XLA elsewhere; a forced ``cudnn`` that cannot run is a ValueError naming why.
+``xla``, ``cudnn``, ``splash``) into a :class:`Kernel`. ``auto`` is splash attention on TPUs,
+cuDNN flash attention where it can run (an NVIDIA GPU, bf16 or fp16, a head dim that is a
+multiple of 8 and at most 128, or 256 from Hopper on) and XLA elsewhere; a forced ``cudnn`` or
+``splash`` that cannot run is a ValueError naming why.
+
+Splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``) takes the padding as
+segment ids (a key of another segment than the query is masked), so any mask works, not only a
+prefix; sequences are padded to its 128-wide tiles here. ``Kernel("splash", interpret=True)``
+runs the same Pallas kernel in interpret mode on any backend: how its paths are tested on CPU.
 
 Padding reaches cuDNN as key lengths, so its keys must be valid first and padded last (a
 *prefix* mask per batch element); the models order their joint sequences that way when
@@ -23,25 +30,35 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 HALF = (jnp.bfloat16, jnp.float16)
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """``impl``: ``xla`` or ``cudnn``. ``by_lengths``: the padding is handed to the kernel as
-    key lengths (valid keys first), as cuDNN needs; ``even_lengths``: an odd sequence is padded
-    by one masked position (JAX's cuDNN attention refuses odd lengths when differentiated: SD3.5's
-    333 text + 1024 image tokens). XLA's kernel can take either form (how the cuDNN code path is
-    tested on a CPU)."""
+    """``impl``: ``xla``, ``cudnn``, ``splash`` (or ``recompute``, below). ``by_lengths``: the
+    padding is handed to the kernel as key lengths (valid keys first), as cuDNN needs;
+    ``even_lengths``: an odd sequence is padded by one masked position (JAX's cuDNN attention
+    refuses odd lengths when differentiated: SD3.5's 333 text + 1024 image tokens). XLA's kernel
+    can take either form (how the cuDNN code path is tested on a CPU). ``interpret``: run a
+    Pallas kernel (splash) in interpret mode, on any backend."""
 
     impl: str = "xla"
     by_lengths: bool = False
     even_lengths: bool = False
+    interpret: bool = False
+
+    @property
+    def fused(self) -> bool:
+        """Whether ring attention hands each block to this kernel and merges the blocks by
+        their log-sum-exp: a fused kernel (cuDNN, splash) or XLA standing in for cuDNN's code
+        path (``by_lengths``)."""
+        return self.impl in ("cudnn", "splash") or self.by_lengths
 
 
 XLA = Kernel()
 CUDNN = Kernel("cudnn", by_lengths=True, even_lengths=True)
+SPLASH = Kernel("splash")
 # XLA's arithmetic with a fused kernel's memory: the backward keeps q, k, v, the output and each
 # row's log-sum-exp and recomputes the probabilities (:func:`attend_recomputed`). What the dry
 # run traces to count a flash kernel's residuals on a machine without one; not a user setting.
@@ -50,8 +67,8 @@ RECOMPUTE = Kernel("recompute")
 
 # What a rematerialised block can keep so that its backward does not run a fused attention's
 # forward again: the outputs of cuDNN's forward (JAX's primitive: the attention's output and
-# its softmax statistics) and the XLA stand-in's (RECOMPUTE: its output and row log-sum-exp,
-# named). O(sequence) per head, against the O(sequence^2) work of recomputing them.
+# its softmax statistics), splash's and the XLA stand-in's (RECOMPUTE: output and row
+# log-sum-exp, named). O(sequence) per head, against the O(sequence^2) work of recomputing them.
 SAVED_NAME = "fused_attention"
 _CUDNN_FORWARD = ("dot_product_attention_fwd_wrapper", "dot_product_attention_fwd")
 
@@ -84,6 +101,16 @@ def cudnn_refusal(dtype, head_dim: int, devices=None) -> str | None:
     return None
 
 
+def splash_refusal(devices=None) -> str | None:
+    """Why splash attention cannot run on ``devices`` (default: the default backend's); None
+    on TPUs. (Interpret mode runs anywhere; it is a testing aid, not a user setting.)"""
+    devices = list(devices) if devices is not None else jax.devices()
+    if {d.platform for d in devices} != {"tpu"}:
+        found = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in devices}))
+        return f"splash attention is a TPU kernel; the devices are {found}"
+    return None
+
+
 def fused_on_gpus(requested: str, dtype, head_dim: int) -> bool:
     """Whether ``requested`` (``auto`` or ``cudnn``) runs cuDNN flash attention for ``dtype``
     inputs of ``head_dim`` on NVIDIA Hopper GPUs: what a plan made elsewhere (the dry run on
@@ -106,6 +133,14 @@ def resolve(requested: str, dtype, head_dim: int, devices=None) -> Kernel:
                          f"{IMPLEMENTATIONS}")
     if requested == "xla":
         return XLA
+    devices = None if devices is None else list(devices)      # may be an iterator
+    if requested in ("auto", "splash"):
+        why = splash_refusal(devices)
+        if why is None:
+            return SPLASH
+        if requested == "splash":
+            raise ValueError(f"attention_impl='splash' cannot run here: {why}; use 'auto' "
+                             "(splash on TPUs, cuDNN on NVIDIA GPUs, XLA elsewhere) or 'xla'")
     why = cudnn_refusal(dtype, head_dim, devices)
     if why is None:
         return CUDNN
@@ -125,6 +160,8 @@ def attend(kernel: Kernel, q, k, v, mask=None):
     ``mask`` ``[b, s]`` (True = valid key) or None; rows without a valid key are zeros."""
     if kernel.impl == "recompute":
         return attend_recomputed(q, k, v, mask)
+    if kernel.impl == "splash":
+        return splash_attend(q, k, v, mask, interpret=kernel.interpret)
     if kernel.even_lengths and (q.shape[1] % 2 or k.shape[1] % 2):
         even = dataclasses.replace(kernel, even_lengths=False)
         return attend(even, *_padded_to_even(q, k, v, mask))[:, :q.shape[1]]
@@ -151,6 +188,8 @@ def attend_with_lse(kernel: Kernel, q, k, v, mask=None):
         return out[:, :q.shape[1]], lse[:, :, :q.shape[1]]
     b, s = k.shape[:2]
     mask = jnp.ones((b, s), bool) if mask is None else jnp.asarray(mask, bool)
+    if kernel.impl == "splash":
+        return splash_attend(q, k, v, mask, interpret=kernel.interpret, with_lse=True)
     lengths, usable = _lengths(mask)
     if kernel.impl == "cudnn":
         out, lse = _cudnn_with_stats(q, k, v, lengths)
@@ -205,6 +244,67 @@ def _cudnn_with_stats(q, k, v, lengths):
         q, k, v, q_seqlen=q_len, kv_seqlen=lengths, scale=q.shape[-1] ** -0.5,
         mask_type=cudnn.MaskType.PADDING, qkv_layout="BTNH", return_residual=True)
     return out, stats.astype(jnp.float32)
+
+
+SPLASH_TILE = 128     # splash's block sizes are multiples of the TPU's 128 lanes
+
+
+def _splash_blocks(length: int) -> int:
+    """The largest of splash's block sizes 512, 256, 128 that divides ``length`` (a multiple of
+    :data:`SPLASH_TILE`)."""
+    return next(b for b in (512, 256, SPLASH_TILE) if length % b == 0)
+
+
+def _splash_kernel(heads: int, q_len: int, kv_len: int, with_lse: bool, interpret: bool):
+    """Splash attention over ``heads`` heads of ``q_len`` queries and ``kv_len`` keys (both
+    multiples of :data:`SPLASH_TILE`), every query seeing every key of its segment;
+    ``with_lse``: also return each row's log-sum-exp (forward only: no gradient). Made per
+    call, not cached: it holds arrays of the trace it is made in. Its residuals (output, log-sum-exp) are named :data:`SAVED_NAME`, so a remat policy that keeps
+    a fused attention's outputs keeps them."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+        splash_attention_kernel as splash, splash_attention_mask as masks)
+
+    bq, bkv = _splash_blocks(q_len), _splash_blocks(kv_len)
+    blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+                               block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+                               block_q_dq=bq, block_kv_dq=bkv)
+    mask = masks.MultiHeadMask([masks.FullMask((q_len, kv_len))] * heads)
+    return splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                  save_residuals=with_lse, interpret=interpret,
+                                  residual_checkpoint_name=None if with_lse else SAVED_NAME)
+
+
+def splash_attend(q, k, v, mask, *, interpret: bool = False, with_lse: bool = False):
+    """:func:`attend` (``with_lse``: :func:`attend_with_lse`) by splash attention: ``q``
+    pre-scaled, the layout ``[b, s, h, d]`` -> ``[h, s, d]`` per batch element, both sequences
+    padded to whole tiles, the key mask as segment ids (valid 0, masked 1; queries 0). A batch
+    element without a valid key attends every key (finite values and gradients) and is zeroed
+    after, as every kernel here returns it."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+        splash_attention_kernel as splash)
+
+    (b, s_q, h, d), s_k = q.shape, k.shape[1]
+    mask = jnp.ones((b, s_k), bool) if mask is None else jnp.asarray(mask, bool)
+    has_key = jnp.any(mask, axis=-1)
+    q_pad, k_pad = -(-s_q // SPLASH_TILE) * SPLASH_TILE, -(-s_k // SPLASH_TILE) * SPLASH_TILE
+
+    def heads_first(x, length):
+        x = jnp.pad(x, [(0, 0), (0, length - x.shape[1]), (0, 0), (0, 0)])
+        return x.transpose(0, 2, 1, 3)                                     # [b, h, s, d]
+
+    qh = heads_first(q * jnp.asarray(d ** -0.5, q.dtype), q_pad)
+    kh, vh = heads_first(k, k_pad), heads_first(v, k_pad)
+    valid = jnp.pad(mask | ~has_key[:, None], [(0, 0), (0, k_pad - s_k)])
+    segments = splash.SegmentIds(q=jnp.zeros((b, q_pad), jnp.int32),
+                                 kv=jnp.where(valid, 0, 1).astype(jnp.int32))
+    kernel = _splash_kernel(h, q_pad, k_pad, with_lse, interpret)
+    out = jax.vmap(lambda q, k, v, seg: kernel(q, k, v, segment_ids=seg))(qh, kh, vh, segments)
+    if with_lse:
+        out, (lse,) = out
+        lse = jnp.where(has_key[:, None, None], lse[:, :, :s_q].astype(jnp.float32), -jnp.inf)
+    out = out.transpose(0, 2, 1, 3)[:, :s_q]
+    out = jnp.where(has_key[:, None, None, None], out, 0).astype(q.dtype)
+    return (out, lse) if with_lse else out
 
 
 def attend_recomputed(q, k, v, mask=None):

@@ -159,12 +159,12 @@ def export_lora(run, base_source: str = "") -> str | None:
 def attention_kernel(attn, mcfg) -> dict:
     """What attention the run's model computes with: the kernel ``attn``'s implementation
     resolves to for the model's dtype and head dim on its devices, the SP strategy, what was
-    asked, and why cuDNN flash attention does not run (when it does not). Logged when the run
+    asked, and why no fused kernel (cuDNN flash attention, splash on TPUs) runs (when none does). Logged when the run
     is built and recorded in ``phases.json``: the first thing to check of a GPU run's speed."""
     kernel = attn.resolved(as_dtype(mcfg.dtype), mcfg.head_dim).impl
     out = {"requested": attn.impl if isinstance(attn.impl, str) else attn.impl.impl,
            "kernel": kernel.impl, "strategy": attn.strategy}
-    if kernel.impl != "cudnn":
+    if kernel.impl not in ("cudnn", "splash"):
         devices = None if attn.mesh is None else attn.mesh.devices.flat
         out["not_cudnn"] = ("attention_impl='xla'" if out["requested"] == "xla" else
                             kernels.cudnn_refusal(as_dtype(mcfg.dtype), mcfg.head_dim, devices))
