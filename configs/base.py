@@ -246,6 +246,10 @@ def add_spotlight_sections(c):
     d.spot_nodes = 4                # paper: 8 spot H100 = 4 nodes of 2
     d.spot_devices_per_node = 2
     d.spot_sp = 2                   # SP degree of a spot group (one group per node)
+    # a TPU (cost.device): the topology of every spot slice ('2x4', '2x2x1': a spot node is
+    # one slice, lost whole; spot_devices_per_node = its chips; trace.cloud = 'gcp', 30 s
+    # notice; emulation.slices); '' = GPU nodes of spot_devices_per_node devices
+    d.spot_slice = ""
     d.commit_every = 2              # periodic commits of in-flight rollouts (abrupt losses)
     # spotlight modes: the update cut into gradient shards that the spot groups help compute
     # (runner/shared_update.py): 'off' | 'fixed' (they may take update_spot_share of the
@@ -321,7 +325,9 @@ def add_spotlight_sections(c):
     k.mbu = 0.7                     # ASSUMPTION: achieved/peak HBM bandwidth when streaming
     #                                 the weights (floor of a small-batch step)
     k.nvlink_one_way = 0.5          # NVLink datasheet figures count both directions; one
-    #                                 direction gets half (NVIDIA NVLink 4: 450 GB/s each way)
+    #                                 direction gets half (NVIDIA NVLink 4: 450 GB/s each way);
+    #                                 the same share of a TPU's ICI (its datasheet figure is
+    #                                 bidirectional too)
     k.collective_latency_s = 20e-6  # ASSUMPTION: fixed cost per intra-node collective (order
     #                                 of NCCL small-message latency on NVLink)
     # --- paper workload -------------------------------------------------------------------
@@ -356,6 +362,9 @@ def add_spotlight_sections(c):
     k.on_demand_per_hour = 3.90     # $/GPU-h, public H100 on-demand list prices ~$3.90
     k.spot_discount = 0.73          # paper: spot 69-77% cheaper; 0.73 ->
     #                                 $1.05/GPU-h, inside the public $0.8-2.5 spot range
+    # 'config': the two prices above; 'datasheet': cost.device's list prices per chip-hour
+    # (on-demand and spot, with their source: emulation.datasheets, the TPUs)
+    k.price_source = "config"
 
     # compare mode's target validation reward: baseline's start + target_gain when > 0, else
     # its start + target_frac of baseline's own best gain; seeds: run the comparison once per

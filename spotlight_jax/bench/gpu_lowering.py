@@ -95,14 +95,11 @@ def lower_for_cuda(fn, *args) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Census:
-    """What one lowered program asks for (see the module doc)."""
+class MatmulCounts:
+    """The matmul FLOPs of a lowered program by operand dtypes, and its fused attention's."""
 
-    cudnn_forward: int
-    cudnn_backward: int
-    score_values: int
     matmul_flops: dict           # "lhs x rhs" operand dtypes -> FLOPs
-    fused_attention_flops: float = 0.0
+    fused_attention_flops: float
 
     @property
     def flops(self) -> float:
@@ -118,6 +115,15 @@ class Census:
         return half / total if total else 1.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Census(MatmulCounts):
+    """What one program lowered for CUDA asks for (see the module doc)."""
+
+    cudnn_forward: int = 0
+    cudnn_backward: int = 0
+    score_values: int = 0
+
+
 _FMHA = re.compile(r"custom_call @__cudnn\$fmha(\w*)")
 _FMHA_OPERANDS = re.compile(r"custom_call @__cudnn\$fmha(\w*)\(.*\}\s*:\s*\((tensor<[^>]*>),"
                             r"\s*(tensor<[^>]*>)")
@@ -131,23 +137,53 @@ def _shape(tensor_type: str) -> tuple[tuple[int, ...], str]:
     return tuple(int(d) for d in m.group(1).rstrip("x").split("x")), m.group(2)
 
 
-def census(text: str, lengths) -> Census:
-    """The census of a lowered program's StableHLO ``text`` whose attention runs over sequences
-    of the given ``lengths`` (queries' and keys', every local length): a score-sized value is
-    one of rank 4 or more (batch, heads, maybe head groups, queries, keys) whose last two
-    dimensions are such lengths."""
-    lengths = set(lengths)
-    kernels = _FMHA.findall(text)
-    backward = sum(name.endswith("Backward") for name in kernels)
-    scores, flops, fused = 0, {}, 0.0
+_NAME = r'@("[^"]+"|[\w.$-]+)'          # a symbol, quoted when it has other characters
+_FUNC = re.compile(r"^\s*func\.func (?:public |private )?" + _NAME + r"\(")
+_CALL = re.compile(r"\bcall " + _NAME + r"\(")
+
+
+def expanded(text: str) -> list[str]:
+    """The lines of a lowered module's entry function ``main`` with every ``call @f(...)``
+    replaced by ``f``'s lines, recursively: a function JAX lowers once and calls at N sites
+    (a jitted helper, a kernel wrapped in ``jit``) counts N times. A loop's body counts once."""
+    bodies, name = {}, None
     for line in text.splitlines():
+        m = _FUNC.match(line)
+        if m:
+            name = m.group(1)
+            bodies[name] = []
+        elif name is not None:
+            bodies[name].append(line)
+    if "main" not in bodies:
+        return text.splitlines()
+    done: dict[str, list[str]] = {}
+
+    def lines_of(fn: str) -> list[str]:
+        if fn not in done:
+            out = []
+            for line in bodies.get(fn, []):
+                out.append(line)
+                for callee in _CALL.findall(line):
+                    out.extend(lines_of(callee))
+            done[fn] = out
+        return done[fn]
+
+    return lines_of("main")
+
+
+def scan(text: str, lengths, fused_flops) -> tuple[int, dict, float]:
+    """``(score-sized values, matmul FLOPs by operand dtypes, fused attention FLOPs)`` of a
+    lowered program's StableHLO ``text`` (its entry function, calls :func:`expanded`) whose
+    attention runs over sequences of the given
+    ``lengths`` (queries' and keys', every local length): a score-sized value is one of rank 4
+    or more (batch, heads, maybe head groups, queries, keys) whose last two dimensions are such
+    lengths. ``fused_flops(line)``: a fused attention call's FLOPs on ``line`` (0 elsewhere)."""
+    lengths = set(lengths)
+    scores, flops, fused = 0, {}, 0.0
+    for line in expanded(text):
         if " = " not in line:
             continue
-        m = _FMHA_OPERANDS.search(line)
-        if m:       # q [b, queries, heads, d], k [b, keys, heads, d] (the BTNH layout)
-            (b, sq, h, d), _ = _shape(m.group(2))
-            sk = _shape(m.group(3))[0][1]
-            fused += 4.0 * b * h * sq * sk * d * (2 if m.group(1).endswith("Backward") else 1)
+        fused += fused_flops(line)
         m = _DOT.search(line)
         if m:
             lhs, lt = _shape(m.group(2))
@@ -166,14 +202,34 @@ def census(text: str, lengths) -> Census:
             shape = tuple(int(d) for d in dims.rstrip("x").split("x"))
             if len(shape) >= 4 and shape[-2] in lengths and shape[-1] in lengths:
                 scores += 1
-    return Census(len(kernels) - backward, backward, scores, flops, fused)
+    return scores, flops, fused
+
+
+def _cudnn_flops(line: str) -> float:
+    """``4 b h q k d`` for a cuDNN forward call, twice that for a backward one."""
+    m = _FMHA_OPERANDS.search(line)
+    if not m:
+        return 0.0
+    (b, sq, h, d), _ = _shape(m.group(2))        # q [b, queries, heads, d] (the BTNH layout)
+    sk = _shape(m.group(3))[0][1]
+    return 4.0 * b * h * sq * sk * d * (2 if m.group(1).endswith("Backward") else 1)
+
+
+def census(text: str, lengths) -> Census:
+    """The census of a program lowered for CUDA (``text``) whose attention runs over sequences
+    of the given ``lengths`` (:func:`scan`)."""
+    kernels = _FMHA.findall("\n".join(expanded(text)))
+    backward = sum(name.endswith("Backward") for name in kernels)
+    scores, flops, fused = scan(text, lengths, _cudnn_flops)
+    return Census(flops, fused, len(kernels) - backward, backward, scores)
 
 
 def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: int,
                    target=HOPPER, **model):
-    """``(model config, kernel, why not cuDNN or None, {name: (fn, args)})``: the forward, the
-    full and the factored LoRA gradients of ``bench.step_flops`` (``model``: overrides of the
-    model section), with the attention kernel ``auto`` resolves to on ``target``."""
+    """``(model config, kernel, why not the target's fused kernel or None, {name: (fn,
+    args)})``: the forward, the full and the factored LoRA gradients of ``bench.step_flops``
+    (``model``: overrides of the model section), with the attention kernel ``auto`` resolves to
+    on ``target`` (cuDNN on a GPU, splash on a TPU)."""
     from spotlight_jax import config as conf  # noqa: PLC0415
     from spotlight_jax.bench.step_flops import reduced_overrides, step_programs  # noqa: PLC0415
     from spotlight_jax.models import AttentionSpec  # noqa: PLC0415
@@ -185,7 +241,8 @@ def model_programs(config_path: str, depth: int, latent: int, batch: int, rank: 
         **{f"model.{k}": v for k, v in model.items()}}))
     dtype, head_dim = as_dtype(cfg.dtype), cfg.head_dim
     kernel = kernels.resolve("auto", dtype, head_dim, [target])
-    why = kernels.cudnn_refusal(dtype, head_dim, [target])
+    why = (kernels.splash_refusal([target]) if target.platform == "tpu" else
+           kernels.cudnn_refusal(dtype, head_dim, [target]))
     cfg, progs = step_programs(config_path, depth, latent, batch, rank,
                                attn=AttentionSpec(impl=kernel), **model)
     return cfg, kernel, why, {k: progs[k] for k in ("forward", "full", "lora_factored")}
@@ -229,11 +286,9 @@ def attention_programs(cfg, kernel, batch: int, sp: int, devices=None):
     return out
 
 
-def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: int,
-                 sp: int, remat_policy: str = "", latent_width: int = 0) -> dict:
-    """Every program's census (see the module doc), as a JSON-able dict; ``remat_policy``
-    overrides the config's (``""``: the config's); ``latent_width`` makes a video model's
-    latent ``latent`` x ``latent_width`` (0: square)."""
+def model_overrides(config_path: str, remat_policy: str = "", latent_width: int = 0) -> dict:
+    """The model section's overrides of the flags: ``remat_policy`` (``""``: the config's) and
+    a video model's latent width (0: square); a width for an image model is a ValueError."""
     from spotlight_jax import config as conf  # noqa: PLC0415
     from spotlight_jax.models.factory import is_video  # noqa: PLC0415
 
@@ -244,6 +299,15 @@ def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
                              f"not square, and {config_path}'s model is an image one; leave "
                              "it 0")
         model["image_width"] = latent_width
+    return model
+
+
+def gpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: int,
+                 sp: int, remat_policy: str = "", latent_width: int = 0) -> dict:
+    """Every program's census (see the module doc), as a JSON-able dict; ``remat_policy``
+    overrides the config's (``""``: the config's); ``latent_width`` makes a video model's
+    latent ``latent`` x ``latent_width`` (0: square)."""
+    model = model_overrides(config_path, remat_policy, latent_width)
     cfg, kernel, why, progs = model_programs(config_path, depth, latent, batch, rank, **model)
     n, heads = sequence_of(cfg), cfg.num_heads
     lengths = {n, cfg.text_len} | {-(-n // d) for d in range(2, sp + 1)}

@@ -28,6 +28,7 @@ from spotlight_jax.config.sections import (
     rl_config,
     run_model_fields,
     sampler_config,
+    slice_paths,
     trace_config,
     workload,
 )
@@ -286,7 +287,9 @@ def make_deployment(config, rents_spot: bool = True) -> Deployment:
 
 def deployment_of(deploy: DeploymentConfig, trace: TraceConfig, cost: CostConfig,
                   work: Workload, num_steps: int, rents_spot: bool = True) -> Deployment:
-    """:func:`make_deployment` of built sections."""
+    """:func:`make_deployment` of built sections (a spot slice that does not fit the device,
+    its nodes or the trace's cloud: a ConfigError naming the config field)."""
+    build_section(slice_paths(), lambda: deploy.spot_slice_shape(cost.device, trace.cloud))
     try:
         return Deployment(deploy, trace, cost, work, num_steps=num_steps, rents_spot=rents_spot)
     except TraceError as e:

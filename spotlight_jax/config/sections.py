@@ -30,6 +30,7 @@ from spotlight_jax.emulation import (
     Workload,
 )
 from spotlight_jax.emulation.profile_file import load as load_profile
+from spotlight_jax.emulation.slices import SliceShape
 from spotlight_jax.models import Flux2Config, MMDiTConfig, WanConfig, ZImageConfig, convert
 from spotlight_jax.models.factory import is_video
 from spotlight_jax.parallel import IMPLEMENTATIONS, STRATEGIES, MeshConfig
@@ -372,6 +373,22 @@ def deployment_config(config) -> DeploymentConfig:
 def trace_config(config) -> TraceConfig:
     return build_section(section_paths("trace", TraceConfig),
                          lambda: pick_fields(TraceConfig, config.trace))
+
+
+def slice_paths() -> dict[str, str]:
+    """The config fields a spot slice's check names (``DeploymentConfig.spot_slice_shape``):
+    the deployment's, ``cost.device`` and ``trace.cloud``."""
+    return {**section_paths("deployment", DeploymentConfig), "device": "cost.device",
+            "cloud": "trace.cloud"}
+
+
+def spot_slice(config) -> SliceShape | None:
+    """The deployment's spot slice on ``cost.device`` with ``trace.cloud`` (None on a GPU),
+    or a one-line ConfigError: an unknown topology, nodes that are not one slice, on-demand
+    chips that are no slice, a slice on a GPU or a TPU without one, a cloud other than GCP."""
+    deploy = deployment_config(config)
+    return build_section(slice_paths(), lambda: deploy.spot_slice_shape(
+        str(config.cost.device), str(config.trace.cloud)))
 
 
 @functools.lru_cache(maxsize=8)

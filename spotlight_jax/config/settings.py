@@ -32,6 +32,7 @@ from spotlight_jax.config.sections import (
     process_config,
     remote_reward_config,
     sampler_config,
+    spot_slice,
     trace_config,
     train_reward,
     workload,
@@ -156,6 +157,7 @@ def validate(config, devices=None) -> None:
         build_section(section_paths("trace", TraceConfig),
                       lambda: trace.load(deploy.spot_nodes, 3600.0))
     cost_config(config)
+    spot_slice(config)                # a TPU's spot slices against its device and cloud
     workload(config)
     if devices is not None:
         check_devices(config, devices)

@@ -8,14 +8,17 @@ while the learning runs on a tiny model on the CPU. Two models share one interfa
 * ``profile`` (:class:`ProfileCost`): durations from the MMDiT's FLOP count (``emulation.flops``)
   divided by an assumed achieved throughput of a named accelerator (``emulation.datasheets``:
   peak bf16 x MFU), with a roofline floor for reading the weights from HBM and a communication
-  term per sequence-parallel (SP) degree. The default deployment is the paper's:
-  Qwen-Image's 20B MMDiT at 512x512 on H100 SXM.
+  term per sequence-parallel (SP) degree over the device's interconnect (NVLink on a GPU, ICI
+  within a TPU slice). The default deployment is the paper's: Qwen-Image's 20B MMDiT at
+  512x512 on H100 SXM.
 * ``measured`` (:class:`MeasuredCost`): durations calibrated from this machine's real timings
   (``emulation.calibration.calibrate`` times the real rollout step / training step callables).
 
 Prices per device-hour (on-demand and spot) turn the clock's *alive* device-seconds into dollars
 (:meth:`CostModel.dollars`): a spot device is paid while it is alive, busy or idle; on-demand
-devices are paid all the time.
+devices are paid all the time. They are the config's (``cost.on_demand_per_hour`` and
+``cost.spot_discount``), or with ``cost.price_source='datasheet'`` the device's list prices
+(``datasheets.DeviceSpec``: a TPU's on-demand and spot prices per chip-hour).
 
 Every number that is not derived is an assumption with a source: the config section
 (``configs/base.py``, ``cost``) has a comment per field, and :meth:`CostModel.describe` returns
@@ -45,6 +48,7 @@ from spotlight_jax.models.vae.wan_vae import released_vae
 
 COST_MODELS = ("profile", "measured")
 REGROUP_KINDS = ("shrink", "grow", "cold")
+PRICE_SOURCES = ("config", "datasheet")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +85,7 @@ class CostConfig:
     regroup_cold_s: float = 120.0
     on_demand_per_hour: float = 3.90
     spot_discount: float = 0.73
+    price_source: str = "config"
     profile_model: MMDiTConfig | None = None
     profile: DeviceProfile | None = None
 
@@ -117,21 +122,39 @@ class CostConfig:
             bad("image_pixels", f"must be a multiple of vae_factor={self.vae_factor}")
         if not (math.isfinite(self.network_gbit_s) and self.network_gbit_s > 0):
             bad("network_gbit_s", "must be > 0 (e.g. network_gbit_s=100.0)")
+        if self.price_source not in PRICE_SOURCES:
+            bad("price_source", f"choose one of {PRICE_SOURCES} (the config's prices, or the "
+                                "device's list prices)")
+        if self.price_source == "datasheet" and not device_spec(self.device).has_prices:
+            bad("price_source", f"device={self.device!r} has no list prices in "
+                                "emulation.datasheets; use price_source='config' "
+                                "(on_demand_per_hour, spot_discount)")
 
     @property
     def prices(self) -> Prices:
+        """$ per device-hour: the config's, or the device's list prices."""
+        if self.price_source == "datasheet":
+            d = device_spec(self.device)
+            return Prices(d.on_demand_per_hour, 1.0 - d.spot_per_hour / d.on_demand_per_hour,
+                          spot_price=d.spot_per_hour, source=f"{d.label}: {d.price_source}")
         return Prices(self.on_demand_per_hour, self.spot_discount)
 
 
 @dataclasses.dataclass(frozen=True)
 class Prices:
-    """$ per device-hour: on-demand, and spot = on-demand x (1 - discount)."""
+    """$ per device-hour: on-demand, and spot = on-demand x (1 - discount), or ``spot_price``
+    itself when a list gives it (``source``: where both prices come from; '' = the config's
+    assumptions)."""
 
     on_demand_per_hour: float = 3.90
     spot_discount: float = 0.73
+    spot_price: float | None = None
+    source: str = ""
 
     @property
     def spot_per_hour(self) -> float:
+        if self.spot_price is not None:
+            return self.spot_price
         return self.on_demand_per_hour * (1.0 - self.spot_discount)
 
     def per_hour(self, role: str) -> float:
@@ -254,6 +277,12 @@ class CostModel:
                    for r in ROLES)
 
     def _price_rows(self) -> list[Assumption]:
+        p = self.prices
+        if p.source:               # a device's list prices
+            return [Assumption("on_demand_price", p.on_demand_per_hour, "$/device-h", p.source),
+                    Assumption("spot_price", p.spot_per_hour, "$/device-h", p.source),
+                    Assumption("spot_discount", p.spot_discount, "fraction",
+                               "derived: 1 - spot / on-demand")]
         return [Assumption("on_demand_price", self.prices.on_demand_per_hour, "$/device-h",
                            "public H100 on-demand list prices, ~$3.90/GPU-h"),
                 Assumption("spot_discount", self.prices.spot_discount, "fraction",
@@ -277,12 +306,13 @@ class ProfileCost(CostModel):
       (SP replicates weights), which bounds small batches at high SP;
     * comm (per block): Ulysses (heads % k == 0) moves q, k, v and o through all-to-alls,
       ``4 b_cfg (S/k) D bytes (k-1)/k`` per device; ring (otherwise) passes K and V around,
-      ``2 b_cfg (S/k) D bytes (k-1)``; over one NVLink direction, plus a fixed latency per
+      ``2 b_cfg (S/k) D bytes (k-1)``; over one direction of the device's interconnect (NVLink;
+      ICI within a TPU slice, whose SP groups never leave it), plus a fixed latency per
       collective, not overlapped with compute (conservative);
     * training one trajectory on ``n`` devices: ``train_steps x inner_epochs x cfg x
       (1 + backward + remat + KL reference + re-score) x F / (n peak mfu)``;
     * reward: a constant per image; broadcast: LoRA factors (or all weights) over the network;
-    * regroup: shrink measured, grow = weights over NVLink, cold an assumption.
+    * regroup: shrink measured, grow = weights over the interconnect, cold an assumption.
     """
 
     name = "profile"
@@ -326,7 +356,7 @@ class ProfileCost(CostModel):
             nbytes, ncoll = 4 * local * (sp - 1) / sp, 2
         else:
             nbytes, ncoll = 2 * local * (sp - 1), sp - 1
-        bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
+        bw = self.device.interconnect_gb_s * 1e9 * c.nvlink_one_way
         layers = m.depth + getattr(m, "single_blocks", 0)     # every joint attention
         return layers * (nbytes / bw + ncoll * c.collective_latency_s)
 
@@ -422,7 +452,7 @@ class ProfileCost(CostModel):
         if kind == "shrink":
             return shrink
         if kind == "grow":
-            bw = self.device.nvlink_gb_s * 1e9 * c.nvlink_one_way
+            bw = self.device.interconnect_gb_s * 1e9 * c.nvlink_one_way
             return shrink + self.weight_bytes / bw
         if kind == "cold":
             return c.regroup_cold_s
@@ -437,8 +467,9 @@ class ProfileCost(CostModel):
             Assumption("device", c.device, "", d.label),
             Assumption("peak_bf16", d.bf16_tflops, "TFLOP/s dense", d.source),
             Assumption("hbm_bandwidth", d.hbm_gb_s, "GB/s", d.source),
-            Assumption("nvlink_bandwidth", d.nvlink_gb_s, "GB/s both directions",
-                       d.source + f"; one direction = x{c.nvlink_one_way}"),
+            Assumption(f"{d.interconnect.lower()}_bandwidth", d.interconnect_gb_s,
+                       "GB/s both directions",
+                       d.source + f"; one direction = x{c.nvlink_one_way} (cost.nvlink_one_way)"),
             *self._mfu_rows(),
             Assumption("mbu", c.mbu, "fraction of HBM peak", "assumption"),
             Assumption("collective_latency", c.collective_latency_s, "s",
@@ -485,7 +516,7 @@ class ProfileCost(CostModel):
                        if self.regroup("shrink") == c.regroup_shrink_s
                        else f"measured: {self.profile.path}"),
             Assumption("regroup_grow", self.regroup("grow"), "s",
-                       "derived: weights over one NVLink direction + shrink"),
+                       f"derived: weights over one {d.interconnect} direction + shrink"),
             Assumption("regroup_cold", c.regroup_cold_s, "s",
                        "assumption: paper abstract 'minutes'"),
         ]

@@ -17,8 +17,10 @@ import dataclasses
 import math
 
 from spotlight_jax.emulation.clock import DeviceGroup, EventCursor, VirtualClock
-from spotlight_jax.emulation.cost_models import CostConfig, Workload, make_cost_model
-from spotlight_jax.emulation.traces import TraceConfig, replay
+from spotlight_jax.emulation.cost_models import Assumption, CostConfig, Workload, make_cost_model
+from spotlight_jax.emulation.datasheets import device_spec, tpu_devices
+from spotlight_jax.emulation.slices import SliceShape, slice_shape, slice_sizes, topology_chips
+from spotlight_jax.emulation.traces import LEAD_TIME_PRESETS, TraceConfig, replay
 
 SHARED_UPDATES = ("off", "fixed", "auto", "payoff")
 PRICING_RULE = 2
@@ -70,7 +72,13 @@ class DeploymentConfig:
     'auto' (the share that makes the iteration's critical path shortest, exploration taking
     the spot time left) or 'payoff' (the share with the least expected time per unit of
     progress: exploration's selection gain, learned online by the planner, raised to
-    ``update_payoff_exponent``, against the iteration's seconds)."""
+    ``update_payoff_exponent``, against the iteration's seconds).
+
+    ``spot_slice``: on a TPU (``cost.device``), the topology of every spot slice (``"2x4"``,
+    ``"2x2x1"``: ``emulation.slices``); one spot node is one slice, so the trace counts slices
+    and a loss removes every chip of a slice at once, and ``spot_devices_per_node`` is its
+    chips. '' (the only choice on a GPU): nodes of ``spot_devices_per_node`` devices.
+    :meth:`spot_slice_shape` checks it against the device and the trace's cloud."""
 
     on_demand_devices: int = 4
     spot_nodes: int = 4
@@ -82,6 +90,7 @@ class DeploymentConfig:
     update_spot_share: float = 1.0
     update_shards: int = 8
     update_payoff_exponent: float = 0.75
+    spot_slice: str = ""
 
     def __post_init__(self):
         def bad(name, why):
@@ -106,6 +115,48 @@ class DeploymentConfig:
         if self.spot_devices_per_node % self.spot_sp:
             bad("spot_sp", f"must divide spot_devices_per_node={self.spot_devices_per_node} "
                            "(one SP group per node)")
+        if self.spot_slice:        # its format here; the device's topologies: spot_slice_shape
+            try:
+                topology_chips(self.spot_slice)
+            except ValueError:
+                bad("spot_slice", "write a TPU slice topology, chips per axis (e.g. "
+                                  "spot_slice='2x4' or '2x2x1'), or '' for GPU nodes")
+
+    def spot_slice_shape(self, device: str, cloud: str) -> SliceShape | None:
+        """The spot slice of this deployment on ``device`` (a ``datasheets.DEVICES`` key) with
+        the trace's ``cloud``, or None on a GPU. A ValueError naming the field and the fix for:
+        a slice on a GPU, a TPU without one, a topology the TPU does not come in, nodes whose
+        device count is not the slice's chips, on-demand chips that are no slice of the TPU
+        (the trainer is one slice), and a cloud other than GCP (a TPU's 30 s notice)."""
+        spec = device_spec(device)
+        if not spec.is_tpu:
+            if self.spot_slice:
+                raise ValueError(f"spot_slice={self.spot_slice!r}: device={device!r} is not a "
+                                 "TPU; leave spot_slice empty, or choose a TPU device "
+                                 f"({', '.join(tpu_devices())})")
+            return None
+        if not self.spot_slice:
+            raise ValueError(f"spot_slice='': device={device!r} is a TPU, rented in slices; "
+                             f"set spot_slice='<topology>', one of "
+                             f"{', '.join(spec.topologies)} (one spot node is one slice)")
+        try:
+            shape = slice_shape(device, self.spot_slice)
+        except ValueError as e:
+            raise ValueError(str(e).replace("topology=", "spot_slice=", 1)) from None
+        if self.spot_devices_per_node != shape.chips:
+            raise ValueError(f"spot_devices_per_node={self.spot_devices_per_node}: one spot "
+                             f"node is one {shape.describe()}; set "
+                             f"spot_devices_per_node={shape.chips}")
+        sizes = slice_sizes(device)
+        if self.on_demand_devices not in sizes:
+            raise ValueError(f"on_demand_devices={self.on_demand_devices}: the on-demand "
+                             f"{spec.label} chips are one slice (the trainer's, on ICI), of "
+                             f"{', '.join(map(str, sizes))} chips; choose one of these")
+        if cloud != "gcp":
+            raise ValueError(f"cloud={cloud!r}: a TPU slice is GCP spot capacity, preempted "
+                             f"after GCP's {LEAD_TIME_PRESETS['gcp']:g} s notice; set "
+                             "cloud='gcp'")
+        return shape
 
 
 class Deployment:
@@ -121,6 +172,7 @@ class Deployment:
                  workload: Workload, num_steps: int, horizon_s: float = 7 * 24 * 3600.0,
                  rents_spot: bool = True):
         self.cfg, self.trace_cfg, self.cost_cfg = cfg, trace, cost
+        self.slice = cfg.spot_slice_shape(cost.device, trace.cloud)
         self.rents_spot = bool(rents_spot)
         self.cost = make_cost_model(cost, workload)
         self.num_steps = int(num_steps)
@@ -356,4 +408,20 @@ class Deployment:
         self.stats = dict(s["stats"])
 
     def assumptions(self) -> list:
-        return self.cost.describe()
+        """The cost model's assumptions, and on a TPU the spot slice's and its notice."""
+        rows = self.cost.describe()
+        if self.slice is not None:
+            spec = device_spec(self.slice.device)
+            rows += [Assumption("spot_slice", self.slice.describe(), "",
+                                f"config deployment.spot_slice; {spec.topology_source}"),
+                     Assumption("slice_preemption", "whole slice, every host at once", "",
+                                "GCP: a multi-host TPU slice is preempted as a whole; the "
+                                "trace counts slices"),
+                     Assumption("preemption_notice", self.replay_lead_s, "s",
+                                "config trace.cloud='gcp' (GCP's Spot VM notice)")]
+        return rows
+
+    @property
+    def replay_lead_s(self) -> float:
+        """Seconds from a notice to its loss (the trace's cloud's preset)."""
+        return self.trace_cfg.replay_config().lead_time_s

@@ -2,9 +2,9 @@
 
 Prints the parameter count, bytes per device for parameters + AdamW state + the activations of
 one gradient step of the update (the rows the objective's trainer pushes, the residuals its
-backward keeps) under the config's mesh, and the resolved PartitionSpec of every parameter
-group. Works for the 20B paper-scale config on a laptop in seconds because nothing is
-materialised.
+backward keeps) under the config's mesh, whether that fits the HBM of the deployment's device
+(``cost.device``'s datasheet), and the resolved PartitionSpec of every parameter group. Works
+for the 20B paper-scale config on a laptop in seconds because nothing is materialised.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec
 from spotlight_jax.config import RunSpec
 from spotlight_jax.config.builders import base_shardings
 from spotlight_jax.diffusion import prompt, velocity
+from spotlight_jax.emulation.datasheets import device_spec
 from spotlight_jax.models import AttentionSpec, as_dtype
 from spotlight_jax.models.convert.transformer import host_peak_bytes
 from spotlight_jax.models.factory import abstract_model, is_video
@@ -116,6 +117,36 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows, mesh,
     return rows.grad * per_row / (mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["sp"])
 
 
+def hbm_fit(device: str, update_bytes: float, weight_bytes: float,
+            fused_bytes: float | None = None) -> str:
+    """The dry run's line on memory against ``device``'s HBM (a ``datasheets.DEVICES`` key,
+    ``cost.device``): the update's bytes per device (and, on a GPU, with the fused kernel),
+    and a spot SP group's rollout, which keeps the whole weights on every device (SP
+    replicates them; its activations are not sized here)."""
+    spec = device_spec(device)
+    gib = 1024**3
+    if not spec.hbm_gb:
+        return f"HBM: {spec.label} (cost.device={device!r}) has no capacity on record"
+    hbm = spec.hbm_gb * 1e9
+
+    def verdict(nbytes):
+        if nbytes <= hbm:
+            return f"{nbytes / gib:.3f} GiB fits ({nbytes / hbm:.0%})"
+        return f"{nbytes / gib:.3f} GiB does NOT fit ({(nbytes - hbm) / gib:.3f} GiB over)"
+
+    fits = verdict(update_bytes)
+    if fused_bytes is not None and not spec.is_tpu:
+        fits += f"; with the fused kernel {verdict(fused_bytes)}"
+    line = (f"HBM of cost.device={device!r} ({spec.label}): {spec.hbm_gb:g} GB = "
+            f"{hbm / gib:.2f} GiB per device; the update: {fits}; a spot SP group's rollout "
+            f"keeps the whole weights on every device: {verdict(weight_bytes)} (plus its "
+            "activations, not sized here)")
+    if update_bytes > hbm or weight_bytes > hbm:
+        line += ("; to fit: more fsdp devices (mesh.fsdp), smaller gradient steps (more "
+                 "rl.nft.minibatches / rl.minibatches) or a device with more HBM")
+    return line
+
+
 def dry_run(config, devices=None) -> str:
     """The report of the run ``config`` (a RunSpec, or a ConfigDict built into one here) over
     ``devices`` (default: all)."""
@@ -128,6 +159,7 @@ def dry_run(config, devices=None) -> str:
     spec_leaves = jax.tree.leaves(nnx.to_pure_dict(specs),
                                   is_leaf=lambda x: isinstance(x, PartitionSpec))
     total = sum(math.prod(a.shape) for _, a in leaves)
+    weight_bytes = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for _, a in leaves)
     per_device = 0.0
     groups = collections.OrderedDict()
     for (path, a), pspec in zip(leaves, spec_leaves):
@@ -180,6 +212,8 @@ def dry_run(config, devices=None) -> str:
            f"; with the fused kernel a GPU run uses (cuDNN flash attention, attention_impl="
            f"'{run.process.attention_impl}' in {cfg.dtype}): {fused / gib:.3f} GiB, "
            f"{(per_device + opt + fused) / gib:.3f} GiB per device in all"),
+        hbm_fit(run.cost.device, per_device + opt + act, weight_bytes,
+                None if fused is None else per_device + opt + fused),
         f"loading the base from a diffusers folder (streamed onto these shardings): host "
         f"peak {load_peak / gib:.3f} GiB per process (its largest parameter's local shards + "
         f"one source tensor); a spot host holding it whole on its devices: "
