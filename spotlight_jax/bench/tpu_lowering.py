@@ -129,7 +129,8 @@ def tpu_lowering(config_path: str, depth: int, latent: int, batch: int, rank: in
             "jax": jax.__version__, "code": provenance.code_version(),
             "remat": cfg.remat and cfg.remat_policy, "target": target.device_kind,
             "kernel": kernel.impl, "not_splash": why, "sequence": n, "heads": heads,
-            "head_dim": cfg.head_dim, "programs": {k: dict(dataclasses.asdict(c), half_share=c.half_share, flops=c.flops)
+            "head_dim": cfg.head_dim,
+            "programs": {k: dict(dataclasses.asdict(c), half_share=c.half_share, flops=c.flops)
                          for k, c in rows.items()}}
 
 

@@ -10,9 +10,10 @@ One entry point, :func:`attention`, computes bidirectional softmax attention of
   ``heads % sp == 0``; otherwise falls back to ``ring`` (logged once per configuration).
 * ``ring``: K/V blocks travel around the SP group with ``ppermute`` while each device accumulates
   an online softmax in float32 (block logits via einsum); under a fused kernel (cuDNN,
-  splash) each block is the kernel's and the blocks merge by their log-sum-exp. The backward pass is a custom VJP that recomputes block probabilities from the saved log-sum-exp
-  and sends dK/dV home around the same ring: only one ``(seq/sp)^2`` block of logits is live at
-  a time and nothing per step is kept for the backward pass.
+  splash) each block is the kernel's and the blocks merge by their log-sum-exp. The backward
+  pass is a custom VJP that recomputes block probabilities from the saved log-sum-exp and
+  sends dK/dV home around the same ring: only one ``(seq/sp)^2`` block of logits is live at a
+  time and nothing per step is kept for the backward pass.
 * ``usp``: Ulysses over groups of ``u`` consecutive SP ranks, then ring over the ``r`` groups
   (``u * r == sp``). ``axis`` is either ``(ulysses_axis, ring_axis)`` or one axis whose size is
   split; ``u`` is the largest degree dividing both the head count and the Ulysses axis size.

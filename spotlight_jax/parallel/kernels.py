@@ -259,10 +259,11 @@ def _splash_kernel(heads: int, q_len: int, kv_len: int, with_lse: bool, interpre
     """Splash attention over ``heads`` heads of ``q_len`` queries and ``kv_len`` keys (both
     multiples of :data:`SPLASH_TILE`), every query seeing every key of its segment;
     ``with_lse``: also return each row's log-sum-exp (forward only: no gradient). Made per
-    call, not cached: it holds arrays of the trace it is made in. Its residuals (output, log-sum-exp) are named :data:`SAVED_NAME`, so a remat policy that keeps
-    a fused attention's outputs keeps them."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
-        splash_attention_kernel as splash, splash_attention_mask as masks)
+    call, not cached: it holds arrays of the trace it is made in. Its residuals (output,
+    log-sum-exp) are named :data:`SAVED_NAME`, so a remat policy that keeps a fused
+    attention's outputs keeps them."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # noqa: PLC0415
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     bq, bkv = _splash_blocks(q_len), _splash_blocks(kv_len)
     blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
@@ -280,8 +281,7 @@ def splash_attend(q, k, v, mask, *, interpret: bool = False, with_lse: bool = Fa
     padded to whole tiles, the key mask as segment ids (valid 0, masked 1; queries 0). A batch
     element without a valid key attends every key (finite values and gradients) and is zeroed
     after, as every kernel here returns it."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
-        splash_attention_kernel as splash)
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # noqa: PLC0415
 
     (b, s_q, h, d), s_k = q.shape, k.shape[1]
     mask = jnp.ones((b, s_k), bool) if mask is None else jnp.asarray(mask, bool)

@@ -159,8 +159,9 @@ def export_lora(run, base_source: str = "") -> str | None:
 def attention_kernel(attn, mcfg) -> dict:
     """What attention the run's model computes with: the kernel ``attn``'s implementation
     resolves to for the model's dtype and head dim on its devices, the SP strategy, what was
-    asked, and why no fused kernel (cuDNN flash attention, splash on TPUs) runs (when none does). Logged when the run
-    is built and recorded in ``phases.json``: the first thing to check of a GPU run's speed."""
+    asked, and why no fused kernel (cuDNN flash attention, splash on TPUs) runs (when none
+    does). Logged when the run is built and recorded in ``phases.json``: the first thing to
+    check of an accelerator run's speed."""
     kernel = attn.resolved(as_dtype(mcfg.dtype), mcfg.head_dim).impl
     out = {"requested": attn.impl if isinstance(attn.impl, str) else attn.impl.impl,
            "kernel": kernel.impl, "strategy": attn.strategy}
