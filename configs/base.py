@@ -73,7 +73,8 @@ def get_config():
     # Device layout (spotlight_jax.parallel.MeshConfig) and attention strategy.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sp=1))
     c.attention = "dense"           # dense | ulysses | ring | usp
-    c.attention_impl = "auto"       # auto (splash on TPUs, cuDNN flash attention where it runs) | xla | cudnn | splash
+    c.attention_impl = "auto"       # auto (splash on TPUs, cuDNN where it runs, else XLA)
+    #                                 | xla | cudnn | splash
 
 
     # Flow-matching pretraining of the base model.

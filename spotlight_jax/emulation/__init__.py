@@ -1,7 +1,8 @@
 """Emulation layer: the time and dollar axes of a run on hardware it does not have.
 
 ``clock`` (virtual and wall clocks with per-phase accounting), ``datasheets`` (accelerators' peak
-numbers), ``flops`` (FLOP and parameter counts of the MMDiT), ``cost_models`` (the profile and
+numbers, HBM and, for TPUs, list prices and slice topologies), ``slices`` (a TPU slice's chips and
+hosts), ``flops`` (FLOP and parameter counts of the MMDiT), ``cost_models`` (the profile and
 measured cost models, prices), ``calibration`` (timing this machine for the measured model),
 ``traces`` (SkyPilot spot traces and synthetic ones, replayed as join/notice/loss events) and
 ``deployment`` (on-demand devices plus spot nodes following a trace on a virtual clock, each
