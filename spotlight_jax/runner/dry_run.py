@@ -120,8 +120,8 @@ def activation_bytes(cfg, graphdef, abstract, rl_cfg, rows: UpdateRows, mesh,
 def hbm_fit(device: str, update_bytes: float, weight_bytes: float,
             fused_bytes: float | None = None) -> str:
     """The dry run's line on memory against ``device``'s HBM (a ``datasheets.DEVICES`` key,
-    ``cost.device``): the update's bytes per device (and, on a GPU, with the fused kernel),
-    and a spot SP group's rollout, which keeps the whole weights on every device (SP
+    ``cost.device``): the update's bytes per device (and with the fused kernel it runs
+    there: :func:`fused_kernel_on`), and a spot SP group's rollout, which keeps the whole weights on every device (SP
     replicates them; its activations are not sized here)."""
     spec = device_spec(device)
     gib = 1024**3
@@ -135,7 +135,7 @@ def hbm_fit(device: str, update_bytes: float, weight_bytes: float,
         return f"{nbytes / gib:.3f} GiB does NOT fit ({(nbytes - hbm) / gib:.3f} GiB over)"
 
     fits = verdict(update_bytes)
-    if fused_bytes is not None and not spec.is_tpu:
+    if fused_bytes is not None:
         fits += f"; with the fused kernel {verdict(fused_bytes)}"
     line = (f"HBM of cost.device={device!r} ({spec.label}): {spec.hbm_gb:g} GB = "
             f"{hbm / gib:.2f} GiB per device; the update: {fits}; a spot SP group's rollout "
@@ -145,6 +145,17 @@ def hbm_fit(device: str, update_bytes: float, weight_bytes: float,
         line += ("; to fit: more fsdp devices (mesh.fsdp), smaller gradient steps (more "
                  "rl.nft.minibatches / rl.minibatches) or a device with more HBM")
     return line
+
+
+def fused_kernel_on(device: str, impl: str, dtype, head_dim: int) -> str | None:
+    """The fused attention kernel ``impl`` runs on the accelerator ``device`` (a datasheet
+    name, the run's ``cost.device``) for ``dtype`` inputs of ``head_dim``: splash attention on
+    a TPU, cuDNN flash attention on an NVIDIA GPU where it can run; None for XLA's."""
+    if device_spec(device).is_tpu:
+        return "splash attention" if impl in ("auto", "splash") else None
+    if kernels.fused_on_gpus(impl, dtype, head_dim):
+        return "cuDNN flash attention"
+    return None
 
 
 def dry_run(config, devices=None) -> str:
@@ -182,8 +193,11 @@ def dry_run(config, devices=None) -> str:
     batch = run.settings.prompts_per_iter * run.settings.group_size
     rows = work_of(rl_cfg, run.sampler).update_rows(batch)
     act = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh)
-    fused = None   # what a GPU run's cuDNN flash attention would keep, where it would run
-    if kernels.fused_on_gpus(run.process.attention_impl, as_dtype(cfg.dtype), cfg.head_dim):
+    # what the run's fused kernel would keep on cost.device, where one would run there
+    fused_kernel = fused_kernel_on(run.cost.device, run.process.attention_impl,
+                                   as_dtype(cfg.dtype), cfg.head_dim)
+    fused = None
+    if fused_kernel:
         fused = activation_bytes(cfg, graphdef, abstract, rl_cfg, rows, mesh,
                                  fused_attention=True)
     load_peak = host_peak_bytes(cfg, base_shardings(cfg, mesh))
@@ -209,8 +223,9 @@ def dry_run(config, devices=None) -> str:
         f"(+{rows.forward} rows forward only), XLA's attention (its backward keeps every "
         f"head's scores)"
         + ("" if fused is None else
-           f"; with the fused kernel a GPU run uses (cuDNN flash attention, attention_impl="
-           f"'{run.process.attention_impl}' in {cfg.dtype}): {fused / gib:.3f} GiB, "
+           f"; with the fused kernel a run on {run.cost.device} uses ({fused_kernel}, "
+           f"attention_impl='{run.process.attention_impl}' in {cfg.dtype}): "
+           f"{fused / gib:.3f} GiB, "
            f"{(per_device + opt + fused) / gib:.3f} GiB per device in all"),
         hbm_fit(run.cost.device, per_device + opt + act, weight_bytes,
                 None if fused is None else per_device + opt + fused),

@@ -329,3 +329,14 @@ def test_the_cost_sweep_prices_a_tpu_deployment():
     assert it["baseline"].dollars == pytest.approx(it["baseline"].seconds * od)
     assert it["spotlight"].dollars == pytest.approx(it["spotlight"].seconds * (od + spot))
     assert math.isfinite(it["spotlight_pipelined"].seconds)
+
+
+def test_the_dry_run_counts_the_fused_kernel_that_runs_on_cost_device():
+    import jax.numpy as jnp
+
+    from spotlight_jax.runner.dry_run import fused_kernel_on
+    assert fused_kernel_on("tpu_v5p", "auto", jnp.bfloat16, 128) == "splash attention"
+    assert fused_kernel_on("tpu_v6e", "splash", jnp.float32, 64) == "splash attention"
+    assert fused_kernel_on("tpu_v5e", "xla", jnp.bfloat16, 128) is None
+    assert fused_kernel_on("h100_sxm", "auto", jnp.bfloat16, 128) == "cuDNN flash attention"
+    assert fused_kernel_on("h100_sxm", "auto", jnp.float32, 128) is None
