@@ -34,6 +34,7 @@ from spotlight_jax import programs
 from spotlight_jax.bench import gpu_lowering
 
 FLAGS = flags.FLAGS
+define_flags = gpu_lowering.define_flags      # the same flags as the GPU census
 
 # what parallel.kernels reads of a TPU (JAX's device_kind of a v5e chip)
 TPU_V5E = gpu_lowering.TargetDevice("tpu", "TPU v5 lite", "")
@@ -168,5 +169,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    gpu_lowering.define_flags()
+    define_flags()
     app.run(main)
