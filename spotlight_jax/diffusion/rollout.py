@@ -343,14 +343,18 @@ def sampling_compiler_options() -> dict[str, str] | None:
     On CPU, XLA's YNNPACK fusions pass every scalar constant of a fused elementwise chain (the
     tanh GELU's four) to the fused dot as a materialised full-size array, rebuilt at every
     denoising step; without those fusions the constants stay inside ordinary loop fusions and a
-    rollout of the tiny model runs ~1.2x faster (docs/performance.md). Training steps keep the
-    default: their backward pass is faster with the fusions. The same options compile every
+    rollout of the tiny model runs ~1.2x faster. XLA:CPU's tree reduction rewriter turns each
+    short reduction (a QK-norm's mean over a 32-wide head, a softmax's row) into a reduce-window
+    that runs as its own unfused loop, ~9% of a rollout; without it they fuse (~1.1x faster;
+    both in docs/performance.md). Training steps keep the default: their backward pass is
+    faster with the YNNPACK fusions. The same options compile every
     copy of the rollout (the trainer's sampler and the spot groups' programs), so a seed's image
     does not depend on which of them drew it beyond what the device layout itself changes.
     """
     if jax.default_backend() != "cpu":
         return None
-    return {"xla_cpu_experimental_ynn_fusion_type": ""}
+    return {"xla_cpu_experimental_ynn_fusion_type": "",
+            "xla_disable_hlo_passes": "tree_reduction_rewriter"}
 
 
 # Compiled programs are shared by every Sampler of the same (hashable) graph, shape, sampler

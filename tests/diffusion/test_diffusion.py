@@ -187,11 +187,36 @@ def test_rollout_shapes_and_logprobs(micro_sampler):
     np.testing.assert_array_equal(out["latents"][:, 0], x_t)
 
 
+def test_sampling_options_compile_the_models_short_reductions_without_reduce_windows():
+    """XLA:CPU's tree reduction rewriter turns some of a block's short reductions (the
+    QK-norm's per-head mean here) into reduce-windows, unfused loops of their own; the sampling
+    programs' options keep them fused reductions."""
+    from flax import nnx
+
+    from spotlight_jax.models import MMDiT, MMDiTConfig
+    if jax.default_backend() != "cpu":
+        pytest.skip("XLA:CPU's options")
+    cfg = MMDiTConfig(image_size=16, patch_size=4, width=64, depth=1, num_heads=2, text_len=8,
+                      text_width=32, text_layers=1, text_heads=2)
+    graphdef, state = nnx.split(MMDiT(cfg, rngs=nnx.Rngs(0)))
+    b = 4
+    args = (jnp.ones((b, 16, 16, 3)), jnp.ones((b,)), jnp.ones((b, 8), jnp.int32),
+            jnp.ones((b, 8), bool))
+
+    def windows(options):
+        fn = jax.jit(lambda s, *a: nnx.merge(graphdef, s)(*a), compiler_options=options)
+        return fn.lower(state, *args).compile().as_text().count("reduce-window(")
+
+    assert windows(None) > 0
+    assert windows(sampling_compiler_options()) == 0
+
+
 def test_sampling_options_keep_the_rollout_of_the_default_compilation(micro_sampler):
     """The sampler's own XLA options (CPU) change only float rounding: the same rollout
     compiled with the defaults agrees to float32 noise."""
     sampler, state, tokens, mask, seeds = micro_sampler
-    assert sampling_compiler_options() == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert sampling_compiler_options() == {"xla_cpu_experimental_ynn_fusion_type": "",
+                                           "xla_disable_hlo_passes": "tree_reduction_rewriter"}
     plain = jax.jit(rollout_body(sampler.graphdef, sampler.image_shape, sampler.cfg,
                                  sampler.attn))(state, tokens, mask, seeds)
     out = sampler.rollout(state, tokens, mask, seeds)
