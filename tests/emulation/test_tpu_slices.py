@@ -289,6 +289,7 @@ def test_the_tpu_configs_build_their_slices(name, chips, spot_chips):
     assert d.replay_lead_s == 30.0 and spec.process.attention_impl == "auto"
 
 
+@pytest.mark.e2e          # the dry run of a 20B model's programs (~8 s on 2 cores)
 def test_the_qwen_image_tpu_dry_run_fits_a_v5p_chip():
     from spotlight_jax.runner.dry_run import dry_run
 
@@ -302,6 +303,7 @@ def test_the_qwen_image_tpu_dry_run_fits_a_v5p_chip():
     assert weights > 32e9 / GIB > 16e9 / GIB              # a v6e or v5e chip could not
 
 
+@pytest.mark.e2e          # a subprocess with 32 devices (~10 s on 2 cores)
 def test_the_wan_tpu_dry_run_fits_a_v5p_chip_on_its_32_devices(tmp_path):
     # its mesh is 32 chips: the documented command, in a process with 32 emulated devices
     # (the tests' 8-device XLA flag left out)
