@@ -121,8 +121,8 @@ def hbm_fit(device: str, update_bytes: float, weight_bytes: float,
             fused_bytes: float | None = None) -> str:
     """The dry run's line on memory against ``device``'s HBM (a ``datasheets.DEVICES`` key,
     ``cost.device``): the update's bytes per device (and with the fused kernel it runs
-    there: :func:`fused_kernel_on`), and a spot SP group's rollout, which keeps the whole weights on every device (SP
-    replicates them; its activations are not sized here)."""
+    there: :func:`fused_kernel_on`), and a spot SP group's rollout, which keeps the whole
+    weights on every device (SP replicates them; its activations are not sized here)."""
     spec = device_spec(device)
     gib = 1024**3
     if not spec.hbm_gb:
