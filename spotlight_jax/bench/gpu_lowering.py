@@ -132,7 +132,8 @@ _DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x
                   r".*:\s*\((tensor<[^>]*>),\s*(tensor<[^>]*>)\)\s*->\s*(tensor<[^>]*>)")
 
 
-def _shape(tensor_type: str) -> tuple[tuple[int, ...], str]:
+def tensor_shape(tensor_type: str) -> tuple[tuple[int, ...], str]:
+    """``(dims, dtype)`` of a StableHLO tensor type ``tensor<2x4xbf16>``."""
     m = _TENSOR.fullmatch(tensor_type)
     return tuple(int(d) for d in m.group(1).rstrip("x").split("x")), m.group(2)
 
@@ -171,24 +172,24 @@ def expanded(text: str) -> list[str]:
     return lines_of("main")
 
 
-def scan(text: str, lengths, fused_flops) -> tuple[int, dict, float]:
+def scan(lines: list[str], lengths, fused_flops) -> tuple[int, dict, float]:
     """``(score-sized values, matmul FLOPs by operand dtypes, fused attention FLOPs)`` of a
-    lowered program's StableHLO ``text`` (its entry function, calls :func:`expanded`) whose
-    attention runs over sequences of the given
-    ``lengths`` (queries' and keys', every local length): a score-sized value is one of rank 4
+    lowered program's StableHLO ``lines`` (its entry function, calls :func:`expanded`) whose
+    attention runs over sequences of the given ``lengths`` (queries' and keys', every local
+    length): a score-sized value is one of rank 4
     or more (batch, heads, maybe head groups, queries, keys) whose last two dimensions are such
     lengths. ``fused_flops(line)``: a fused attention call's FLOPs on ``line`` (0 elsewhere)."""
     lengths = set(lengths)
     scores, flops, fused = 0, {}, 0.0
-    for line in expanded(text):
+    for line in lines:
         if " = " not in line:
             continue
         fused += fused_flops(line)
         m = _DOT.search(line)
         if m:
-            lhs, lt = _shape(m.group(2))
-            _, rt = _shape(m.group(3))
-            out, _ = _shape(m.group(4))
+            lhs, lt = tensor_shape(m.group(2))
+            _, rt = tensor_shape(m.group(3))
+            out, _ = tensor_shape(m.group(4))
             contracted = 1
             for i in (int(i) for i in m.group(1).split(",") if i.strip()):
                 contracted *= lhs[i]
@@ -210,17 +211,18 @@ def _cudnn_flops(line: str) -> float:
     m = _FMHA_OPERANDS.search(line)
     if not m:
         return 0.0
-    (b, sq, h, d), _ = _shape(m.group(2))        # q [b, queries, heads, d] (the BTNH layout)
-    sk = _shape(m.group(3))[0][1]
+    (b, sq, h, d), _ = tensor_shape(m.group(2))        # q [b, queries, heads, d] (the BTNH layout)
+    sk = tensor_shape(m.group(3))[0][1]
     return 4.0 * b * h * sq * sk * d * (2 if m.group(1).endswith("Backward") else 1)
 
 
 def census(text: str, lengths) -> Census:
     """The census of a program lowered for CUDA (``text``) whose attention runs over sequences
     of the given ``lengths`` (:func:`scan`)."""
-    kernels = _FMHA.findall("\n".join(expanded(text)))
+    lines = expanded(text)
+    kernels = _FMHA.findall("\n".join(lines))
     backward = sum(name.endswith("Backward") for name in kernels)
-    scores, flops, fused = scan(text, lengths, _cudnn_flops)
+    scores, flops, fused = scan(lines, lengths, _cudnn_flops)
     return Census(flops, fused, len(kernels) - backward, backward, scores)
 
 

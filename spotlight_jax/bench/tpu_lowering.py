@@ -78,7 +78,7 @@ def _splash_flops(line: str) -> float:
     if name is None or splash_phase(name.group(1)) is None or " : (" not in line:
         return 0.0
     operands = line.rsplit(" : (", 1)[1].split(" -> ")[0]     # the operands' types, last
-    tensors = [gpu_lowering._shape(t) for t in re.findall(r"tensor<[^>]*>", operands)]
+    tensors = [gpu_lowering.tensor_shape(t) for t in re.findall(r"tensor<[^>]*>", operands)]
     # q and k: the first two float operands, [b, h, s, d] (or [h, s, d] for one element)
     q, k = [(1,) * (4 - len(shape)) + shape for shape, dtype in tensors
             if len(shape) in (3, 4) and dtype in ("bf16", "f16", "f32")][:2]
@@ -89,11 +89,12 @@ def _splash_flops(line: str) -> float:
 def census(text: str, lengths) -> TpuCensus:
     """The census of a program lowered for TPU (``text``) whose attention runs over sequences
     of the given ``lengths`` (``gpu_lowering.scan``)."""
-    lines = "\n".join(gpu_lowering.expanded(text))
-    phases = [splash_phase(n) for n in _KERNEL.findall(lines)]
-    scores, flops, fused = gpu_lowering.scan(text, lengths, _splash_flops)
+    lines = gpu_lowering.expanded(text)
+    joined = "\n".join(lines)
+    phases = [splash_phase(n) for n in _KERNEL.findall(joined)]
+    scores, flops, fused = gpu_lowering.scan(lines, lengths, _splash_flops)
     collectives = {}
-    for name in _COLLECTIVE.findall(lines):
+    for name in _COLLECTIVE.findall(joined):
         collectives[name] = collectives.get(name, 0) + 1
     return TpuCensus(flops, fused, phases.count("fwd"), phases.count("dq"), phases.count("dkv"),
                      scores, collectives)
