@@ -9,7 +9,10 @@ VAE latents after the target's, ``img_shapes`` giving the reference grid frame i
 from the pipeline's model_index.json; Qwen-Image-Edit-2511 adds ``reference_zero_t``). At 1024 x
 1024 (128 x 128 latent cells, patch 2) the target and the input image make 4096 + 4096 image
 tokens: twice Qwen-Image's sequence at that size. Text comes from Qwen2.5-VL, which sees the
-input image (its embeddings are per prompt and image).
+input image (its embeddings are per prompt and image): a run from the folder reads them, with
+the image's latents, from an edit file written by ``spotlight_jax.tools.encode_prompts``
+(docs/editing.md, "A run from a Qwen-Image-Edit folder"; its text_len is the file's, about
+1536 with a 1024 x 1024 input image).
 
 Dry run on any machine (no parameters are allocated):
   python -m spotlight_jax.main --config=configs/qwen_image_edit.py --workdir=/tmp/qe --dry_run

@@ -258,3 +258,48 @@ def wandb_history(workdir) -> list[dict]:
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                              for item in record.history.item})
     return rows
+
+
+def qwen_edit_pipe(folder) -> Path:
+    """A Qwen-Image-Edit pipeline folder standing in for a real one: the tiny Qwen-Image
+    fixture's transformer and VAE (``QWEN_PIPE``, linked file by file so the transformer folder
+    resolves here) beside a ``model_index.json`` naming ``QwenImageEditPipeline``, which makes
+    the converted transformer an editing model (``reference_images=1``)."""
+    folder = Path(folder)
+    (folder / "transformer").mkdir(parents=True, exist_ok=True)
+    for f in (QWEN_PIPE / "transformer").iterdir():
+        if not (folder / "transformer" / f.name).exists():
+            (folder / "transformer" / f.name).symlink_to(f)
+    if not (folder / "vae").exists():
+        (folder / "vae").symlink_to(QWEN_PIPE / "vae", target_is_directory=True)
+    (folder / "model_index.json").write_text(json.dumps(
+        {"_class_name": "QwenImageEditPipeline", "transformer":
+         ["diffusers", "QwenImageTransformer2DModel"], "vae": ["diffusers",
+                                                                "AutoencoderKLQwenImage"]}))
+    return folder
+
+
+def edit_prompt_file(path, dim, channels=16, cells=(8, 8), images=("beach.png", "room.png"),
+                     train=3, val=2, seed=0):
+    """A stand-in edit file (no encoder, no torch): world prompts as instructions on each of
+    ``images`` (``train`` + ``val`` per image), each row fake-encoded as two tokens of its
+    image's code then the instruction's words (``fake_encode``), its null row the image's two
+    tokens alone; random latents ``[len(images), *cells, channels]``. Returns the file read."""
+    from spotlight_jax import prompt_embeddings as pe
+    from spotlight_jax import world
+    rng = np.random.default_rng(seed)
+    codes = rng.normal(size=(len(images), 2, dim)).astype(np.float32)
+    words = world.train_prompts(world.WorldConfig(image_size=16))
+    instructions, index, splits = [""] * len(images), list(range(len(images))), [""] * len(images)
+    for k in range(len(images)):
+        for j in range(train + val):
+            instructions.append(words[(k * (train + val) + j) * 7 % len(words)])
+            index.append(k)
+            splits.append("train" if j < train else "val")
+    rows = [np.concatenate([codes[k], r]) for k, r in zip(index, fake_encode(instructions, dim))]
+    embeds, mask = pe.pad_rows(rows)
+    latents = rng.normal(size=(len(images), *cells, channels)).astype(np.float32)
+    pe.write_edits(path, instructions, index, list(images), latents, embeds, mask,
+                   splits=splits, family="qwen_image_edit", encoder="tests.fake_encode",
+                   info={"dim": dim})
+    return pe.read(path)

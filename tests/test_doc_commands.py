@@ -7,8 +7,9 @@ a study or benchmark's flags parse and its positional words are commands it has.
 What a reader supplies is put in place first (``tests/doc_commands.py``): the docs'
 placeholders, ``$SPOTLIGHT_TRACES`` (stand-in trace files of the SkyPilot format where the real
 traces are absent), and for a real model the tiny random Qwen-Image (Wan) pipeline fixture as
-``/models/Qwen-Image`` (``/models/Wan2.1-T2V-14B-Diffusers``) with a prompt-embedding file of
-the config's widths.
+``/models/Qwen-Image`` (``/models/Wan2.1-T2V-14B-Diffusers``; ``/models/Qwen-Image-Edit``: the
+Qwen-Image fixture beside an edit pipeline's model_index.json) with a prompt-embedding file of
+the config's widths (an editing model's: an edit file with input-image latents).
 """
 import importlib
 import os
@@ -21,12 +22,22 @@ from pathlib import Path
 import pytest
 from absl import flags
 from doc_commands import ROOT, documented_commands
-from helpers import QWEN_PIPE, WAN_PIPE, world_prompt_file, write_stand_in_trace
+from helpers import (
+    QWEN_PIPE,
+    WAN_PIPE,
+    edit_prompt_file,
+    qwen_edit_pipe,
+    world_prompt_file,
+    write_stand_in_trace,
+)
 
 from spotlight_jax.config import ConfigError, RunSpec, model_config
 from spotlight_jax.emulation.traces import default_trace_dir
 
-REAL_MODEL_FOLDERS = {"/models/Qwen-Image": QWEN_PIPE, "/models/Wan2.1-T2V-14B-Diffusers": WAN_PIPE}
+# the Qwen-Image-Edit stand-in is made by the `qwen_edit` fixture (a folder of links)
+QWEN_EDIT_PIPE = Path(tempfile.gettempdir()) / f"spotlight_doc_qwen_edit_{os.getpid()}"
+REAL_MODEL_FOLDERS = {"/models/Qwen-Image": QWEN_PIPE, "/models/Wan2.1-T2V-14B-Diffusers": WAN_PIPE,
+                      "/models/Qwen-Image-Edit": QWEN_EDIT_PIPE}
 
 
 def _real_model_stand_in(arg: str) -> str:
@@ -63,6 +74,13 @@ def traces():
         shutil.rmtree(TRACES, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def qwen_edit():
+    """``QWEN_EDIT_PIPE``: the tiny Qwen-Image fixture as a Qwen-Image-Edit folder."""
+    yield qwen_edit_pipe(QWEN_EDIT_PIPE)
+    shutil.rmtree(QWEN_EDIT_PIPE, ignore_errors=True)
+
+
 def test_the_docs_show_commands_of_every_kind():
     """The collector finds what the docs hold (a collector that finds nothing checks nothing)."""
     modules = {c.module for c in COMMANDS}
@@ -94,6 +112,10 @@ def _stand_in_prompts(config, tmp_path: Path) -> None:
         return
     m = model_config(config)
     path = tmp_path / "prompts.safetensors"
+    if getattr(m, "reference_images", 0):        # an editing model: pairs with their images
+        edit_prompt_file(path, m.text_embed_dim, channels=m.channels)
+        p.embeddings_file = str(path)
+        return
     world_prompt_file(path, m.text_embed_dim, image_size=32,
                       pooled_dim=m.pooled_dim if m.pooled == "input" else 0,
                       video=config.model.get("family", "mmdit") == "wan")
@@ -116,7 +138,7 @@ def _check_main(fv, tmp_path):
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.where)
-def test_documented_command_is_accepted(cmd, traces, tmp_path, monkeypatch):
+def test_documented_command_is_accepted(cmd, traces, qwen_edit, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)                 # the docs' paths are relative to the repository
     if cmd.pattern:                         # e.g. spotlight_jax.bench.<name>: the family exists
         package = cmd.module.split("<")[0].rstrip(".")

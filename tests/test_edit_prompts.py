@@ -2,7 +2,8 @@
 whose model input is the instruction's word ids and the source scene the prompt names, rendered
 at its seed; the pretraining stream shows edited scenes of fresh layouts; the held-out and
 training pools share no task; a sample grid shows source | before | after; an editing model
-without a prompt encoder is a one-line error until prompt files hold input images."""
+without a prompt encoder and without an edit file (tests/test_edit_prompt_files.py) is a
+one-line error saying how to write one."""
 import types
 
 import numpy as np
@@ -78,7 +79,9 @@ def test_an_editing_runs_before_after_grid_shows_the_source(tmp_path, source):
 def test_an_editing_model_without_a_prompt_encoder_says_what_is_missing():
     config = conf.load_config("qwen_image_edit")
     with pytest.raises(ConfigError, match=r"^model.reference_images=1: an editing model without "
-                                          r"a prompt encoder needs prompt files"):
+                                          r"a prompt encoder needs prompt files holding each "
+                                          r"instruction's input image .*: write one with python "
+                                          r"-m spotlight_jax.tools.encode_prompts"):
         prompt_source(config)
 
 

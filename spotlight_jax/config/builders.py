@@ -41,11 +41,13 @@ from spotlight_jax.emulation import (
     TraceError,
     Workload,
 )
-from spotlight_jax.models import AttentionSpec, MMDiTConfig, as_dtype, convert
+from spotlight_jax.models import AttentionSpec, Flux2Config, MMDiTConfig, as_dtype, convert
+from spotlight_jax.models.convert.vae import FLUX2_CLASS
 from spotlight_jax.models.factory import abstract_model, is_video
 from spotlight_jax.parallel import make_mesh
 from spotlight_jax.parallel.sharding import param_shardings
 from spotlight_jax.prompt_embeddings import (
+    EditEmbeddingPrompts,
     EditPrompts,
     EmbeddingPrompts,
     PromptEmbeddingError,
@@ -98,7 +100,11 @@ def image_decoder(config):
 
 
 def decoder_of(base: str | None, cfg: MMDiTConfig):
-    """:func:`image_decoder` of the diffusers folder ``base`` (None: pixels) for model ``cfg``."""
+    """:func:`image_decoder` of the diffusers folder ``base`` (None: pixels) for model ``cfg``:
+    its ``vae/``, of whichever class its config.json names (``convert.vae_from_diffusers``),
+    checked against the transformer: images or clips, latent channels, and FLUX.2's
+    ``AutoencoderKLFlux2`` exactly for a FLUX.2 transformer (its latents are normalised per
+    2 x 2 cell by that VAE's batch-norm statistics; any other VAE's for any other model)."""
     if base is None:
         return None
     vae_dir = os.path.join(base, "vae")
@@ -113,6 +119,12 @@ def decoder_of(base: str | None, cfg: MMDiTConfig):
     if vae.latent_channels != cfg.channels:
         raise ConfigError(f"base_checkpoint={base!r}: the VAE has {vae.latent_channels} latent "
                           f"channels, the transformer {cfg.channels}")
+    flux2 = isinstance(cfg, Flux2Config)
+    if flux2 != (vae.family == FLUX2_CLASS):
+        raise ConfigError(f"base_checkpoint={base!r}: its VAE is {vae.family}, the transformer "
+                          f"{'is' if flux2 else 'is not'} FLUX.2's, whose latents only "
+                          f"{FLUX2_CLASS} normalises (use the vae/ of the transformer's own "
+                          f"pipeline)")
     return vae
 
 
@@ -195,7 +207,9 @@ def prompt_source(config) -> PromptSource:
     prompt encoder (``model.text_width > 0``) reads the synthetic world's prompts through its
     word tokenizer; one without (``text_width == 0``) reads the prompt-embedding file
     ``prompts.embeddings_file`` (its train/val splits, embeddings of width
-    ``model.text_embed_dim`` padded to ``model.text_len``)."""
+    ``model.text_embed_dim`` padded to ``model.text_len``): an edit file, whose rows carry their
+    input image's latents, for an editing model (``model.reference_images > 0``), a text-only
+    file for any other."""
     return prompts_of(model_config(config), config.prompts.embeddings_file,
                       config.prompts.train_kinds)
 
@@ -233,11 +247,13 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
                                   "(set --config.prompts.train_kinds='')")
             return VideoPrompts(world.WorldConfig(image_size=m.image_size))
         return WorldPrompts(world.WorldConfig(image_size=m.image_size), kinds)
-    if editing:
+    write_edits = ("write one with python -m spotlight_jax.tools.encode_prompts "
+                   "--pipeline=<the Qwen-Image-Edit folder> --prompts=<edits.jsonl>")
+    if editing and not path:
         raise ConfigError(f"model.reference_images={m.reference_images}: an editing model "
                           "without a prompt encoder needs prompt files holding each "
-                          "instruction's input image, which are not built yet; use an editing "
-                          "model with a prompt encoder (configs/tiny_edit.py)")
+                          "instruction's input image (its latents and the encoder's embeddings "
+                          f"of both): {write_edits} and pass --config.prompts.embeddings_file")
     if train_kinds:
         raise ConfigError(f"prompts.train_kinds={train_kinds!r}: task kinds are "
                           "the synthetic world's; a prompt-embedding file's training pool is its "
@@ -250,6 +266,24 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
     except PromptEmbeddingError as e:          # its message starts with the path: named above
         bad(" ".join(str(e).removeprefix(f"{pathlib.Path(path)}: ").split()))
     f = source.file
+    if editing and not f.is_edit:
+        raise ConfigError(f"model.reference_images={m.reference_images}: an editing model "
+                          "without a prompt encoder needs prompt files holding each "
+                          f"instruction's input image; prompts.embeddings_file={path!r} is "
+                          f"text-only (family {f.family!r}): {write_edits}")
+    if f.is_edit and not editing:
+        bad(f"holds input-image latents (an edit file, family {f.family!r}) for an editing "
+            "model, and this model is text-to-image (model.reference_images=0); use the "
+            "editing pipeline's folder as base_checkpoint, or a text-only file")
+    if f.is_edit:
+        source = EditEmbeddingPrompts(f)
+        h, w, c = f.latent_shape
+        if c != m.channels:
+            bad(f"input-image latents of {c} channels, the model takes model.channels="
+                f"{m.channels}; encode the images with the base's own VAE (its pipeline folder)")
+        if h % m.patch_size or w % m.patch_size:
+            bad(f"input-image latents of {h}x{w} cells, not a multiple of the model's "
+                f"patch_size={m.patch_size}; re-encode with another --image_area")
     if f.dim != m.text_embed_dim:
         bad(f"embeddings of width {f.dim}, the model takes model.text_embed_dim="
             f"{m.text_embed_dim}; set --config.model.text_embed_dim={f.dim}")

@@ -2,7 +2,8 @@
 source.
 
 ``file``: the format (safetensors: per-prompt token embeddings, mask, optional pooled embedding,
-the empty prompt in row 0, prompts and splits in the metadata), its writer and its reader with
+the empty prompt in row 0, prompts and splits in the metadata; an edit file's rows are
+(instruction, input image) pairs with the images' VAE latents), its writers and its reader with
 batched lookup. ``source``: the object a run takes its prompts and model inputs from (the
 synthetic world's tokenizer, or a file's embeddings when the model has no prompt encoder).
 ``encoders``: the real text encoders of a diffusers pipeline (torch, the ``[encode]`` extra),
@@ -15,11 +16,14 @@ from spotlight_jax.prompt_embeddings.file import (
     VERSION,
     PromptEmbeddingError,
     PromptEmbeddings,
+    edit_key,
     pad_rows,
     read,
     write,
+    write_edits,
 )
 from spotlight_jax.prompt_embeddings.source import (
+    EditEmbeddingPrompts,
     EditPrompts,
     EmbeddingPrompts,
     PromptSource,
@@ -32,6 +36,7 @@ __all__ = [
     "FORMAT",
     "SPLITS",
     "VERSION",
+    "EditEmbeddingPrompts",
     "EditPrompts",
     "EmbeddingPrompts",
     "PromptEmbeddingError",
@@ -39,7 +44,9 @@ __all__ = [
     "PromptSource",
     "VideoPrompts",
     "WorldPrompts",
+    "edit_key",
     "pad_rows",
     "read",
     "write",
+    "write_edits",
 ]

@@ -19,22 +19,52 @@ own ``encode_prompt``:
 * ``wan`` (``WanPipeline``, Wan 2.1 / 2.2 text-to-video): UMT5's last hidden state of the
   prompt's tokens, zero rows after them up to ``max_sequence_length`` (512), ``[512, 4096]``,
   every row attended (Wan's cross-attention takes the zero rows too; no pooled embedding).
+
+The editing families write *edit files* (``file.write_edits``): rows keyed by (instruction, input
+image), the pipeline loaded with its VAE too (:func:`encode_edits_to_file`):
+
+* ``qwen_image_edit`` (``QwenImageEditPipeline``): the image resized as the pipeline resizes it
+  (``--image_area`` pixels, the pipeline's 1024 x 1024 by default, at the image's aspect ratio,
+  sides multiples of 32); Qwen2.5-VL's last hidden state of the instruction in the pipeline's
+  chat template *with that image* (its vision tokens are part of the prompt, so ``L`` grows with
+  the image), prefix dropped, rows padded as ``qwen_image``'s; and the image's VAE latents
+  (``vae.encode``'s mode, normalised by the VAE's ``latents_mean`` / ``latents_std``), as the
+  pipeline's ``encode_prompt(prompt, image)`` and ``prepare_latents`` compute them;
+* ``qwen_image_edit_plus`` (``QwenImageEditPlusPipeline``, -2509 / -2511) with one input image
+  per row: the same, the text encoder seeing the image at the pipeline's condition size (384 x
+  384 pixels' area) and the VAE at ``--image_area``; one row per encoder call (the pipeline
+  encodes one prompt at a time).
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import importlib.util
 import json
 import pathlib
 from collections.abc import Sequence
 
 import numpy as np
 
-from spotlight_jax.prompt_embeddings.file import PromptEmbeddingError, pad_rows, write
+from spotlight_jax.prompt_embeddings.file import (
+    PromptEmbeddingError,
+    pad_rows,
+    write,
+    write_edits,
+)
 
 # diffusers pipeline class -> family, and each family's default max_sequence_length (the
 # pipelines' own defaults)
 FAMILIES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image",
-            "FluxPipeline": "flux", "WanPipeline": "wan"}
-MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024, "flux": 512, "wan": 512}
+            "FluxPipeline": "flux", "WanPipeline": "wan",
+            "QwenImageEditPipeline": "qwen_image_edit",
+            "QwenImageEditPlusPipeline": "qwen_image_edit_plus"}
+MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024, "flux": 512, "wan": 512,
+                       "qwen_image_edit": 1024, "qwen_image_edit_plus": 1024}
+# families whose rows are (instruction, input image) pairs: their files hold the image latents
+EDIT_FAMILIES = ("qwen_image_edit", "qwen_image_edit_plus")
+# the pixels the edit pipelines give the input image they VAE-encode (1024 x 1024's area)
+PIPELINE_IMAGE_AREA = 1024 * 1024
 DTYPES = ("float32", "bfloat16", "float16")
 _INSTALL = 'pip install -e ".[encode]"'
 
@@ -68,13 +98,22 @@ def pipeline_family(pipeline_dir) -> tuple[str, str]:
 
 def load_pipeline(pipeline_dir, *, device: str = "cpu", dtype: str = "float32"):
     """The pipeline of ``pipeline_dir`` with its text encoders and tokenizers only (no
-    transformer, no VAE), on ``device`` in ``dtype``, in eval mode."""
+    transformer; no VAE but for an editing family, which encodes its input images too), on
+    ``device`` in ``dtype``, in eval mode."""
     torch, diffusers = require_encode_extra()
     if dtype not in DTYPES:
         raise PromptEmbeddingError(f"dtype={dtype!r}: choose one of {DTYPES}")
-    _, name = pipeline_family(pipeline_dir)
-    pipe = getattr(diffusers, name).from_pretrained(str(pipeline_dir), transformer=None,
-                                                    vae=None, torch_dtype=getattr(torch, dtype))
+    family, name = pipeline_family(pipeline_dir)
+    drop = {"transformer": None} if family in EDIT_FAMILIES else {"transformer": None,
+                                                                  "vae": None}
+    if family in EDIT_FAMILIES and importlib.util.find_spec("torchvision") is None:
+        # transformers builds Qwen2.5-VL's processor (the pipeline's processor/) with its video
+        # part, which needs torchvision even where only images are encoded
+        raise ImportError(f"pipeline={str(pipeline_dir)!r}: a {name} loads Qwen2.5-VL's "
+                          "processor, which transformers builds only with torchvision: pip "
+                          "install torchvision (the build matching your torch)")
+    pipe = getattr(diffusers, name).from_pretrained(str(pipeline_dir), **drop,
+                                                    torch_dtype=getattr(torch, dtype))
     return pipe.to(device)
 
 
@@ -91,6 +130,10 @@ def encode_batch(pipe, prompts: list[str], max_sequence_length: int):
     [B, L] bool, pooled [B, P] or None)``, in the encoders' dtype."""
     torch, _ = require_encode_extra()
     family = family_of(pipe)
+    if family in EDIT_FAMILIES:
+        raise PromptEmbeddingError(f"pipeline {type(pipe).__name__}: an editing pipeline "
+                                   "encodes (instruction, input image) pairs; use "
+                                   "encode_edits_to_file")
     with torch.no_grad():
         if family == "sd3":
             if pipe.text_encoder_3 is None:
@@ -169,3 +212,168 @@ def encode_to_file(pipe, path, prompts: Sequence[str], splits: Sequence[str] | N
           encoder=f"{type(pipe).__name__}: {' + '.join(encoders)}",
           info={"max_sequence_length": msl, "diffusers": diffusers.__version__,
                 "transformers": transformers.__version__, **(info or {})})
+
+
+@dataclasses.dataclass(frozen=True)
+class EditRow:
+    """One (instruction, input image) pair to encode: ``image`` is the image's name (the key's
+    part, as the input listed it), ``path`` the file it names."""
+    instruction: str
+    image: str
+    path: pathlib.Path
+
+
+def read_image(row: EditRow):
+    """The row's image as an RGB PIL image (as diffusers' ``load_image`` gives it); a file that
+    is not an image is an error naming it."""
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
+    try:
+        with Image.open(row.path) as im:
+            return im.convert("RGB")
+    except (OSError, UnidentifiedImageError) as e:
+        raise PromptEmbeddingError(f"image {row.image!r} ({row.path}): cannot be read as an "
+                                   f"image ({type(e).__name__}); give a PNG, JPEG or WebP "
+                                   "file") from e
+
+
+def edit_image_sizes(pipe, size: tuple[int, int], image_area: int):
+    """``((w, h) the text encoder sees, (w, h) the VAE encodes)`` of an input image of ``size``
+    (w, h) pixels: the pipeline's own ``calculate_dimensions`` of an area at the image's aspect
+    ratio (sides rounded to multiples of 32), the VAE's area ``image_area``; the text encoder
+    sees the same image (Edit) or one of the pipeline's condition area (Edit Plus)."""
+    module = importlib.import_module(type(pipe).__module__)
+    w, h = size
+
+    def dims(area):
+        return tuple(int(v) for v in module.calculate_dimensions(area, w / h)[:2])
+
+    vae = dims(image_area)
+    if family_of(pipe) == "qwen_image_edit_plus":
+        return dims(module.CONDITION_IMAGE_SIZE), vae
+    return vae, vae
+
+
+def prepare_edit_image(pipe, row: EditRow, image_area: int):
+    """``(the PIL image the text encoder sees, the VAE's input [1, 3, 1, H, W] in [-1, 1])`` of
+    the row's image, resized and preprocessed by the pipeline's own image processor as its
+    ``__call__`` does; an image too small or too narrow for ``image_area`` is an error naming
+    it."""
+    image = read_image(row)
+    (cw, ch), (vw, vh) = edit_image_sizes(pipe, image.size, image_area)
+    if min(cw, ch, vw, vh) <= 0:
+        raise PromptEmbeddingError(
+            f"image {row.image!r} ({row.path}): {image.size[0]}x{image.size[1]} pixels resize to "
+            f"{vw}x{vh} at image_area={image_area} (sides are multiples of 32), which the VAE "
+            "cannot encode; crop it to a less extreme aspect ratio or raise --image_area")
+    proc = pipe.image_processor
+    seen = proc.resize(image, ch, cw)
+    # Edit: the VAE encodes the image the text encoder sees; Edit Plus: the original, resized
+    # by preprocess to the VAE's size
+    vae_in = proc.preprocess(seen if family_of(pipe) == "qwen_image_edit" else image, vh, vw)
+    return seen, vae_in.unsqueeze(2)
+
+
+def encode_edit_image(pipe, vae_input):
+    """The pipeline's normalised latents of a prepared image (its ``_encode_vae_image``: the
+    VAE posterior's mode, minus ``latents_mean``, over ``latents_std``), channels last
+    ``[H', W', C]`` as numpy in the VAE's dtype."""
+    torch, _ = require_encode_extra()
+    vae = pipe.vae
+    if vae is None:
+        raise PromptEmbeddingError(f"pipeline {type(pipe).__name__}: no VAE; load it with its "
+                                   "vae/ (encoders.load_pipeline keeps it for editing families)")
+    with torch.no_grad():
+        x = vae_input.to(device=pipe._execution_device, dtype=vae.dtype)
+        lat = pipe._encode_vae_image(image=x, generator=None)          # [1, C, 1, H', W']
+    return _numpy(lat[0, :, 0].permute(1, 2, 0))
+
+
+def encode_edit_batch(pipe, instructions: list[str], images: list):
+    """The pipeline's ``encode_prompt(instructions, image=images)`` (one PIL image per
+    instruction, as prepared by :func:`prepare_edit_image`) as numpy ``(embeds [B, L, D], mask
+    [B, L] bool)``; Edit Plus one row per call (its pipeline encodes one prompt at a time:
+    every image it is given is numbered into each prompt)."""
+    torch, _ = require_encode_extra()
+    family = family_of(pipe)
+    if family not in EDIT_FAMILIES:
+        editing = ", ".join(n for n, f in FAMILIES.items() if f in EDIT_FAMILIES)
+        raise PromptEmbeddingError(f"pipeline {type(pipe).__name__}: a text-only pipeline; "
+                                   f"(instruction, image) pairs need an editing one ({editing})")
+    groups = ([[i] for i in range(len(instructions))] if family == "qwen_image_edit_plus"
+              else [list(range(len(instructions)))])
+    rows, masks = [], []
+    with torch.no_grad():
+        for g in groups:
+            embeds, mask = pipe.encode_prompt([instructions[i] for i in g],
+                                              image=[images[i] for i in g])
+            mask = (torch.ones(embeds.shape[:2], dtype=torch.bool) if mask is None
+                    else mask.bool())
+            rows += list(_numpy(embeds))
+            masks += list(mask.cpu().numpy())
+    return pad_rows(rows, masks)
+
+
+def encode_edits_to_file(pipe, path, rows: Sequence[EditRow], splits: Sequence[str] | None = None,
+                         *, image_area: int | None = None, batch_size: int = 16,
+                         info: dict | None = None) -> None:
+    """Encodes the (instruction, input image) pairs ``rows`` (split ``splits``, default all
+    ``train``) with the editing pipeline ``pipe`` and writes the edit file ``path``
+    (``file.write_edits``): each distinct image's VAE latents once, its null prompt (the empty
+    instruction with it) in the first rows, then every pair's embeddings, each as the pipeline
+    computes it (module docstring). Every image must give latents of one shape (a run batches
+    them): images of another aspect ratio are an error naming the first."""
+    import diffusers  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    family = family_of(pipe)
+    area = PIPELINE_IMAGE_AREA if image_area is None else int(image_area)
+    rows = list(rows)
+    splits = ["train"] * len(rows) if splits is None else list(splits)
+    if batch_size < 1:
+        raise PromptEmbeddingError(f"batch_size={batch_size}: must be >= 1")
+    if area < 32 * 32:
+        raise PromptEmbeddingError(f"image_area={area}: the VAE's input is at least 32 x 32 "
+                                   "pixels; give an area >= 1024 (the pipeline's: 1048576)")
+    if not rows:
+        raise PromptEmbeddingError("no (instruction, image) rows to encode; give at least one")
+    if len(splits) != len(rows):
+        raise PromptEmbeddingError(f"{len(splits)} splits for {len(rows)} rows; give one split "
+                                   "per row")
+    empty = [r for r in rows if not r.instruction]
+    if empty:
+        raise PromptEmbeddingError(f"image {empty[0].image!r}: a row with an empty instruction; "
+                                   "each image's empty instruction is added by itself (its null "
+                                   "prompt), drop that row")
+    first = {}                          # image name -> its first row (in input order)
+    for r in rows:
+        if first.setdefault(r.image, r).path != r.path:
+            raise PromptEmbeddingError(f"image {r.image!r} names two files ({first[r.image].path} "
+                                       f"and {r.path}); give each image one name")
+    images = list(first)
+    latents = []
+    for name in images:
+        _, vae_in = prepare_edit_image(pipe, first[name], area)
+        lat = encode_edit_image(pipe, vae_in)
+        if latents and lat.shape != latents[0].shape:
+            raise PromptEmbeddingError(
+                f"image {name!r}: its latents are {lat.shape[0]}x{lat.shape[1]} cells, those of "
+                f"{images[0]!r} (the first image) {latents[0].shape[0]}x{latents[0].shape[1]}; a "
+                "run batches input images, so give images of one aspect ratio (crop them)")
+        latents.append(lat)
+    index = {name: i for i, name in enumerate(images)}
+    every = [EditRow("", name, first[name].path) for name in images] + rows
+    embeds, masks = [], []
+    for i in range(0, len(every), batch_size):
+        batch = every[i:i + batch_size]
+        seen = [prepare_edit_image(pipe, r, area)[0] for r in batch]
+        e, m = encode_edit_batch(pipe, [r.instruction for r in batch], seen)
+        embeds += list(e)
+        masks += list(m)
+    embeds, mask = pad_rows(embeds, masks)
+    latent_shape = list(latents[0].shape)
+    write_edits(path, [r.instruction for r in every], [index[r.image] for r in every], images,
+                np.stack(latents), embeds, mask, splits=[""] * len(images) + splits,
+                family=family, encoder=f"{type(pipe).__name__}: "
+                f"{type(pipe.text_encoder).__name__} + {type(pipe.vae).__name__}",
+                info={"image_area": area, "latent_shape": latent_shape,
+                      "diffusers": diffusers.__version__,
+                      "transformers": transformers.__version__, **(info or {})})

@@ -18,7 +18,11 @@ take its ``tokenize``, so no call site decides between the two kinds:
   (its ``train`` and ``val`` splits) and their precomputed embeddings, as the prompt pytree of
   ``spotlight_jax.diffusion.prompt``: ``{"embeds": [B, max_len, D], "pooled": [B, P] (SD3),
   "null": the file's empty prompt for each row}``, so classifier-free guidance and prompt
-  dropout use the real encoder's empty prompt, not zeros.
+  dropout use the real encoder's empty prompt, not zeros;
+* :class:`EditEmbeddingPrompts` (an editing model without a prompt encoder): an edit file's
+  (instruction, input image) pairs (``prompt_embeddings.file.edit_key``), as the same pytree
+  plus ``"image"``: the input image's VAE latents ``[B, H', W', C]``, with each row's ``null``
+  the empty instruction encoded with that row's image (the text encoder sees the image).
 """
 from __future__ import annotations
 
@@ -33,6 +37,18 @@ from spotlight_jax import world
 from spotlight_jax.diffusion import prompt
 from spotlight_jax.prompt_embeddings.file import PromptEmbeddings
 from spotlight_jax.world import edit, video
+
+
+def in_turns(keys: Sequence[str], n: int) -> list[int]:
+    """Indices of up to ``n`` items whose ``keys`` (a kind per item) take turns: the first of
+    each kind, then the second of each, ... (pools list their prompts kind by kind, so a
+    prefix of one would show a single kind)."""
+    by_kind: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_kind.setdefault(k, []).append(i)
+    turns = [i for group in itertools.zip_longest(*by_kind.values()) for i in group
+             if i is not None]
+    return turns[:n]
 
 
 class PromptSource(Protocol):
@@ -91,6 +107,10 @@ class VideoPrompts:
     def val_prompts(self) -> list[str]:
         return video.video_val_prompts(self.world_cfg)
 
+    def shown(self, prompts, n: int) -> list[int]:
+        """Indices of up to ``n`` of ``prompts`` for a sample grid, the motions in turn."""
+        return in_turns([video.parse_video(p, self.world_cfg).direction for p in prompts], n)
+
     @staticmethod
     def tokenize(prompts, max_len):
         return world.tokenize(prompts, max_len)
@@ -122,14 +142,8 @@ class EditPrompts:
         return edit.edit_prompts(edit.val_tasks(self.world_cfg))
 
     def shown(self, prompts, n: int) -> list[int]:
-        """Indices of up to ``n`` of ``prompts`` for a sample grid, taking the edit kinds in
-        turn (the pools list their tasks kind by kind, so a prefix would show one kind)."""
-        by_kind: dict[str, list[int]] = {}
-        for i, p in enumerate(prompts):
-            by_kind.setdefault(edit.parse_edit_prompt(p, self.world_cfg)[0].kind, []).append(i)
-        turns = [i for group in itertools.zip_longest(*by_kind.values()) for i in group
-                 if i is not None]
-        return turns[:n]
+        """Indices of up to ``n`` of ``prompts`` for a sample grid, the edit kinds in turn."""
+        return in_turns([edit.parse_edit_prompt(p, self.world_cfg)[0].kind for p in prompts], n)
 
     def tokenize(self, prompts, max_len):
         parsed = [edit.parse_edit_prompt(p, self.world_cfg) for p in prompts]
@@ -178,3 +192,27 @@ class EmbeddingPrompts:
         prompt for classifier-free guidance."""
         embeds, mask, _ = self.file.empty(max_len)
         return embeds, mask
+
+
+class EditEmbeddingPrompts(EmbeddingPrompts):
+    """An edit file's (instruction, input image) pairs and their precomputed model inputs, for
+    an editing model without a prompt encoder (Qwen-Image-Edit from its diffusers folder).
+
+    The pools are the file's ``train`` and ``val`` rows, each prompt the pair's key
+    (``"<instruction> | <image>"``). ``tokenize`` returns ``{"embeds": the text encoder's
+    embeddings of the pair [B, max_len, D], "image": the image's latents [B, H', W', C],
+    "null": {"embeds", "mask"} of the empty instruction with the same image}``: guidance and
+    prompt dropout drop the words and keep the image (``diffusion.prompt``), the words' null
+    being what the encoder gives the image alone, as the pipeline's negative prompt is encoded
+    with the input image."""
+
+    def tokenize(self, prompts, max_len):
+        embeds, mask, pooled = self.file.lookup(prompts, max_len)
+        null_embeds, null_mask, null_pooled = self.file.lookup(self.file.null_prompts(prompts),
+                                                               max_len)
+        null = {prompt.EMBEDS: null_embeds, prompt.MASK: null_mask}
+        tokens = {prompt.EMBEDS: embeds, prompt.IMAGE: self.file.input_latents(prompts),
+                  prompt.NULL: null}
+        if pooled is not None:
+            tokens[prompt.POOLED], null[prompt.POOLED] = pooled, null_pooled
+        return tokens, mask

@@ -2,19 +2,20 @@
 ``LatentVAE`` that speaks the DiT's latents (``decode``/``encode``).
 
 Families, by the config's ``_class_name``: ``AutoencoderKL`` (SD3/SD3.5; SD1/SDXL too),
-``AutoencoderKLWan`` (the causal 3-D VAE of Wan 2.1, and of Wan 2.2 with its residual levels and
-2 x 2 pixel folding: clips) and ``AutoencoderKLQwenImage`` (Wan 2.1's network, on single
-frames). The conversion is by rule, not by a per-key table: the
-Flax modules are named after diffusers' module tree, so each parameter's path gives its diffusers
-key (``kernel``/``scale`` -> ``weight``, plus the two ``nn.Sequential`` indices below), and the
-layout follows from the stored tensor's rank:
+``AutoencoderKLFlux2`` (FLUX.2: ``AutoencoderKL``'s network, its batch-norm statistics ``bn.*``
+read as the latent normalisation of ``models.vae.flux2_vae``), ``AutoencoderKLWan`` (the causal
+3-D VAE of Wan 2.1, and of Wan 2.2 with its residual levels and 2 x 2 pixel folding: clips) and
+``AutoencoderKLQwenImage`` (Wan 2.1's network, on single frames). The conversion is by rule, not
+by a per-key table: the Flax modules are named after diffusers' module tree, so each parameter's
+path gives its diffusers key (``kernel``/``scale`` -> ``weight``, plus the two ``nn.Sequential``
+indices below), and the layout follows from the stored tensor's rank:
 
 - conv ``[out, in, kh, kw]`` -> ``[kh, kw, in, out]``; linear ``[out, in]`` -> ``[in, out]``;
 - Wan's (Qwen-Image's) causal 3-D conv ``[out, in, t, kh, kw]`` -> ``[t, kh, kw, in, out]``;
 - Wan's norm gains ``(C, 1, 1[, 1])`` -> ``(C,)``.
 
-Every tensor in the folder must be used: a missing, mis-shaped or unexpected tensor is a
-``CheckpointError`` naming it.
+Every tensor in the folder must be used (FLUX.2's batch-norm update counter aside): a missing,
+mis-shaped or unexpected tensor is a ``CheckpointError`` naming it.
 """
 from __future__ import annotations
 
@@ -24,15 +25,24 @@ from flax import nnx
 
 from spotlight_jax.models.convert.diffusers_folder import CheckpointError, read_component
 from spotlight_jax.models.vae.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
+from spotlight_jax.models.vae.flux2_vae import PACK, batch_norm_cells
 from spotlight_jax.models.vae.latent_vae import LatentVAE
 from spotlight_jax.models.vae.wan_vae import WanVAE, WanVAEConfig
 
 SD_CLASS, QWEN_CLASS, WAN_CLASS = "AutoencoderKL", "AutoencoderKLQwenImage", "AutoencoderKLWan"
+FLUX2_CLASS = "AutoencoderKLFlux2"
 VIDEO_CLASSES = (WAN_CLASS,)
 
 # Our module names whose diffusers counterpart sits inside an nn.Sequential / ModuleList.
-_RENAMES = {SD_CLASS: {"to_out": "to_out.0"}, QWEN_CLASS: {"resample": "resample.1"},
-            WAN_CLASS: {"resample": "resample.1"}}
+_RENAMES = {SD_CLASS: {"to_out": "to_out.0"}, FLUX2_CLASS: {"to_out": "to_out.0"},
+            QWEN_CLASS: {"resample": "resample.1"}, WAN_CLASS: {"resample": "resample.1"}}
+# diffusers' defaults of the fields a config.json may omit, per AutoencoderKL-network class.
+_KL_DEFAULTS = {SD_CLASS: dict(block_out_channels=(64,), layers_per_block=1, latent_channels=4),
+                FLUX2_CLASS: dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+                                  latent_channels=32)}
+# FLUX.2's batch norm: its running statistics normalise the packed latent; the update count is
+# a training-time counter nothing reads.
+_BN_STATS, _BN_COUNTER = ("bn.running_mean", "bn.running_var"), "bn.num_batches_tracked"
 # Pre-0.14 diffusers (and original LDM) names of the SD mid-block attention's projections.
 _LEGACY = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
 _LEAVES = {"kernel": "weight", "scale": "weight", "gamma": "gamma", "bias": "bias"}
@@ -42,19 +52,18 @@ def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
     """The VAE in ``checkpoint_dir`` (a diffusers ``vae`` folder), parameters and compute in
     ``dtype``, as a ``LatentVAE`` (``decode(latents [B, h, w, c]) -> images [B, H, W, 3]`` in
     [0, 1], or for Wan ``[B, t, h, w, c] -> [B, T, H, W, 3]``; ``encode`` the inverse; the
-    family's latent normalisation inside)."""
+    family's latent normalisation inside; for FLUX.2 the latents are the unpacked ``[B, h, w,
+    32]`` its transformer takes, normalised as ``Flux2Pipeline`` normalises the packed ones)."""
     config, tensors = read_component(checkpoint_dir)
     family = config.get("_class_name")
-    if family == SD_CLASS:
-        cfg = autoencoder_kl_config(config, checkpoint_dir)
+    if family in (SD_CLASS, FLUX2_CLASS):
+        cfg = autoencoder_kl_config(config, checkpoint_dir, family)
         build = lambda: AutoencoderKL(cfg, rngs=None, dtype=dtype, param_dtype=dtype)
-        scaling = config.get("scaling_factor", 0.18215)
-        shift = config.get("shift_factor") or 0.0
-        if not scaling:
-            raise CheckpointError(f"{checkpoint_dir}: scaling_factor={scaling!r} in config.json "
-                                  f"(must be non-zero, e.g. 1.5305 for SD3)")
-        norm = dict(latent_channels=cfg.latent_channels, latent_scale=1.0 / float(scaling),
-                    latent_shift=float(shift))
+        if family == FLUX2_CLASS:
+            tensors, norm = flux2_normalisation(config, tensors, cfg.latent_channels,
+                                                checkpoint_dir)
+        else:
+            norm = _sd_normalisation(config, cfg.latent_channels, checkpoint_dir)
     elif family in (QWEN_CLASS, WAN_CLASS):
         cfg = wan_vae_config(config, checkpoint_dir)
         build = lambda: WanVAE(cfg, rngs=None, dtype=dtype, param_dtype=dtype)
@@ -63,20 +72,33 @@ def vae_from_diffusers(checkpoint_dir, dtype=jnp.float32) -> LatentVAE:
                     latent_shift=_per_channel(config, "latents_mean", cfg.z_dim, checkpoint_dir))
     else:
         raise CheckpointError(f"{checkpoint_dir}: _class_name={family!r} in config.json is not a "
-                              f"supported VAE (use a folder of {SD_CLASS}, {QWEN_CLASS} or "
-                              f"{WAN_CLASS})")
+                              f"supported VAE (use a folder of {SD_CLASS}, {FLUX2_CLASS}, "
+                              f"{QWEN_CLASS} or {WAN_CLASS})")
     graphdef, abstract = nnx.split(build())  # shape-only parameters (rngs=None)
     state = load_state(abstract, tensors, family, checkpoint_dir, dtype)
     return LatentVAE(nnx.merge(graphdef, state), downsample_factor=cfg.downsample_factor,
                      family=family, video=family in VIDEO_CLASSES, **norm)
 
 
-def autoencoder_kl_config(config: dict, where) -> AutoencoderKLConfig:
-    """The architecture of a diffusers ``AutoencoderKL`` config.json; rejects block types and
-    activations this port does not implement."""
-    boc = tuple(int(c) for c in config.get("block_out_channels", (64,)))
-    down = list(config.get("down_block_types", ["DownEncoderBlock2D"]))
-    up = list(config.get("up_block_types", ["UpDecoderBlock2D"]))
+def _sd_normalisation(config: dict, channels: int, where) -> dict:
+    """SD3's (FLUX.1's, SD1's) latent normalisation: ``1 / scaling_factor`` and
+    ``shift_factor`` (0 when null), as LatentVAE's kwargs."""
+    scaling = config.get("scaling_factor", 0.18215)
+    shift = config.get("shift_factor") or 0.0
+    if not scaling:
+        raise CheckpointError(f"{where}: scaling_factor={scaling!r} in config.json (must be "
+                              f"non-zero, e.g. 1.5305 for SD3)")
+    return dict(latent_channels=channels, latent_scale=1.0 / float(scaling),
+                latent_shift=float(shift))
+
+
+def autoencoder_kl_config(config: dict, where, family: str = SD_CLASS) -> AutoencoderKLConfig:
+    """The architecture of a diffusers ``AutoencoderKL`` (or ``AutoencoderKLFlux2``: the same
+    network) config.json; rejects block types and activations this port does not implement."""
+    defaults = _KL_DEFAULTS[family]
+    boc = tuple(int(c) for c in config.get("block_out_channels", defaults["block_out_channels"]))
+    down = list(config.get("down_block_types", ["DownEncoderBlock2D"] * len(boc)))
+    up = list(config.get("up_block_types", ["UpDecoderBlock2D"] * len(boc)))
     if down != ["DownEncoderBlock2D"] * len(boc) or up != ["UpDecoderBlock2D"] * len(boc):
         raise CheckpointError(f"{where}: down_block_types={down}, up_block_types={up}: only "
                               f"DownEncoderBlock2D/UpDecoderBlock2D, one per block_out_channels "
@@ -86,14 +108,58 @@ def autoencoder_kl_config(config: dict, where) -> AutoencoderKLConfig:
         raise CheckpointError(f"{where}: act_fn={act!r}: only silu is supported (as in SD3)")
     return AutoencoderKLConfig(
         block_out_channels=boc,
-        layers_per_block=int(config.get("layers_per_block", 1)),
-        latent_channels=int(config.get("latent_channels", 4)),
+        decoder_block_out_channels=_decoder_channels(config, boc, where),
+        layers_per_block=int(config.get("layers_per_block", defaults["layers_per_block"])),
+        latent_channels=int(config.get("latent_channels", defaults["latent_channels"])),
         norm_num_groups=int(config.get("norm_num_groups", 32)),
         in_channels=int(config.get("in_channels", 3)),
         out_channels=int(config.get("out_channels", 3)),
         use_quant_conv=bool(config.get("use_quant_conv", True)),
         use_post_quant_conv=bool(config.get("use_post_quant_conv", True)),
         mid_block_add_attention=bool(config.get("mid_block_add_attention", True)))
+
+
+def _decoder_channels(config: dict, boc: tuple[int, ...], where) -> tuple[int, ...] | None:
+    """FLUX.2's ``decoder_block_out_channels`` (None or absent: the encoder's widths); one
+    width per encoder block, so the decoder upsamples as often as the encoder downsampled."""
+    dec = config.get("decoder_block_out_channels")
+    if not dec:
+        return None
+    dec = tuple(int(c) for c in dec)
+    if len(dec) != len(boc):
+        raise CheckpointError(f"{where}: decoder_block_out_channels={list(dec)}: needs one width "
+                              f"per block_out_channels entry ({len(boc)}), or null for the "
+                              f"encoder's")
+    return dec
+
+
+def flux2_normalisation(config: dict, tensors: dict, channels: int, where):
+    """``(tensors less the batch norm's, LatentVAE's normalisation kwargs)`` of an
+    ``AutoencoderKLFlux2`` folder: the running statistics of ``bn`` over the ``4 x channels``
+    packed channels as cell-wise ``[2, 2, channels]`` scale and shift
+    (``flux2_vae.batch_norm_cells``)."""
+    patch = [int(p) for p in config.get("patch_size") or (PACK, PACK)]
+    if patch != [PACK, PACK]:
+        raise CheckpointError(f"{where}: patch_size={patch} in config.json: only [2, 2] is "
+                              f"supported (Flux2Pipeline packs 2 x 2 latent cells)")
+    eps = float(config.get("batch_norm_eps", 1e-4))
+    want = (PACK * PACK * channels,)
+    for key in _BN_STATS:
+        if key not in tensors:
+            raise CheckpointError(f"{where}: missing tensor {key!r} (the batch-norm statistics "
+                                  f"FLUX.2 normalises latents with; is the folder complete?)")
+        if tuple(tensors[key].shape) != want:
+            raise CheckpointError(f"{where}: tensor {key!r} has shape "
+                                  f"{tuple(tensors[key].shape)}, expected {want} (one per packed "
+                                  f"channel: 4 x latent_channels={channels})")
+    mean, var = (np.asarray(tensors[k], np.float32) for k in _BN_STATS)
+    if not (np.all(np.isfinite(mean)) and np.all(var + eps > 0)):
+        raise CheckpointError(f"{where}: bn.running_mean / bn.running_var + batch_norm_eps={eps} "
+                              f"must be finite and the variances positive (min "
+                              f"{float(np.min(var + eps)):.3g})")
+    scale, shift = batch_norm_cells(mean, var, eps, channels)
+    rest = {k: v for k, v in tensors.items() if k not in (*_BN_STATS, _BN_COUNTER)}
+    return rest, dict(latent_channels=channels, latent_scale=scale, latent_shift=shift)
 
 
 def wan_vae_config(config: dict, where) -> WanVAEConfig:

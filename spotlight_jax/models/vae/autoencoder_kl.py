@@ -1,4 +1,7 @@
-"""SD3's (and SD1/SDXL's) ``AutoencoderKL`` in Flax NNX, NHWC, for decode and encode.
+"""SD3's (and SD1/SDXL's) ``AutoencoderKL`` in Flax NNX, NHWC, for decode and encode; also the
+network of FLUX.2's ``AutoencoderKLFlux2`` (the same blocks, with a decoder that may be narrower
+than the encoder: ``decoder_block_out_channels``; its batch-norm latent statistics are a latent
+normalisation, ``models.vae.flux2_vae``).
 
 The layout mirrors diffusers' module tree (``encoder.down_blocks.0.resnets.0.conv1``, ...) so the
 converter maps parameter paths to diffusers keys by rule. Images here are in diffusers' [-1, 1]
@@ -32,8 +35,10 @@ from spotlight_jax.models.vae.ops import (
 @dataclasses.dataclass(frozen=True)
 class AutoencoderKLConfig:
     """The architecture fields of a diffusers ``AutoencoderKL`` config (SD3: 16 latent channels,
-    no quant convs)."""
+    no quant convs) or ``AutoencoderKLFlux2`` config (32 latent channels, quant convs; its
+    ``decoder_block_out_channels``, None: the encoder's)."""
     block_out_channels: tuple[int, ...] = (128, 256, 512, 512)
+    decoder_block_out_channels: tuple[int, ...] | None = None
     layers_per_block: int = 2
     latent_channels: int = 16
     norm_num_groups: int = 32
@@ -46,6 +51,11 @@ class AutoencoderKLConfig:
     @property
     def downsample_factor(self) -> int:
         return 2 ** (len(self.block_out_channels) - 1)
+
+    @property
+    def decoder_channels(self) -> tuple[int, ...]:
+        """The decoder's block widths, shallowest first (reversed inside the decoder)."""
+        return self.decoder_block_out_channels or self.block_out_channels
 
 
 class ResnetBlock(nnx.Module):
@@ -174,7 +184,7 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: AutoencoderKLConfig, *, rngs: nnx.Rngs | None, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        ch, g = cfg.block_out_channels[::-1], cfg.norm_num_groups
+        ch, g = cfg.decoder_channels[::-1], cfg.norm_num_groups
         self.conv_in = Conv2d(cfg.latent_channels, ch[0], 3, **kw)
         self.mid_block = MidBlock(ch[0], g, cfg.mid_block_add_attention, **kw)
         self.up_blocks = nnx.List([
