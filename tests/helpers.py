@@ -303,3 +303,87 @@ def edit_prompt_file(path, dim, channels=16, cells=(8, 8), images=("beach.png", 
                    splits=splits, family="qwen_image_edit", encoder="tests.fake_encode",
                    info={"dim": dim})
     return pe.read(path)
+
+
+FIXTURES = QWEN_PIPE.parent
+Z_IMAGE_DIM = 16             # the Z-Image transformer fixture's cap_feat_dim
+FLUX2_DIMS = {"flux2_dev": 24, "flux2_klein": 20}      # their joint_attention_dim
+# the pipeline class of each stand-in folder (its model_index.json), by transformer fixture
+STAND_IN_PIPELINES = {"z_image": ("ZImagePipeline", "AutoencoderKL"),
+                      "flux2_dev": ("Flux2Pipeline", "AutoencoderKLFlux2"),
+                      "flux2_klein": ("Flux2KleinPipeline", "AutoencoderKLFlux2")}
+
+
+def stand_in_pipe(folder, fixture: str) -> Path:
+    """A Z-Image or FLUX.2 pipeline folder standing in for a real one, made of links to the
+    fixtures: the transformer fixture ``fixture`` (``z_image``, ``flux2_dev``, ``flux2_klein``:
+    ``tests/fixtures/diffusers/transformer/``) as ``transformer/``, a VAE of its latent
+    channels as ``vae/`` (Z-Image: the 4-channel SD1-style ``AutoencoderKL``, as Z-Image's own
+    VAE is an ``AutoencoderKL``; FLUX.2: the ``AutoencoderKLFlux2`` fixture, 4 channels packed
+    2x2 into the transformer's 16) and a ``model_index.json`` naming the pipeline (no text
+    encoder: prompts come from a file)."""
+    folder = Path(folder)
+    pipeline, vae_class = STAND_IN_PIPELINES[fixture]
+    vae = FIXTURES / "vae" / ("sd1_style" if fixture == "z_image" else "flux2")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, target in (("transformer", FIXTURES / "transformer" / fixture), ("vae", vae)):
+        if not (folder / name).exists():
+            (folder / name).symlink_to(target, target_is_directory=True)
+    transformer = json.loads((folder / "transformer" / "config.json").read_text())["_class_name"]
+    (folder / "model_index.json").write_text(json.dumps(
+        {"_class_name": pipeline, "transformer": ["diffusers", transformer],
+         "vae": ["diffusers", vae_class]}))
+    return folder
+
+
+# the prompt-file family encode_prompts writes for each stand-in's pipeline
+FILE_FAMILIES = {"z_image": "z_image", "flux2_dev": "flux2", "flux2_klein": "flux2_klein"}
+
+
+def pipeline_prompt_file(path, fixture: str, text_len: int = 12, dim: int | None = None):
+    """A stand-in of the file ``encode_prompts`` writes for the stand-in folder ``fixture``'s
+    pipeline (no encoder, no torch): the image world's prompts (at 32 px) fake-encoded
+    (``fake_encode``) at the transformer's text width (or ``dim``), family and layout as the
+    pipeline's: Z-Image's rows its real tokens, zero-padded with a False mask; FLUX.2's rows
+    ``text_len`` tokens all attended, the prompt's then a fixed pad token's state (the
+    tokenizer pads to ``max_sequence_length`` and the encoder gives pad tokens states). Returns
+    the file read."""
+    from spotlight_jax import prompt_embeddings as pe
+    from spotlight_jax import world
+    family = FILE_FAMILIES[fixture]
+    dim = dim or (Z_IMAGE_DIM if fixture == "z_image" else FLUX2_DIMS[fixture])
+    wc = world.WorldConfig(image_size=32)
+    train, val = world.train_prompts(wc), world.val_prompts(wc)
+    prompts = ["", *train, *val]
+    rows = fake_encode(prompts, dim)
+    if family == "z_image":
+        # the chat template's tokens around a prompt: even the empty one has real tokens
+        rows = [np.concatenate([np.full((1, dim), 0.5, np.float32), r]) for r in rows]
+        embeds, mask = pe.pad_rows(rows)
+    else:
+        pad = np.random.default_rng(11).normal(size=dim).astype(np.float32)
+        embeds = np.stack([np.concatenate([r, np.broadcast_to(pad, (text_len - len(r), dim))])
+                           for r in rows])
+        mask = np.ones(embeds.shape[:2], bool)
+    pe.write(path, prompts, embeds, mask, splits=["", *["train"] * len(train),
+                                                  *["val"] * len(val)],
+             family=family, encoder=f"{STAND_IN_PIPELINES[fixture][0]}: tests.fake_encode",
+             info={"max_sequence_length": text_len})
+    return pe.read(path)
+
+
+def stand_in_pipe_config(tmp_path, fixture: str, objective="nft", iterations=1, **overrides):
+    """The micro run on a stand-in Z-Image / FLUX.2 folder (:func:`stand_in_pipe` in
+    ``tmp_path``): ``model.family`` set to the folder's, 8 x 8 latent cells, 12 text tokens,
+    the world's prompts from a stand-in of the pipeline's prompt file
+    (:func:`pipeline_prompt_file`)."""
+    family = "z_image" if fixture == "z_image" else "flux2"
+    path = Path(tmp_path) / f"{fixture}_prompts.safetensors"
+    if not path.exists():
+        pipeline_prompt_file(path, fixture, text_len=12)
+    config = micro_config(iterations, **{
+        "base_checkpoint": str(stand_in_pipe(Path(tmp_path) / fixture, fixture)),
+        "model.image_size": 8, "model.text_len": 12, "prompts.embeddings_file": str(path),
+        "rl.objective": objective, "rl.eval_prompts": 2, **overrides})
+    config.model.family = family
+    return config

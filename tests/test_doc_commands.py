@@ -8,8 +8,12 @@ What a reader supplies is put in place first (``tests/doc_commands.py``): the do
 placeholders, ``$SPOTLIGHT_TRACES`` (stand-in trace files of the SkyPilot format where the real
 traces are absent), and for a real model the tiny random Qwen-Image (Wan) pipeline fixture as
 ``/models/Qwen-Image`` (``/models/Wan2.1-T2V-14B-Diffusers``; ``/models/Qwen-Image-Edit``: the
-Qwen-Image fixture beside an edit pipeline's model_index.json) with a prompt-embedding file of
-the config's widths (an editing model's: an edit file with input-image latents).
+Qwen-Image fixture beside an edit pipeline's model_index.json; ``/models/Z-Image``,
+``/models/FLUX.2-dev``, ``/models/FLUX.2-klein-4B``: folders of links to the Z-Image and FLUX.2
+transformer fixtures and a VAE of their channels, ``helpers.stand_in_pipe``) with a
+prompt-embedding file of the config's widths (an editing model's: an edit file with input-image
+latents; Z-Image's and FLUX.2's: a stand-in of their pipeline's file, FLUX.2's rows
+``model.text_len`` tokens long).
 """
 import importlib
 import os
@@ -26,7 +30,9 @@ from helpers import (
     QWEN_PIPE,
     WAN_PIPE,
     edit_prompt_file,
+    pipeline_prompt_file,
     qwen_edit_pipe,
+    stand_in_pipe,
     world_prompt_file,
     write_stand_in_trace,
 )
@@ -36,8 +42,13 @@ from spotlight_jax.emulation.traces import default_trace_dir
 
 # the Qwen-Image-Edit stand-in is made by the `qwen_edit` fixture (a folder of links)
 QWEN_EDIT_PIPE = Path(tempfile.gettempdir()) / f"spotlight_doc_qwen_edit_{os.getpid()}"
+# the Z-Image and FLUX.2 stand-ins (made by the `stand_ins` fixture), by transformer fixture
+STAND_INS = Path(tempfile.gettempdir()) / f"spotlight_doc_stand_ins_{os.getpid()}"
+STAND_IN_FOLDERS = {"/models/Z-Image": "z_image", "/models/FLUX.2-dev": "flux2_dev",
+                    "/models/FLUX.2-klein-4B": "flux2_klein"}
 REAL_MODEL_FOLDERS = {"/models/Qwen-Image": QWEN_PIPE, "/models/Wan2.1-T2V-14B-Diffusers": WAN_PIPE,
-                      "/models/Qwen-Image-Edit": QWEN_EDIT_PIPE}
+                      "/models/Qwen-Image-Edit": QWEN_EDIT_PIPE,
+                      **{k: STAND_INS / v for k, v in STAND_IN_FOLDERS.items()}}
 
 
 def _real_model_stand_in(arg: str) -> str:
@@ -81,6 +92,15 @@ def qwen_edit():
     shutil.rmtree(QWEN_EDIT_PIPE, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def stand_ins():
+    """``STAND_INS``: the Z-Image and FLUX.2 stand-in folders (links to the fixtures)."""
+    for fixture in STAND_IN_FOLDERS.values():
+        stand_in_pipe(STAND_INS / fixture, fixture)
+    yield STAND_INS
+    shutil.rmtree(STAND_INS, ignore_errors=True)
+
+
 def test_the_docs_show_commands_of_every_kind():
     """The collector finds what the docs hold (a collector that finds nothing checks nothing)."""
     modules = {c.module for c in COMMANDS}
@@ -116,6 +136,13 @@ def _stand_in_prompts(config, tmp_path: Path) -> None:
         edit_prompt_file(path, m.text_embed_dim, channels=m.channels)
         p.embeddings_file = str(path)
         return
+    family = config.model.get("family", "mmdit")
+    if family in ("z_image", "flux2"):           # the file of the folder's own pipeline
+        fixture = ("z_image" if family == "z_image" else
+                   "flux2_dev" if m.guidance_embeds else "flux2_klein")
+        pipeline_prompt_file(path, fixture, text_len=m.text_len, dim=m.text_embed_dim)
+        p.embeddings_file = str(path)
+        return
     world_prompt_file(path, m.text_embed_dim, image_size=32,
                       pooled_dim=m.pooled_dim if m.pooled == "input" else 0,
                       video=config.model.get("family", "mmdit") == "wan")
@@ -138,7 +165,8 @@ def _check_main(fv, tmp_path):
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.where)
-def test_documented_command_is_accepted(cmd, traces, qwen_edit, tmp_path, monkeypatch):
+def test_documented_command_is_accepted(cmd, traces, qwen_edit, stand_ins, tmp_path,
+                                        monkeypatch):
     monkeypatch.chdir(ROOT)                 # the docs' paths are relative to the repository
     if cmd.pattern:                         # e.g. spotlight_jax.bench.<name>: the family exists
         package = cmd.module.split("<")[0].rstrip(".")

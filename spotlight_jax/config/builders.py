@@ -23,6 +23,7 @@ from spotlight_jax.config.sections import (
     cost_config,
     deployment_config,
     diffusers_base,
+    family_of,
     mesh_config,
     model_config,
     rl_config,
@@ -56,6 +57,8 @@ from spotlight_jax.prompt_embeddings import (
     WorldPrompts,
 )
 from spotlight_jax.prompt_embeddings import read as read_prompt_embeddings
+from spotlight_jax.prompt_embeddings.encoders import EVERY_TOKEN_FAMILIES
+from spotlight_jax.prompt_embeddings.encoders import MODEL_FAMILY as ENCODER_MODEL_FAMILY
 from spotlight_jax.rewards.learned import NEEDS as LEARNED_NEEDS
 from spotlight_jax.rewards.learned import LearnedReward
 from spotlight_jax.rewards.remote import RemoteReward, RemoteRewardConfig
@@ -266,6 +269,7 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
     except PromptEmbeddingError as e:          # its message starts with the path: named above
         bad(" ".join(str(e).removeprefix(f"{pathlib.Path(path)}: ").split()))
     f = source.file
+    _check_file_family(m, f, bad)
     if editing and not f.is_edit:
         raise ConfigError(f"model.reference_images={m.reference_images}: an editing model "
                           "without a prompt encoder needs prompt files holding each "
@@ -284,9 +288,18 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
         if h % m.patch_size or w % m.patch_size:
             bad(f"input-image latents of {h}x{w} cells, not a multiple of the model's "
                 f"patch_size={m.patch_size}; re-encode with another --image_area")
+    if f.dim != m.text_embed_dim and family_of(m) in FOLDER_WIDTH:
+        bad(f"embeddings of width {f.dim}, the transformer takes {m.text_embed_dim} (its "
+            f"{FOLDER_WIDTH[family_of(m)]}); {_ENCODE_WITH_BASE}")
     if f.dim != m.text_embed_dim:
         bad(f"embeddings of width {f.dim}, the model takes model.text_embed_dim="
             f"{m.text_embed_dim}; set --config.model.text_embed_dim={f.dim}")
+    if (f.family in EVERY_TOKEN_FAMILIES and not getattr(m, "use_text_mask", True)
+            and f.text_len != m.text_len):
+        raise ConfigError(f"model.text_len={m.text_len}: the {f.family} transformer attends to "
+                          f"every text token, and prompts.embeddings_file={path!r} holds the "
+                          f"pipeline's {f.text_len} per prompt (its max_sequence_length, pad "
+                          f"tokens included); set --config.model.text_len={f.text_len}")
     if f.text_len > m.text_len:
         bad(f"{f.text_len} tokens per prompt, more than model.text_len={m.text_len}; set "
             f"--config.model.text_len={f.text_len} (tokens are never truncated)")
@@ -304,6 +317,36 @@ def prompts_of(m: MMDiTConfig, path: str, train_kinds: str) -> PromptSource:
         bad("has no training prompts (split 'train'); re-run python -m "
             "spotlight_jax.tools.encode_prompts with them")
     return source
+
+
+# the model families whose text width is the transformer's own (config.json, no run field):
+# the field that holds it
+FOLDER_WIDTH = {"z_image": "cap_feat_dim", "flux2": "joint_attention_dim"}
+_ENCODE_WITH_BASE = ("encode the prompts with the base's own pipeline folder (python -m "
+                     "spotlight_jax.tools.encode_prompts --pipeline=<the base_checkpoint "
+                     "folder>)")
+
+
+def _check_file_family(m, f, bad) -> None:
+    """Refuses (through ``bad``) a prompt file written by a pipeline whose embeddings condition
+    another model family than ``m``'s (``encoders.MODEL_FAMILY``: a Z-Image file for a FLUX.2
+    run, an SD3 file for Z-Image, ...), and a FLUX.2 [dev] (Mistral) file for a [klein]
+    transformer or the reverse; a file of a family it does not know (one written by other
+    code) passes, its widths checked as any file's."""
+    want = ENCODER_MODEL_FAMILY.get(f.family)
+    have = family_of(m)
+    fix = _ENCODE_WITH_BASE
+    if want is not None and want != have:
+        bad(f"written by a {f.encoder.split(':')[0] or f.family} (family {f.family!r}), whose "
+            f"embeddings condition model.family={want!r}, and this run's model is "
+            f"{have!r}; {fix}")
+    if have == "flux2" and f.family in ("flux2", "flux2_klein"):
+        dev = bool(m.guidance_embeds)
+        if dev != (f.family == "flux2"):
+            bad(f"written by a {f.encoder.split(':')[0] or f.family} (family {f.family!r}: "
+                f"{'Mistral' if f.family == 'flux2' else 'Qwen3'} states, FLUX.2 "
+                f"{'[dev]' if f.family == 'flux2' else '[klein]'}), and the base's transformer "
+                f"is FLUX.2 {'[dev]' if dev else '[klein]'}'s; {fix}")
 
 
 def build_mesh(config, devices=None) -> Mesh:

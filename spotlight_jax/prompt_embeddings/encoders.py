@@ -18,7 +18,22 @@ own ``encode_prompt``:
   and CLIP-L's pooled output ``[768]``;
 * ``wan`` (``WanPipeline``, Wan 2.1 / 2.2 text-to-video): UMT5's last hidden state of the
   prompt's tokens, zero rows after them up to ``max_sequence_length`` (512), ``[512, 4096]``,
-  every row attended (Wan's cross-attention takes the zero rows too; no pooled embedding).
+  every row attended (Wan's cross-attention takes the zero rows too; no pooled embedding);
+* ``z_image`` (``ZImagePipeline``): Qwen3's second-to-last hidden state of the prompt in the
+  tokenizer's chat template (thinking on, as the pipeline renders it), ``[L, 2560]`` (Z-Image
+  6B's Qwen3-4B). The pipeline returns each prompt's *real* tokens alone (a list of ``[L_i,
+  D]``, at most ``max_sequence_length``, 512), which its transformer pads per prompt with a
+  learned pad token; the file pads rows with zeros and a False mask, and the Z-Image model
+  takes exactly a row's masked-in tokens (``models.z_image_transformer``), so the padding never
+  reaches it;
+* ``flux2`` (``Flux2Pipeline``, FLUX.2 [dev]): Mistral Small 3.x's hidden states after layers
+  10, 20 and 30 of the prompt in the pipeline's chat (its system message, then the prompt),
+  stacked per token, ``[512, 3 x 5120 = 15360]``, padded to ``max_sequence_length`` by the
+  tokenizer and every row attended (the transformer takes no text mask: the pad tokens' states
+  are part of the prompt, so a run's ``model.text_len`` must be the file's ``L``);
+* ``flux2_klein`` (``Flux2KleinPipeline``, FLUX.2 [klein]): the same from Qwen3's layers 9, 18
+  and 27 of the prompt in its chat template (thinking off), ``[512, 3 x 2560 = 7680]`` for
+  [klein] 4B (``3 x 4096`` for 9B).
 
 The editing families write *edit files* (``file.write_edits``): rows keyed by (instruction, input
 image), the pipeline loaded with its VAE too (:func:`encode_edits_to_file`):
@@ -40,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import json
 import pathlib
 from collections.abc import Sequence
@@ -58,9 +74,23 @@ from spotlight_jax.prompt_embeddings.file import (
 FAMILIES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image",
             "FluxPipeline": "flux", "WanPipeline": "wan",
             "QwenImageEditPipeline": "qwen_image_edit",
-            "QwenImageEditPlusPipeline": "qwen_image_edit_plus"}
+            "QwenImageEditPlusPipeline": "qwen_image_edit_plus",
+            "ZImagePipeline": "z_image", "Flux2Pipeline": "flux2",
+            "Flux2KleinPipeline": "flux2_klein"}
 MAX_SEQUENCE_LENGTH = {"sd3": 256, "qwen_image": 1024, "flux": 512, "wan": 512,
-                       "qwen_image_edit": 1024, "qwen_image_edit_plus": 1024}
+                       "qwen_image_edit": 1024, "qwen_image_edit_plus": 1024, "z_image": 512,
+                       "flux2": 512, "flux2_klein": 512}
+# the model.family (config.sections.FAMILY_CONFIGS) whose transformer each family's embeddings
+# condition: a file of one is refused by a run of another (config.builders.prompts_of)
+MODEL_FAMILY = {"sd3": "mmdit", "qwen_image": "mmdit", "flux": "mmdit", "wan": "wan",
+                "qwen_image_edit": "mmdit", "qwen_image_edit_plus": "mmdit",
+                "z_image": "z_image", "flux2": "flux2", "flux2_klein": "flux2"}
+# families whose transformer attends to every text token of a row, pad tokens included, and
+# has no text mask of its own: a run's text_len must be the file's (no extra zero tokens)
+EVERY_TOKEN_FAMILIES = ("flux2", "flux2_klein")
+# the tokenizer classes (a model_index.json's) that transformers builds only with torchvision:
+# FLUX.2 [dev]'s Mistral processor
+TORCHVISION_TOKENIZERS = ("PixtralProcessor",)
 # families whose rows are (instruction, input image) pairs: their files hold the image latents
 EDIT_FAMILIES = ("qwen_image_edit", "qwen_image_edit_plus")
 # the pixels the edit pipelines give the input image they VAE-encode (1024 x 1024's area)
@@ -112,9 +142,21 @@ def load_pipeline(pipeline_dir, *, device: str = "cpu", dtype: str = "float32"):
         raise ImportError(f"pipeline={str(pipeline_dir)!r}: a {name} loads Qwen2.5-VL's "
                           "processor, which transformers builds only with torchvision: pip "
                           "install torchvision (the build matching your torch)")
+    tokenizer = _component_class(pipeline_dir, "tokenizer")
+    if tokenizer in TORCHVISION_TOKENIZERS and importlib.util.find_spec("torchvision") is None:
+        raise ImportError(f"pipeline={str(pipeline_dir)!r}: a {name} loads its tokenizer as a "
+                          f"{tokenizer}, which transformers builds only with torchvision: pip "
+                          "install torchvision (the build matching your torch)")
     pipe = getattr(diffusers, name).from_pretrained(str(pipeline_dir), **drop,
                                                     torch_dtype=getattr(torch, dtype))
     return pipe.to(device)
+
+
+def _component_class(pipeline_dir, component: str) -> str | None:
+    """The class name model_index.json gives the pipeline's ``component`` (None: none)."""
+    entry = json.loads((pathlib.Path(pipeline_dir) / "model_index.json").read_text()).get(
+        component)
+    return entry[1] if isinstance(entry, list) and len(entry) == 2 else None
 
 
 def family_of(pipe) -> str:
@@ -149,6 +191,17 @@ def encode_batch(pipe, prompts: list[str], max_sequence_length: int):
             mask = torch.ones(embeds.shape[:2], dtype=torch.bool)
         elif family == "wan":
             embeds, _ = pipe.encode_prompt(prompt=prompts, do_classifier_free_guidance=False,
+                                           max_sequence_length=max_sequence_length)
+            mask, pooled = torch.ones(embeds.shape[:2], dtype=torch.bool), None
+        elif family == "z_image":
+            # each prompt's real tokens alone (a list; the pipeline rewrites the list it is
+            # given in place, so it gets a copy): padded here, the mask keeping the real ones
+            rows, _ = pipe.encode_prompt(prompt=list(prompts), do_classifier_free_guidance=False,
+                                         max_sequence_length=max_sequence_length)
+            embeds, mask = pad_rows([_numpy(r) for r in rows])
+            return embeds, mask, None
+        elif family in ("flux2", "flux2_klein"):
+            embeds, _ = pipe.encode_prompt(prompt=list(prompts),
                                            max_sequence_length=max_sequence_length)
             mask, pooled = torch.ones(embeds.shape[:2], dtype=torch.bool), None
         else:
@@ -205,13 +258,33 @@ def encode_to_file(pipe, path, prompts: Sequence[str], splits: Sequence[str] | N
     splits = ["train"] * len(prompts) if splits is None else list(splits)
     embeds, mask, pooled = encode(pipe, ["", *prompts], max_sequence_length=msl,
                                   batch_size=batch_size)
+    # a prompt the tokenizer truncated away entirely (FLUX.2 [dev]'s template puts a system
+    # message of ~100 tokens first) is encoded exactly as the empty prompt: refuse it
+    lost = [p for p, e, m in zip(prompts, embeds[1:], mask[1:])
+            if np.array_equal(m, mask[0]) and np.array_equal(e, embeds[0])]
+    if lost:
+        raise PromptEmbeddingError(
+            f"prompt {lost[0]!r}: its embeddings equal the empty prompt's ({len(lost)} such): "
+            f"max_sequence_length={msl} tokens leave none of its words after the pipeline's "
+            f"chat template; raise --max_sequence_length (the pipeline's default: "
+            f"{MAX_SEQUENCE_LENGTH[family]})")
     encoders = [type(getattr(pipe, n)).__name__ for n in
                 ("text_encoder", "text_encoder_2", "text_encoder_3")
                 if getattr(pipe, n, None) is not None]
+    layers = stacked_layers(pipe)
     write(path, ["", *prompts], embeds, mask, pooled, splits=["", *splits], family=family,
           encoder=f"{type(pipe).__name__}: {' + '.join(encoders)}",
           info={"max_sequence_length": msl, "diffusers": diffusers.__version__,
-                "transformers": transformers.__version__, **(info or {})})
+                "transformers": transformers.__version__,
+                **({"text_encoder_out_layers": layers} if layers else {}), **(info or {})})
+
+
+def stacked_layers(pipe) -> list[int] | None:
+    """The encoder layers whose hidden states a FLUX.2 pipeline stacks per token (its
+    ``encode_prompt``'s default ``text_encoder_out_layers``, which the file records); None for
+    a pipeline that takes one layer."""
+    param = inspect.signature(pipe.encode_prompt).parameters.get("text_encoder_out_layers")
+    return None if param is None else [int(i) for i in param.default]
 
 
 @dataclasses.dataclass(frozen=True)

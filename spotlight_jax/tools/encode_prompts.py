@@ -15,6 +15,11 @@ holds the empty prompt too (row 0, the null prompt). A run then uses it with
 ``--config.model.text_width=0 --config.model.text_embed_dim=<D> --config.model.text_len=<L>
 --config.prompts.embeddings_file=<file>`` (D and L are printed at the end).
 
+Z-Image (``ZImagePipeline``) and FLUX.2 (``Flux2Pipeline``, ``Flux2KleinPipeline``) files are
+read by a run of the same folder: ``--config.base_checkpoint=<folder>
+--config.model.text_len=<L> --config.prompts.embeddings_file=<file>`` (their transformers take
+the width from the folder; FLUX.2 attends to all ``L`` tokens, so ``text_len`` is exactly ``L``).
+
 An editing pipeline (``QwenImageEditPipeline``, ``QwenImageEditPlusPipeline``) encodes
 (instruction, input image) pairs instead: ``--prompts``/``--val_prompts`` are then JSON Lines
 files, one ``{"prompt": "<instruction>", "image": "<path>"}`` per line (a path relative to the
@@ -42,8 +47,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     fv = {"flag_values": flag_values}
     flags.DEFINE_string("pipeline", None, "A diffusers pipeline folder (model_index.json): "
                         "StableDiffusion3Pipeline (SD3, SD3.5), QwenImagePipeline, "
-                        "FluxPipeline, WanPipeline (Wan 2.1/2.2 text-to-video), or the "
-                        "editing QwenImageEditPipeline / QwenImageEditPlusPipeline.", **fv)
+                        "FluxPipeline, WanPipeline (Wan 2.1/2.2 text-to-video), "
+                        "ZImagePipeline, Flux2Pipeline (FLUX.2 [dev]), Flux2KleinPipeline, "
+                        "or the editing QwenImageEditPipeline / QwenImageEditPlusPipeline.",
+                        **fv)
     flags.DEFINE_string("output", None, "The prompt-embedding file to write (.safetensors).", **fv)
     flags.DEFINE_string("prompts", None, "Training prompts: a text file, one per line (an "
                         'editing pipeline: JSON Lines, one {"prompt": ..., "image": <path>} '
@@ -58,8 +65,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("world_image_size", 32, "--world: the world's image size (its prompts "
                          "depend on it).", **fv)
     flags.DEFINE_integer("max_sequence_length", None, "Text tokens per prompt (SD3: T5's, "
-                         "default 256; Qwen-Image: at most, default 1024; Flux, Wan: "
-                         "default 512).", **fv)
+                         "default 256; Qwen-Image: at most, default 1024; Z-Image: at most, "
+                         "default 512; Flux, Wan, FLUX.2: default 512).", **fv)
     flags.DEFINE_integer("batch_size", 16, "Prompts per encoder call.", **fv)
     flags.DEFINE_string("device", "cpu", "torch device of the text encoders (cpu, cuda, ...).",
                         **fv)
@@ -78,6 +85,9 @@ def read_prompt_lines(path) -> list[str]:
 
 
 EDIT_LINE = '{"prompt": "<instruction>", "image": "<path>"}'
+# the model families (config.sections.FAMILY_CONFIGS) a prompt file serves only as a run of the
+# pipeline's folder (their configs have no text_width / text_embed_dim: the folder gives them)
+FOLDER_ONLY = ("z_image", "flux2")
 
 
 def read_edit_rows(path) -> list:
@@ -223,6 +233,14 @@ def main(argv):
               f"(instruction, image) pairs + {len(out.images)} images' null prompts, family "
               f"{out.family}, L={out.text_len} tokens of width D={out.dim}, input latents "
               f"{h}x{w}x{c}\nuse it with --config.base_checkpoint={f.pipeline} "
+              f"--config.model.text_len={out.text_len} "
+              f"--config.prompts.embeddings_file={f.output}")
+        return
+    if encoders.MODEL_FAMILY.get(out.family) in FOLDER_ONLY:
+        # models without a prompt encoder of their own: a run takes the width from the folder
+        print(f"{f.output}: {len(out.prompts('train'))} train + {len(out.prompts('val'))} val "
+              f"prompts + the empty one, family {out.family}, L={out.text_len} tokens of width "
+              f"D={out.dim}\nuse it with --config.base_checkpoint={f.pipeline} "
               f"--config.model.text_len={out.text_len} "
               f"--config.prompts.embeddings_file={f.output}")
         return
