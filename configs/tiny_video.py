@@ -20,14 +20,15 @@ _base = runpy.run_path(str(pathlib.Path(__file__).with_name("base.py")))
 def get_config():
     c = _base["get_config"]()
     # The Wan transformer (spotlight_jax.models.WanConfig; diffusers' config.json names), with
-    # the synthetic world's prompt encoder in place of UMT5 states.
+    # the synthetic world's prompt encoder in place of UMT5 states, its masked mean also added to
+    # the timestep embedding (pooled='text_mean', not in diffusers' Wan: docs/video.md).
     c.model = ml_collections.ConfigDict(dict(
         family="wan", frames=5, image_size=24, text_len=8,
         patch_size=(1, 4, 4), num_attention_heads=4, attention_head_dim=32, in_channels=3,
         out_channels=3, text_dim=64, freq_dim=64, ffn_dim=384, num_layers=4,
         cross_attn_norm=True, eps=1e-6, rope_theta=10_000.0, dtype="float32",
         param_dtype="float32", remat=False, remat_policy="nothing",
-        vocab_size=64, text_width=64, text_layers=2, text_heads=2))
+        vocab_size=64, text_width=64, text_layers=2, text_heads=2, pooled="text_mean"))
     c.pretrain.batch_size = 64
     c.pretrain.steps = 2000
     c.pretrain.eval_every = 500
@@ -35,6 +36,14 @@ def get_config():
     c.rl.reward = "video_motion"
     c.rl.eval_reward = "video_motion"
     c.rl.eval_prompts = 20
+    # An iteration budget, not RL minutes: the same run on every machine (a slower one takes
+    # longer; the progress bar projects when it ends). 60 iterations: 15-21 minutes on 2 shared
+    # cores (docs/video.md).
+    c.rl.iterations = 60
+    c.rl.max_minutes = 0.0
+    c.rl.eval_every = 20
+    # 20 held-out prompts x 16 seeds, the same clips before and after: a paired gain's interval
+    c.rl.eval_seeds = 16
     c.rl.prompts_per_iter = 4
     c.sampler.noise_patch = 1
     # the virtual clock prices each video as Wan 2.1 14B would take it at 480p x 81 frames

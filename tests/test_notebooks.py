@@ -35,7 +35,7 @@ SMALL = {
         "rl.max_minutes": 0.0, "rl.eval_prompts": 4, "rl.eval_seeds": 1, "rl.prompts_per_iter": 2,
         "rl.group_size": 4, "sampler.num_steps": 6, "sampler.eval_steps": 4}),
     # the shipped tiny video base, 1 iteration, a small held-out set
-    "video": dict(MAX_MINUTES=5.0, EVAL_EVERY=1, OVERRIDES={
+    "video": dict(ITERATIONS=1, EVAL_EVERY=1, OVERRIDES={
         "num_cpu_devices": 8, "compilation_cache_dir": "", "rl.iterations": 1,
         "rl.max_minutes": 0.0, "rl.eval_prompts": 2, "rl.eval_seeds": 1, "rl.prompts_per_iter": 2,
         "rl.group_size": 4, "sampler.num_steps": 6, "sampler.eval_steps": 4}),

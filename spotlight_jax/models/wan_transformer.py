@@ -83,6 +83,12 @@ class WanConfig:
     text_width: int = 0
     text_layers: int = 2
     text_heads: int = 2
+    # Pooled text conditioning, not in diffusers' Wan (which reads its prompt only through cross
+    # attention): "text_mean" adds a projection of the prompt encoder's masked-mean features to
+    # the timestep embedding, so every block's modulation carries the whole prompt, as the tiny
+    # image MMDiT's does. Zero-initialised: a base grown from one without it starts unchanged.
+    # "none" (every diffusers model) keeps the released architecture.
+    pooled: str = "none"
 
     def __post_init__(self):
         # ConfigDicts hand lists; a frozen config must stay hashable (it is static in jit)
@@ -120,8 +126,7 @@ class WanConfig:
         return 0 if self.text_width else self.text_dim
 
     # What the rest of the project reads off an MMDiTConfig, fixed for Wan (class constants, not
-    # fields): no pooled text conditioning, no guidance input, no single-stream blocks.
-    pooled = "none"
+    # fields): no pooled input, no guidance input, no single-stream blocks.
     pooled_dim = 0
     guidance_embed = False
     single_blocks = 0
@@ -178,6 +183,13 @@ class WanConfig:
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: use float32, bfloat16 or "
                                  "float16")
+        if self.pooled not in ("none", "text_mean"):
+            raise ValueError(f"pooled={self.pooled!r}: a Wan model takes 'none' (diffusers') or "
+                             "'text_mean' (the world's prompt encoder's mean, added to the "
+                             "timestep embedding)")
+        if self.pooled == "text_mean" and not self.text_width:
+            raise ValueError("pooled='text_mean' needs the world's prompt encoder (text_width > "
+                             "0); a model reading UMT5 states takes pooled='none'")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy={self.remat_policy!r}: choose one of "
                              f"{tuple(REMAT_POLICIES)}")
@@ -290,6 +302,8 @@ class WanTransformer(nnx.Module):
         text_in = cfg.text_width or cfg.text_dim
         self.text_1 = Dense(text_in, d, axes=("text", "embed"), **kw)
         self.text_2 = Dense(d, d, axes=("embed", "embed"), **kw)
+        self.pool_proj = (Dense(cfg.text_width, d, axes=("text", "embed"), zero=True, **kw)
+                          if cfg.pooled == "text_mean" else None)
         if cfg.scan_blocks:
             self.blocks = stacked_blocks(lambda r: WanBlock(cfg, rngs=r), cfg.num_layers, rngs)
         else:
@@ -301,17 +315,21 @@ class WanTransformer(nnx.Module):
                                        pdt, (None, None, "embed"))
 
     def encode(self, tokens, text_mask=None, pooled=None):
-        """The prompt's timestep-independent part ``(text states [B, L, dim], None)``: the
-        projected UMT5 states (or the prompt encoder's features of token ids). A sampler
-        encodes a prompt once per rollout and passes it as ``context``; ``pooled`` is unused
-        (Wan has no pooled text conditioning)."""
+        """The prompt's timestep-independent part ``(text states [B, L, dim], pooled
+        conditioning [B, dim] or None)``: the projected UMT5 states (or the prompt encoder's
+        features of token ids) and, with ``pooled='text_mean'``, the projection of their masked
+        mean. A sampler encodes a prompt once per rollout and passes it as ``context``; the
+        ``pooled`` argument (the image models' separate pooled input) is unused."""
         dt = as_dtype(self.cfg.dtype)
+        cond = None
         if self.encoder is not None:
             mask = (jnp.ones(tokens.shape[:2], bool) if text_mask is None
                     else jnp.asarray(text_mask, bool))
-            tokens, _ = self.encoder(tokens, mask)
+            tokens, mean = self.encoder(tokens, mask)
+            if self.pool_proj is not None:
+                cond = self.pool_proj(mean.astype(dt))
         text = self.text_2(jax.nn.gelu(self.text_1(tokens.astype(dt)), approximate=True))
-        return text, None
+        return text, cond
 
     def __call__(self, x, t, text_embeds, text_mask=None, pooled=None, guidance=None,
                  attn: AttentionSpec | None = None, context=None):
@@ -337,8 +355,10 @@ class WanTransformer(nnx.Module):
         attn = attn.resolved(dt, cfg.attention_head_dim)
         freqs = timestep_embedding(t, cfg.freq_dim, rounded_freqs=True)
         temb = self.time_2(jax.nn.silu(self.time_1(freqs.astype(dt))))
+        text, cond = self.encode(text_embeds, text_mask) if context is None else context
+        if cond is not None:
+            temb = temb + cond
         temb6 = self.time_proj(jax.nn.silu(temb)).reshape(b, 6, -1)
-        text, _ = self.encode(text_embeds, text_mask) if context is None else context
         kv_mask = None if text_mask is None else jnp.asarray(text_mask, bool)
         rope = wan_rope(cfg, gf, gh, gw)
 

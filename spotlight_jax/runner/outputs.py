@@ -21,6 +21,7 @@ from spotlight_jax.io import provenance
 from spotlight_jax.models import as_dtype
 from spotlight_jax.parallel import kernels
 from spotlight_jax.reporting.plots import plot_curves, plot_panels, save_grid
+from spotlight_jax.rewards.motion import video_motion_parts
 from spotlight_jax.rl import lora_export
 
 LORA_EXPORT = "lora_diffusers.safetensors"
@@ -44,7 +45,7 @@ def evaluate(run, k: int) -> dict:
     if not os.path.exists(first):
         os.makedirs(os.path.dirname(first), exist_ok=True)
         np.save(first, scores)
-    pick = getattr(run.prompt_source, "shown", None)   # editing: every kind in the grid
+    pick = getattr(run.prompt_source, "shown", None)   # every edit kind / motion in the grid
     shown = pick(run.val_prompts, 32) if pick else list(range(min(32, len(run.val_prompts))))
     save_samples(run, k, images[::st.eval_seeds][shown], [run.val_prompts[i] for i in shown])
     return res
@@ -58,8 +59,10 @@ def save_samples(run, k: int, images, prompts) -> None:
     folder = os.path.join(run.workdir, "samples")
     os.makedirs(folder, exist_ok=True)
     scores = np.asarray(run.eval_reward(images, prompts), np.float64)
+    parts = _part_notes(run, images, prompts)
     grid = os.path.join(folder, f"val_{k:05d}.png")
-    save_grid(grid, images, cols=8, captions=[f"{p} [{r:.2f}]" for p, r in zip(prompts, scores)])
+    save_grid(grid, images, cols=8,
+              captions=[f"{p} [{r:.2f}{n}]" for p, r, n in zip(prompts, scores, parts)])
     with Image.open(grid) as im:                     # the captioned grid to TensorBoard / W&B
         run.writer.image(k, "samples/val", np.asarray(im.convert("RGB")),
                          caption=f"iteration {k}: one image per held-out prompt [its reward]")
@@ -73,8 +76,9 @@ def save_samples(run, k: int, images, prompts) -> None:
     sources = _input_images(run, prompts[:n])
     if sources is None:
         pairs = np.stack([before[:n], images[:n]], 1).reshape(2 * n, *images.shape[1:])
-        captions = [c for p, r0, r1 in zip(prompts[:n], was, scores)
-                    for c in (f"{p} | it {k0}: {r0:.2f}", f"it {k}: {r1:.2f}")]
+        parts0 = _part_notes(run, before[:n], prompts[:n])
+        captions = [c for p, r0, r1, n0, n1 in zip(prompts[:n], was, scores, parts0, parts)
+                    for c in (f"{p} | it {k0}: {r0:.2f}{n0}", f"it {k}: {r1:.2f}{n1}")]
         save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), pairs, cols=8,
                   captions=captions)
         return
@@ -85,6 +89,17 @@ def save_samples(run, k: int, images, prompts) -> None:
                           f"it {k}: {r1:.2f}")]
     save_grid(os.path.join(folder, f"before_after_{k:05d}.png"), triples, cols=9,
               captions=captions)
+
+
+def _part_notes(run, images, prompts) -> list[str]:
+    """A caption's note per sample: the held-out reward's parts where it has them (the video
+    world's count, shape, motion and persistence, so a filmstrip says what it got right), else
+    empty."""
+    if getattr(run.eval_reward, "name", None) != "video_motion":
+        return [""] * len(prompts)
+    parts = video_motion_parts(images, prompts)
+    return [" = mean of " + ", ".join(f"{k} {v[i]:.2f}" for k, v in parts.items())
+            for i in range(len(prompts))]
 
 
 def _input_images(run, prompts):

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from spotlight_jax.config import RunSpec
+from spotlight_jax.world.video import PARTS
 
 
 def gain_line(first: dict, last: dict) -> str:
@@ -56,6 +57,12 @@ def summary(spec: RunSpec, workdir: str, history: list[dict], base_source: str) 
                          f"{b['val_part_preserved']:.2f}; by kind: " + ", ".join(
                              f"{k[9:]} {a.get(k, float('nan')):.2f} -> {b[k]:.2f}"
                              for k in kinds))
+        if "val_part_persistence" in b:         # a video run: the reward's four parts
+            lines.append("  part          held-out mean (the reward is their mean)")
+            for k in (*PARTS, "exact"):
+                key = f"val_part_{k}" if k != "exact" else "val_exact"
+                name = k if k != "exact" else "exact (all four)"
+                lines.append(f"  {name:<16}  {a.get(key, float('nan')):.2f} -> {b[key]:.2f}")
     if "vtime_s" in last:
         lines.append(f"emulated deployment: {last['vtime_s'] / 3600:.2f} h, "
                      f"${last['dollars']:.2f}, spot utilisation "

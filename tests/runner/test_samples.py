@@ -39,3 +39,34 @@ def test_sample_grids_caption_rewards_and_pair_the_first_evaluation(tmp_path):
     tile = np.asarray(pair)[:64, :64]
     np.testing.assert_array_equal(tile, np.asarray(Image.fromarray(
         (np.clip(first[0], 0, 1) * 255).astype(np.uint8)).resize((64, 64), Image.NEAREST)))
+
+
+def test_video_filmstrips_name_each_part_and_show_every_motion(tmp_path):
+    """A video run's captions give each clip's reward parts (from the world's scorer: a clip
+    rendered from its prompt scores 1 on each, a blank one 0); the grid's clips take the
+    held-out motions in turn."""
+    from spotlight_jax.prompt_embeddings import VideoPrompts
+    from spotlight_jax.world import video
+
+    cfg = world.WorldConfig(image_size=24)
+    source = VideoPrompts(cfg)
+    shown = source.shown(source.val_prompts, 10)
+    motions = [video.parse_video(source.val_prompts[i]).direction for i in shown]
+    assert motions[:5] == list(video.DIRECTIONS) == motions[5:]
+    writer = types.SimpleNamespace(image=lambda *a, **k: None)
+    run = types.SimpleNamespace(workdir=str(tmp_path), writer=writer, prompt_source=source,
+                                eval_reward=rewards.resolve("video_motion"),
+                                mcfg=types.SimpleNamespace(text_len=8))
+    prompts = [source.val_prompts[i] for i in shown[:2]]
+    rng = np.random.default_rng(0)
+    clips = np.stack([video.render_video(p, rng, 5, cfg=cfg) for p in prompts])
+    blank = np.zeros_like(clips)
+    notes = outputs._part_notes(run, np.concatenate([clips, blank]), prompts * 2)
+    assert notes[:2] == [" = mean of count 1.00, shape 1.00, motion 1.00, persistence 1.00"] * 2
+    assert notes[2:] == [" = mean of count 0.00, shape 0.00, motion 0.00, persistence 0.00"] * 2
+    image_run = types.SimpleNamespace(eval_reward=rewards.resolve("geneval_lite"))
+    assert outputs._part_notes(image_run, clips, prompts) == ["", ""]
+    outputs.save_samples(run, 0, blank, prompts)
+    outputs.save_samples(run, 5, clips, prompts)
+    strip = Image.open(tmp_path / "samples" / "before_after_00005.png")
+    assert strip.width >= 2 * 4 * (5 * 24 + 4)          # before | after, five frames each

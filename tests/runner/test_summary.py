@@ -79,3 +79,16 @@ def test_the_paired_gain_is_the_mean_difference_with_its_t_interval():
     assert "beyond its 95% interval" in paired_gain_line(b)
     with pytest.raises(ValueError, match="the same samples"):
         paired_gain(after, before[:10])
+
+
+def test_a_video_runs_summary_tables_the_rewards_parts(tmp_path):
+    c = runpy.run_path(str(ROOT / "configs" / "tiny_video.py"))["get_config"]()
+    parts = dict(count=(0.5, 0.6), shape=(0.12, 0.2), motion=(0.1, 0.15),
+                 persistence=(0.4, 0.55))
+    rows = [{"iteration": it, "val_reward": 0.3 + j * 0.05, "val_reward_ci95": 0.04,
+             "val_exact": (0.01, 0.03)[j], **{f"val_part_{k}": v[j] for k, v in parts.items()}}
+            for j, it in enumerate((0, 60))]
+    text = summary(RunSpec.from_config(c), str(tmp_path), rows, "base")
+    for k, (a, b) in parts.items():
+        assert f"  {k:<16}  {a:.2f} -> {b:.2f}" in text
+    assert "exact (all four)  0.01 -> 0.03" in text
