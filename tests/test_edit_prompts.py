@@ -109,10 +109,12 @@ def test_a_sample_grid_shows_every_edit_kind(source):
 
 
 def test_train_kinds_narrow_the_training_pool_not_the_held_out_one(source):
+    every = prompt_source(conf.load_config("tiny_edit", {"prompts.train_kinds": ""}))
+    assert {edit.parse_edit_prompt(p)[0].kind for p in every.train_prompts} == set(edit.EDIT_KINDS)
     narrow = prompt_source(conf.load_config("tiny_edit", {"prompts.train_kinds": "move,add"}))
     kinds = {edit.parse_edit_prompt(p)[0].kind for p in narrow.train_prompts}
-    assert kinds == {"move", "add"} and set(narrow.train_prompts) < set(source.train_prompts)
-    assert narrow.val_prompts == source.val_prompts
+    assert kinds == {"move", "add"} and set(narrow.train_prompts) < set(every.train_prompts)
+    assert narrow.val_prompts == every.val_prompts == source.val_prompts
     with pytest.raises(ConfigError, match=r"^prompts.train_kinds='color': unknown edit kind "
                                           r"'color'; choose from"):
         prompt_source(conf.load_config("tiny_edit", {"prompts.train_kinds": "color"}))
