@@ -1,7 +1,7 @@
 """Does the base model read every word of its prompts? Its loss with one word swapped.
 
   python -m spotlight_jax.studies.word_conditioning --config=configs/tiny_video.py
-      [--clips 256] [--config.base_checkpoint=PATH] [--out F.json]
+      [--clips 256] [--ceiling] [--config.base_checkpoint=PATH] [--out F.json]
 
 Renders ``--clips`` clips of the video world's training prompts, noises them to several flow
 times t (the same noise for every prompt) and measures the base model's flow-matching loss
@@ -9,11 +9,17 @@ with the true prompt and with one word replaced (``world.video.vary``: the count
 shape or the direction). A word the model reads costs loss when it is wrong; a word it ignores
 costs nothing: RL can only select among clips that a word changes. Run it on a candidate base
 before a demo (docs/video.md).
+
+``--ceiling`` adds pure noise (t = 1) to the flow times and, beside the model's gaps there, the
+gap of the best possible model (:func:`pure_noise_ceiling`): how much of what a word decides
+the model reads where the sampler starts.
 """
 from __future__ import annotations
 
+import functools
 import tempfile
 
+import numpy as np
 from absl import app, flags
 
 from spotlight_jax import programs
@@ -30,7 +36,6 @@ def word_loss_gaps(model, clips, prompts, tokenize, text_len: int, *, times=TIME
     that loss when the word is swapped for another value."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from spotlight_jax.diffusion import from_image, prompt
     from spotlight_jax.world import video
@@ -60,7 +65,35 @@ def word_loss_gaps(model, clips, prompts, tokenize, text_len: int, *, times=TIME
     return out
 
 
-def report(gaps: dict, source: str, n: int) -> str:
+def mean_gap(a, b) -> float:
+    """An unbiased estimate of ``||E[a] - E[b]||^2 / D`` from samples ``a [n, ...]`` and
+    ``b [m, ...]`` (D values each): the squared distance of the sample means less the variance
+    each sample mean carries."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    d2 = np.sum((a.mean(0) - b.mean(0)) ** 2)
+    d2 -= a.var(0, ddof=1).sum() / len(a) + b.var(0, ddof=1).sum() / len(b)
+    return float(d2 / a[0].size)
+
+
+def pure_noise_ceiling(render, pool, alternatives, words, n: int = 400) -> dict[str, float]:
+    """Per word, the loss gap of the best possible model at pure noise (t = 1), averaged over
+    ``pool``'s prompts and every alternative of the word (``alternatives(prompt, word)``; the
+    study's swaps draw one of them). At t = 1, x_t is the noise itself, so the loss-minimising
+    velocity is ``noise - E[x0 | prompt]`` and a swapped prompt c' costs ``||E[x0 | c] -
+    E[x0 | c']||^2 / D`` in expectation over c's clips (:func:`mean_gap` of ``n`` clips each,
+    ``render(prompt, n) -> [n, ...]`` in the model's range)."""
+    cache = {}
+
+    def clips(p):
+        if p not in cache:
+            cache[p] = render(p, n)
+        return cache[p]
+
+    return {w: float(np.mean([mean_gap(clips(p), clips(q)) for p in pool
+                              for q in alternatives(p, w)])) for w in words}
+
+
+def report(gaps: dict, source: str, n: int, ceiling: dict | None = None) -> str:
     words = [k for k in gaps if k not in ("t", "loss")]
     lines = [f"{n} clips of the training prompts, base: {source}",
              "loss increase when one word is swapped (0 = the model ignores it)", "",
@@ -68,6 +101,9 @@ def report(gaps: dict, source: str, n: int) -> str:
     for i, t in enumerate(gaps["t"]):
         lines.append(f"| {t:.2f} | {gaps['loss'][i]:.4f} | "
                      + " | ".join(f"{gaps[w][i]:+.4f}" for w in words) + " |")
+    if ceiling:
+        lines.append("| 1.00, the best possible model | | "
+                     + " | ".join(f"{ceiling[w]:+.4f}" for w in words) + " |")
     return "\n".join(lines)
 
 
@@ -77,13 +113,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     programs.define_config_flag(flag_values)
     flags.DEFINE_integer("clips", 256, "Clips of training prompts to score.", **fv)
     flags.DEFINE_integer("seed", 0, "Seed of the prompts, clips, noise and swapped words.", **fv)
+    flags.DEFINE_bool("ceiling", False, "Also t = 1 and the best possible model's gaps there "
+                      "(400 rendered clips per prompt).", **fv)
     flags.DEFINE_string("out", None, "Write the gaps as JSON here.", **fv)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    import numpy as np
     from flax import nnx
 
     from spotlight_jax import world
@@ -104,10 +141,20 @@ def main(argv):
     pool = video.video_train_prompts(wcfg)
     prompts = [pool[i] for i in rng.integers(len(pool), size=FLAGS.clips)]
     clips = np.stack([video.render_video(p, rng, spec.model.frames, cfg=wcfg) for p in prompts])
+    times = ((1.0,) if FLAGS.ceiling else ()) + TIMES
     gaps = word_loss_gaps(nnx.merge(graphdef, state), clips, prompts,
-                          spec.prompt_source().tokenize, spec.model.text_len, seed=FLAGS.seed)
-    programs.emit({"base": source, "clips": FLAGS.clips, **gaps},
-                  report(gaps, source, FLAGS.clips), FLAGS.out)
+                          spec.prompt_source().tokenize, spec.model.text_len, times=times,
+                          seed=FLAGS.seed)
+    ceiling = None
+    if FLAGS.ceiling:
+        def render(p, n):
+            return np.stack([video.render_video(p, rng, spec.model.frames, cfg=wcfg)
+                             for _ in range(n)]) * 2.0 - 1.0      # the model's range
+        ceiling = pure_noise_ceiling(render, pool, functools.partial(video.alternatives,
+                                                                     cfg=wcfg), video.WORDS)
+    programs.emit({"base": source, "clips": FLAGS.clips, **gaps,
+                   **({"ceiling_t1": ceiling} if ceiling else {})},
+                  report(gaps, source, FLAGS.clips, ceiling), FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -68,14 +68,21 @@ def vary(prompt: str, word: str, rng: np.random.Generator, cfg: WorldConfig = DE
          max_count: int = 2) -> str:
     """``prompt`` with its ``word`` (one of :data:`WORDS`) replaced by another of the world's
     values, drawn by ``rng``: "a red square moving left" -> "a red square falling"."""
+    others = alternatives(prompt, word, cfg, max_count)
+    return others[int(rng.integers(len(others)))]
+
+
+def alternatives(prompt: str, word: str, cfg: WorldConfig = DEFAULT,
+                 max_count: int = 2) -> list[str]:
+    """Every prompt that differs from ``prompt`` in its ``word`` alone (what :func:`vary` draws
+    from): "a red square moving left" -> "a blue square moving left", "a green square ..."."""
     if word not in WORDS:
         raise ValueError(f"word={word!r}: a video prompt's words are {WORDS}")
     spec = parse_video(prompt, cfg)
     values = {"count": range(1, max_count + 1), "color": cfg.colors, "shape": cfg.shapes,
               "direction": DIRECTIONS}[word]
-    others = [v for v in values if v != getattr(spec, word)]
-    new = others[int(rng.integers(len(others)))]
-    return format_video_prompt(dataclasses.replace(spec, **{word: new}))
+    return [format_video_prompt(dataclasses.replace(spec, **{word: v}))
+            for v in values if v != getattr(spec, word)]
 
 
 def video_prompts(cfg: WorldConfig = DEFAULT, max_count: int = 2) -> list[str]:

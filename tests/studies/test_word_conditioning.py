@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spotlight_jax.studies.word_conditioning import word_loss_gaps
+from spotlight_jax.studies.word_conditioning import mean_gap, pure_noise_ceiling, word_loss_gaps
 from spotlight_jax.world import tokenize, video
 
 TIMES = (0.9, 0.4)
@@ -69,3 +69,53 @@ def test_vary_changes_exactly_one_word():
             assert changed == [w]
     with pytest.raises(ValueError, match="words are"):
         video.vary(p, "speed", rng)
+
+
+def test_mean_gap_is_the_distance_of_the_means_without_the_samples_variance():
+    a, b = np.full((5, 2, 3), 0.5), np.full((7, 2, 3), -0.5)     # no spread: exact
+    assert mean_gap(a, b) == pytest.approx(1.0)
+    rng = np.random.default_rng(0)                                # spread: unbiased
+    mu = rng.normal(size=(4, 4))
+    est, raw = [], []
+    for _ in range(400):
+        a, b = mu + rng.normal(size=(50, 4, 4)), rng.normal(size=(30, 4, 4))
+        est.append(mean_gap(a, b))
+        raw.append(float(np.mean((a.mean(0) - b.mean(0)) ** 2)))
+    want = float(np.mean(mu ** 2))
+    assert np.mean(est) == pytest.approx(want, rel=0.03)
+    # what the correction removes: the sample means' variance, 1/50 + 1/30 per value
+    assert np.mean(raw) == pytest.approx(want + 1 / 50 + 1 / 30, rel=0.03)
+
+
+def test_pure_noise_ceiling_is_the_loss_gap_of_the_optimal_model_at_t1():
+    """At t = 1 the optimal velocity is noise - E[x0 | prompt]; its loss gap per word, computed
+    as the study computes a model's (word_loss_gaps), equals the ceiling."""
+    prompts = ["a red square moving left", "a blue square moving left",
+               "two red squares moving left", "a red square moving right"]
+    means = {p: np.full((1, 2, 2, 3), i / 4) for i, p in enumerate(prompts)}
+
+    def alternatives(p, w):
+        return {("a red square moving left", "color"): ["a blue square moving left"],
+                ("a red square moving left", "count"): ["two red squares moving left"],
+                ("a red square moving left", "direction"): ["a red square moving right"]
+                }.get((p, w), [])
+
+    words = ("color", "count", "direction")
+    got = pure_noise_ceiling(lambda p, n: np.repeat(means[p], n, 0), prompts[:1], alternatives,
+                             words, n=8)
+    # the optimal model's gap for one swap: the mean over clips of ||m_q - x0||^2 - ||m_p - x0||^2
+    x0 = means[prompts[0]][0]
+    for w in words:
+        q = alternatives(prompts[0], w)[0]
+        want = np.mean((means[q][0] - x0) ** 2) - np.mean((means[prompts[0]][0] - x0) ** 2)
+        assert got[w] == pytest.approx(want)
+    assert got["direction"] > got["count"] > got["color"] > 0
+
+
+def test_alternatives_are_what_vary_draws_from():
+    p = "two blue bars falling"
+    rng = np.random.default_rng(1)
+    for w in video.WORDS:
+        alts = video.alternatives(p, w)
+        assert p not in alts and len(set(alts)) == len(alts)
+        assert {video.vary(p, w, rng) for _ in range(60)} == set(alts)
