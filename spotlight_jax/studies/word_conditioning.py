@@ -81,16 +81,22 @@ def pure_noise_ceiling(render, pool, alternatives, words, n: int = 400) -> dict[
     study's swaps draw one of them). At t = 1, x_t is the noise itself, so the loss-minimising
     velocity is ``noise - E[x0 | prompt]`` and a swapped prompt c' costs ``||E[x0 | c] -
     E[x0 | c']||^2 / D`` in expectation over c's clips (:func:`mean_gap` of ``n`` clips each,
-    ``render(prompt, n) -> [n, ...]`` in the model's range)."""
+    ``render(prompt, n) -> [n, ...]`` in the model's range). Also that best model's loss
+    (``"loss"``: the clips' variance under their prompt) and the best loss of a model blind to
+    the prompt (``"loss_blind"``: their spread around the pool's mean clip)."""
     cache = {}
 
     def clips(p):
         if p not in cache:
-            cache[p] = render(p, n)
+            cache[p] = np.asarray(render(p, n), np.float64)
         return cache[p]
 
-    return {w: float(np.mean([mean_gap(clips(p), clips(q)) for p in pool
-                              for q in alternatives(p, w)])) for w in words}
+    out = {w: float(np.mean([mean_gap(clips(p), clips(q)) for p in pool
+                             for q in alternatives(p, w)])) for w in words}
+    pooled_mean = np.mean([clips(p).mean(0) for p in pool], 0)
+    out["loss"] = float(np.mean([clips(p).var(0, ddof=1).mean() for p in pool]))
+    out["loss_blind"] = float(np.mean([((clips(p) - pooled_mean) ** 2).mean() for p in pool]))
+    return out
 
 
 def report(gaps: dict, source: str, n: int, ceiling: dict | None = None) -> str:
@@ -102,7 +108,8 @@ def report(gaps: dict, source: str, n: int, ceiling: dict | None = None) -> str:
         lines.append(f"| {t:.2f} | {gaps['loss'][i]:.4f} | "
                      + " | ".join(f"{gaps[w][i]:+.4f}" for w in words) + " |")
     if ceiling:
-        lines.append("| 1.00, the best possible model | | "
+        lines.append(f"| 1.00, the best possible model | {ceiling['loss']:.4f} (blind to the "
+                     f"prompt: {ceiling['loss_blind']:.4f}) | "
                      + " | ".join(f"{ceiling[w]:+.4f}" for w in words) + " |")
     return "\n".join(lines)
 

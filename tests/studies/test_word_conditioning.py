@@ -110,6 +110,19 @@ def test_pure_noise_ceiling_is_the_loss_gap_of_the_optimal_model_at_t1():
         want = np.mean((means[q][0] - x0) ** 2) - np.mean((means[prompts[0]][0] - x0) ** 2)
         assert got[w] == pytest.approx(want)
     assert got["direction"] > got["count"] > got["color"] > 0
+    assert got["loss"] == got["loss_blind"] == 0.0     # one prompt, clips without spread
+
+
+def test_pure_noise_best_losses_with_and_without_the_prompt():
+    rng = np.random.default_rng(0)
+    means = {"p": np.zeros((2, 3)), "q": np.ones((2, 3))}
+
+    def render(p, n):
+        return means[p] + 0.5 * rng.normal(size=(n, 2, 3))
+
+    got = pure_noise_ceiling(render, ["p", "q"], lambda p, w: [], (), n=4000)
+    assert got["loss"] == pytest.approx(0.25, rel=0.05)              # the spread alone
+    assert got["loss_blind"] == pytest.approx(0.25 + 0.25, rel=0.05)  # + each mean's 0.5 offset
 
 
 def test_alternatives_are_what_vary_draws_from():
