@@ -11,8 +11,9 @@ costs nothing: RL can only select among clips that a word changes. Run it on a c
 before a demo (docs/video.md).
 
 ``--ceiling`` adds pure noise (t = 1) to the flow times and, beside the model's gaps there, the
-gap of the best possible model (:func:`pure_noise_ceiling`): how much of what a word decides
-the model reads where the sampler starts.
+gap of the best possible model (:func:`pure_noise_ceiling`) and of the best model without
+absolute positions (:func:`position_free`): how much of what a word decides the model reads
+where the sampler starts, and how much it could without knowing where a pixel is.
 """
 from __future__ import annotations
 
@@ -99,7 +100,18 @@ def pure_noise_ceiling(render, pool, alternatives, words, n: int = 400) -> dict[
     return out
 
 
-def report(gaps: dict, source: str, n: int, ceiling: dict | None = None) -> str:
+def position_free(render):
+    """``render`` with each clip replaced by its mean color, everywhere: at pure noise, the best
+    a model without absolute positions (in space or time: RoPE alone) can output is such a
+    clip, so :func:`pure_noise_ceiling` of it bounds what that model can read there."""
+    def flat(p, n):
+        c = np.asarray(render(p, n), np.float64)
+        return np.broadcast_to(c.mean(axis=tuple(range(1, c.ndim - 1)), keepdims=True), c.shape)
+    return flat
+
+
+def report(gaps: dict, source: str, n: int, ceiling: dict | None = None,
+           flat: dict | None = None) -> str:
     words = [k for k in gaps if k not in ("t", "loss")]
     lines = [f"{n} clips of the training prompts, base: {source}",
              "loss increase when one word is swapped (0 = the model ignores it)", "",
@@ -111,6 +123,9 @@ def report(gaps: dict, source: str, n: int, ceiling: dict | None = None) -> str:
         lines.append(f"| 1.00, the best possible model | {ceiling['loss']:.4f} (blind to the "
                      f"prompt: {ceiling['loss_blind']:.4f}) | "
                      + " | ".join(f"{ceiling[w]:+.4f}" for w in words) + " |")
+    if flat:
+        lines.append("| 1.00, the best model without absolute positions | | "
+                     + " | ".join(f"{flat[w]:+.4f}" for w in words) + " |")
     return "\n".join(lines)
 
 
@@ -152,16 +167,18 @@ def main(argv):
     gaps = word_loss_gaps(nnx.merge(graphdef, state), clips, prompts,
                           spec.prompt_source().tokenize, spec.model.text_len, times=times,
                           seed=FLAGS.seed)
-    ceiling = None
+    ceiling = flat = None
     if FLAGS.ceiling:
         def render(p, n):
             return np.stack([video.render_video(p, rng, spec.model.frames, cfg=wcfg)
                              for _ in range(n)]) * 2.0 - 1.0      # the model's range
-        ceiling = pure_noise_ceiling(render, pool, functools.partial(video.alternatives,
-                                                                     cfg=wcfg), video.WORDS)
+        alternatives = functools.partial(video.alternatives, cfg=wcfg)
+        ceiling = pure_noise_ceiling(render, pool, alternatives, video.WORDS)
+        flat = pure_noise_ceiling(position_free(render), pool, alternatives, video.WORDS)
     programs.emit({"base": source, "clips": FLAGS.clips, **gaps,
-                   **({"ceiling_t1": ceiling} if ceiling else {})},
-                  report(gaps, source, FLAGS.clips, ceiling), FLAGS.out)
+                   **({"ceiling_t1": ceiling, "ceiling_t1_position_free": flat}
+                      if ceiling else {})},
+                  report(gaps, source, FLAGS.clips, ceiling, flat), FLAGS.out)
 
 
 if __name__ == "__main__":

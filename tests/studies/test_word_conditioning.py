@@ -4,7 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spotlight_jax.studies.word_conditioning import mean_gap, pure_noise_ceiling, word_loss_gaps
+from spotlight_jax.studies.word_conditioning import (
+    mean_gap,
+    position_free,
+    pure_noise_ceiling,
+    word_loss_gaps,
+)
 from spotlight_jax.world import tokenize, video
 
 TIMES = (0.9, 0.4)
@@ -132,3 +137,23 @@ def test_alternatives_are_what_vary_draws_from():
         alts = video.alternatives(p, w)
         assert p not in alts and len(set(alts)) == len(alts)
         assert {video.vary(p, w, rng) for _ in range(60)} == set(alts)
+
+
+def test_a_position_free_model_reads_only_the_mean_color():
+    """Two prompts whose clips hold the same colors in other places: the best model reads the
+    difference, the best one without positions cannot; a brighter clip it can."""
+    left, right, bright = np.zeros((1, 2, 2, 3)), np.zeros((1, 2, 2, 3)), np.ones((1, 2, 2, 3))
+    left[0, :, 0], right[0, :, 1] = 1.0, 1.0
+    clips = {"left": left, "right": right, "bright": bright}
+
+    def render(p, n):
+        return np.repeat(clips[p], n, 0)
+
+    def alternatives(p, w):
+        return {"where": ["right"], "how": ["bright"]}[w] if p == "left" else []
+
+    full = pure_noise_ceiling(render, ["left"], alternatives, ("where", "how"), n=4)
+    flat = pure_noise_ceiling(position_free(render), ["left"], alternatives, ("where", "how"),
+                              n=4)
+    assert full["where"] == pytest.approx(1.0) and flat["where"] == pytest.approx(0.0)
+    assert full["how"] == pytest.approx(0.5) and flat["how"] == pytest.approx(0.25)
