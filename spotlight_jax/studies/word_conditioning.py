@@ -135,8 +135,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     programs.define_config_flag(flag_values)
     flags.DEFINE_integer("clips", 256, "Clips of training prompts to score.", **fv)
     flags.DEFINE_integer("seed", 0, "Seed of the prompts, clips, noise and swapped words.", **fv)
-    flags.DEFINE_bool("ceiling", False, "Also t = 1 and the best possible model's gaps there "
-                      "(400 rendered clips per prompt).", **fv)
+    flags.DEFINE_bool("ceiling", False, "Also t = 1, and there the gaps of the best possible "
+                      "model and of the best model without absolute positions (400 rendered "
+                      "clips per prompt).", **fv)
     flags.DEFINE_string("out", None, "Write the gaps as JSON here.", **fv)
 
 

@@ -93,8 +93,8 @@ def test_mean_gap_is_the_distance_of_the_means_without_the_samples_variance():
 
 
 def test_pure_noise_ceiling_is_the_loss_gap_of_the_optimal_model_at_t1():
-    """At t = 1 the optimal velocity is noise - E[x0 | prompt]; its loss gap per word, computed
-    as the study computes a model's (word_loss_gaps), equals the ceiling."""
+    """At t = 1 the optimal velocity is noise - E[x0 | prompt]; the ceiling equals that model's
+    loss gap per word written out: over the prompt's clips, ||m_q - x0||^2 - ||m_p - x0||^2."""
     prompts = ["a red square moving left", "a blue square moving left",
                "two red squares moving left", "a red square moving right"]
     means = {p: np.full((1, 2, 2, 3), i / 4) for i, p in enumerate(prompts)}
