@@ -28,7 +28,8 @@ def get_config():
         out_channels=3, text_dim=64, freq_dim=64, ffn_dim=384, num_layers=4,
         cross_attn_norm=True, eps=1e-6, rope_theta=10_000.0, dtype="float32",
         param_dtype="float32", remat=False, remat_policy="nothing",
-        vocab_size=64, text_width=64, text_layers=2, text_heads=2, pooled="text_mean"))
+        vocab_size=64, text_width=64, text_layers=2, text_heads=2, pooled="text_mean",
+        pos_embed="learned"))
     c.pretrain.batch_size = 64
     c.pretrain.steps = 2000
     c.pretrain.eval_every = 500

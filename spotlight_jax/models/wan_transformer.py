@@ -89,6 +89,13 @@ class WanConfig:
     # image MMDiT's does. Zero-initialised: a base grown from one without it starts unchanged.
     # "none" (every diffusers model) keeps the released architecture.
     pooled: str = "none"
+    # Absolute positions, not in diffusers' Wan (3-D RoPE only, relative): "learned" adds a
+    # frame, a row and a column embedding (each a table over the latent's patch grid, summed) to
+    # the video tokens, so at pure noise the model knows where a pixel is and in which frame,
+    # which a word that decides where objects are (a direction, a count) needs there.
+    # Zero-initialised: a base grown from one without it starts unchanged. "none" (every
+    # diffusers model) keeps the released architecture.
+    pos_embed: str = "none"
 
     def __post_init__(self):
         # ConfigDicts hand lists; a frozen config must stay hashable (it is static in jit)
@@ -140,13 +147,18 @@ class WanConfig:
     @property
     def num_patches(self) -> int:
         """Video tokens of one sample."""
-        pt, ph, pw = self.patch_size
-        f, h, w, _ = self.latent_shape
-        return (f // pt) * (h // ph) * (w // pw)
+        return math.prod(self.patch_grid)
 
     def passes(self, guidance: float) -> int:
         """Forward passes per velocity: 2 with classifier-free guidance, else 1."""
         return 1 if guidance == 1.0 else 2
+
+    @property
+    def patch_grid(self) -> tuple[int, int, int]:
+        """The latent's video tokens as ``(frames, rows, columns)`` of patches."""
+        pt, ph, pw = self.patch_size
+        f, h, w, _ = self.latent_shape
+        return f // pt, h // ph, w // pw
 
     @property
     def rope_axes(self) -> tuple[int, int, int]:
@@ -190,6 +202,10 @@ class WanConfig:
         if self.pooled == "text_mean" and not self.text_width:
             raise ValueError("pooled='text_mean' needs the world's prompt encoder (text_width > "
                              "0); a model reading UMT5 states takes pooled='none'")
+        if self.pos_embed not in ("none", "learned"):
+            raise ValueError(f"pos_embed={self.pos_embed!r}: a Wan model takes 'none' "
+                             "(diffusers', RoPE only) or 'learned' (frame, row and column "
+                             "tables added to the video tokens)")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy={self.remat_policy!r}: choose one of "
                              f"{tuple(REMAT_POLICIES)}")
@@ -304,6 +320,11 @@ class WanTransformer(nnx.Module):
         self.text_2 = Dense(d, d, axes=("embed", "embed"), **kw)
         self.pool_proj = (Dense(cfg.text_width, d, axes=("text", "embed"), zero=True, **kw)
                           if cfg.pooled == "text_mean" else None)
+        # absolute positions: a zero table per axis of the patch grid (pos_embed='learned')
+        table = ((lambda n: param(rngs, nnx.initializers.zeros, (n, d), pdt, (None, "embed")))
+                 if cfg.pos_embed == "learned" else (lambda n: None))
+        gf, gh, gw = cfg.patch_grid
+        self.pos_frame, self.pos_row, self.pos_col = table(gf), table(gh), table(gw)
         if cfg.scan_blocks:
             self.blocks = stacked_blocks(lambda r: WanBlock(cfg, rngs=r), cfg.num_layers, rngs)
         else:
@@ -313,6 +334,19 @@ class WanTransformer(nnx.Module):
                               axes=("embed", "patch"), **kw)
         self.scale_shift_table = param(rngs, nnx.initializers.normal(d ** -0.5), (1, 2, d),
                                        pdt, (None, None, "embed"))
+
+    def _positions(self, gf: int, gh: int, gw: int):
+        """``[gf * gh * gw, dim]``: the learned frame, row and column embeddings summed, in the
+        tokens' (frame, row, column) order."""
+        grid = self.cfg.patch_grid
+        if (gf, gh, gw) != grid:
+            raise ValueError(f"a latent of {gf} x {gh} x {gw} patches (frames x rows x "
+                             f"columns); pos_embed='learned' holds tables for {grid[0]} x "
+                             f"{grid[1]} x {grid[2]}: sample the shape the model was built for "
+                             "(model.frames, image_size, image_width)")
+        pos = (self.pos_frame[...][:, None, None] + self.pos_row[...][None, :, None]
+               + self.pos_col[...][None, None, :])
+        return pos.reshape(gf * gh * gw, -1)
 
     def encode(self, tokens, text_mask=None, pooled=None):
         """The prompt's timestep-independent part ``(text states [B, L, dim], pooled
@@ -352,6 +386,8 @@ class WanTransformer(nnx.Module):
         gf, gh, gw = f // pt, h // ph, w // pw
         patches = x.reshape(b, gf, pt, gh, ph, gw, pw, c).transpose(0, 1, 3, 5, 2, 4, 6, 7)
         tokens = self.patch_embed(patches.reshape(b, gf * gh * gw, pt * ph * pw * c).astype(dt))
+        if self.pos_frame is not None:
+            tokens = tokens + self._positions(gf, gh, gw).astype(dt)
         attn = attn.resolved(dt, cfg.attention_head_dim)
         freqs = timestep_embedding(t, cfg.freq_dim, rounded_freqs=True)
         temb = self.time_2(jax.nn.silu(self.time_1(freqs.astype(dt))))
