@@ -15,7 +15,7 @@ from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 
 MICRO = WanConfig(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
                   in_channels=3, out_channels=3, text_dim=16, freq_dim=16, ffn_dim=32,
-                  num_layers=2, frames=3, image_size=6, image_width=8, text_len=5,
+                  num_layers=1, frames=3, image_size=6, image_width=8, text_len=5,
                   vocab_size=20, text_width=16, text_layers=1, text_heads=2)
 TOKENS = jnp.array([[3, 7, 2, 9, 0], [5, 1, 0, 0, 0]])
 MASK = TOKENS > 0
