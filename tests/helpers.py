@@ -387,3 +387,17 @@ def stand_in_pipe_config(tmp_path, fixture: str, objective="nft", iterations=1, 
         "rl.objective": objective, "rl.eval_prompts": 2, **overrides})
     config.model.family = family
     return config
+
+
+def grown_from(source, model):
+    """``model`` holding ``source``'s parameters wherever their names match (its own new ones
+    kept): a model grown from a base without them, as ``checkpoints.grow_params`` grows a
+    checkpoint, for tests that compare the two."""
+    def take(a, b):
+        return {k: (take(a[k], v) if isinstance(v, dict) else a[k]) if k in a else v
+                for k, v in b.items()}
+    state = nnx.state(model)
+    nnx.replace_by_pure_dict(state, take(nnx.to_pure_dict(nnx.state(source)),
+                                         nnx.to_pure_dict(state)))
+    nnx.update(model, state)
+    return model

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import grown_from
 
 from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 
@@ -36,16 +37,7 @@ def _pair():
     """(plain model, pooled model holding the plain one's parameters where names match)."""
     plain = WanTransformer(MICRO, rngs=nnx.Rngs(0))
     pooled = WanTransformer(dataclasses.replace(MICRO, pooled="text_mean"), rngs=nnx.Rngs(1))
-    theirs = nnx.to_pure_dict(nnx.state(plain))
-    mine = nnx.to_pure_dict(nnx.state(pooled))
-
-    def take(a, b):
-        return {k: (take(a[k], v) if isinstance(v, dict) else a[k]) if k in a else v
-                for k, v in b.items()}
-    state = nnx.state(pooled)
-    nnx.replace_by_pure_dict(state, take(theirs, mine))
-    nnx.update(pooled, state)
-    return plain, pooled
+    return plain, grown_from(plain, pooled)
 
 
 def _inputs():

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import grown_from
 
 from spotlight_jax.models.wan_transformer import WanConfig, WanTransformer
 
@@ -30,15 +31,7 @@ def _pair():
     """(plain model, positioned model holding the plain one's parameters where names match)."""
     plain = WanTransformer(MICRO, rngs=nnx.Rngs(0))
     placed = WanTransformer(dataclasses.replace(MICRO, pos_embed="learned"), rngs=nnx.Rngs(1))
-    theirs = nnx.to_pure_dict(nnx.state(plain))
-
-    def take(a, b):
-        return {k: (take(a[k], v) if isinstance(v, dict) else a[k]) if k in a else v
-                for k, v in b.items()}
-    state = nnx.state(placed)
-    nnx.replace_by_pure_dict(state, take(theirs, nnx.to_pure_dict(state)))
-    nnx.update(placed, state)
-    return plain, placed
+    return plain, grown_from(plain, placed)
 
 
 def _inputs():
